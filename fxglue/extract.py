@@ -1,0 +1,196 @@
+"""Extract the torch-free ``planner.Problem`` from what torch's bucketer receives.
+
+Why this exists: the planner must decide on exactly the information torch's
+``OverlapPreservingBucketer`` decides on -- the collectives with their estimates and hiding
+nodes, the per-process-group timelines, and dependence between the nodes that matter --
+without importing torch. This module reads the scheduled graph once and writes that down.
+
+Dependence is kept compactly: reachability restricted to *pinned* nodes (collective
+starts/waits, compute, hiding nodes), as each pinned node's immediate pinned predecessors.
+It is computed with integer bitsets over pinned nodes only, in one pass over the schedule.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+import torch.fx as fx
+from torch.utils._ordered_set import OrderedSet
+
+import planner
+from fxglue.cpu_compat import cpu_compat
+from fxglue.estimator import Estimator, collective_kind, wire_bytes
+
+
+def _key_str(n: fx.Node, mode) -> str:
+    from torch._inductor.fx_passes.bucketing import get_full_bucket_key
+
+    kind, key = get_full_bucket_key(n, mode)
+    parts = [kind] + [str(x) for x in (key if isinstance(key, tuple) else (key,))]
+    return "/".join(parts)
+
+
+def torch_timeline_events(scheduled: list[fx.Node], collective_info, pg: str) -> list[tuple[fx.Node, str]]:
+    """Torch's ``OverlapPreservingBucketer.build_timeline`` for one group, as (node, s|w|c).
+
+    Kept in step with torch 2.13: this group's starts and waits, compute nodes, and nodes
+    that hide one of this group's collectives (a wait of another group included).
+    """
+    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait, _schedulable_wait_node
+    from torch._inductor.fx_passes.overlap_scheduling import get_group_name, is_compute_node
+
+    events = []
+    hiding: OrderedSet[fx.Node] = OrderedSet()
+    for node in scheduled:
+        t = None
+        if node in collective_info and get_group_name(node) == pg:
+            t = "s"
+            hiding |= collective_info[node].hiding_nodes
+        elif _schedulable_wait_node(node):
+            coll = _get_collective_node_from_wait(node)
+            if isinstance(coll, fx.Node) and get_group_name(coll) == pg:
+                t = "w"
+            elif node in hiding:
+                t = "c"
+        elif is_compute_node(node) or node in hiding:
+            t = "c"
+        if t is not None:
+            events.append((node, t))
+    return events
+
+
+def _pinned_dependencies(scheduled: list[fx.Node], pinned_idx: dict[fx.Node, int]) -> list[tuple[int, ...]]:
+    """Immediate pinned predecessors of each pinned node (transitive reduction).
+
+    One pass in schedule order keeps, per node, two bitsets over pinned indices: all pinned
+    ancestors, and the *frontier* -- pinned ancestors reachable without crossing another
+    pinned node. The reduction of a pinned node's frontier drops members that are ancestors
+    of other members; frontiers are small, so this is linear in practice.
+    """
+    anc: dict[fx.Node, int] = {}
+    front: dict[fx.Node, int] = {}
+    pinned_anc: dict[int, int] = {}
+    deps: list[tuple[int, ...]] = [()] * len(pinned_idx)
+    for node in scheduled:
+        a = f = 0
+        for inp in node._input_nodes:
+            if inp not in anc:  # an input scheduled later or outside the schedule
+                continue
+            j = pinned_idx.get(inp)
+            if j is not None:
+                a |= anc[inp] | (1 << j)
+                f |= 1 << j
+            else:
+                a |= anc[inp]
+                f |= front[inp]
+        anc[node] = a
+        i = pinned_idx.get(node)
+        if i is not None:
+            red = f
+            bits = f
+            while bits:
+                low = bits & -bits
+                j = low.bit_length() - 1
+                red &= ~pinned_anc[j]
+                bits ^= low
+            out = []
+            while red:
+                low = red & -red
+                out.append(low.bit_length() - 1)
+                red ^= low
+            deps[i] = tuple(out)
+            pinned_anc[i] = a
+            front[node] = 0
+        else:
+            front[node] = f
+    return deps
+
+
+
+def extract_problem(
+    graph: fx.Graph,
+    collective_info: dict,
+    scheduled: Iterable[fx.Node],
+    *,
+    max_bucket_memory_gb: float = 2.0,
+    bucket_mode=None,
+    estimator: Estimator | None = None,
+    meta: dict | None = None,
+) -> planner.Problem:
+    """The bucketing problem at the moment torch's bucketer would start.
+
+    Takes the arguments ``OverlapPreservingBucketer`` receives. ``estimator`` supplies compute
+    times and the per-group α-β links; by default the documented hardware with every group on
+    the data-parallel link.
+    """
+    from torch._inductor.fx_passes.bucketing import _default_bucket_mode, is_all_gather_into_tensor
+    from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather
+    from torch._inductor.fx_passes.overlap_scheduling import get_group_name, is_compute_node
+
+    estimator = estimator or Estimator()
+    mode = bucket_mode or _default_bucket_mode()
+    t0 = time.perf_counter()
+    with cpu_compat(estimator):
+        sched = list(scheduled)
+        pos = {n: i for i, n in enumerate(sched)}
+        waits = {info.wait_node: s for s, info in collective_info.items()}
+        protected_hiders: OrderedSet[fx.Node] = OrderedSet()
+        all_hiders: OrderedSet[fx.Node] = OrderedSet()
+        for info in collective_info.values():
+            all_hiders |= info.hiding_nodes
+            if not info.is_exposed:  # torch protects hiding nodes of fully hidden collectives
+                protected_hiders |= info.hiding_nodes
+
+        def kind_of(n):
+            if n in collective_info:
+                return "start"
+            if n in waits:
+                return "wait"
+            return "compute" if is_compute_node(n) else "other"
+
+        pinned = [n for n in sched if n in collective_info or n in waits or n in all_hiders or is_compute_node(n)]
+        pinned_idx = {n: i for i, n in enumerate(pinned)}
+        deps = _pinned_dependencies(sched, pinned_idx)
+
+        nodes = []
+        for i, n in enumerate(pinned):
+            k = kind_of(n)
+            est = 0.0 if k == "wait" else float(estimator(n) or 0.0)
+            nodes.append(planner.Node(name=n.name, kind=k, pos=pos[n], est_ms=est, deps=deps[i]))
+
+        colls = []
+        pgs: dict[str, None] = {}
+        for s, info in collective_info.items():
+            pg = get_group_name(s)
+            pgs[pg] = None
+            if info.exposed_time_ms == 0:
+                status = "hidden"
+            elif info.hiding_nodes and info.exposed_time_ms < info.estimated_time_ms:
+                status = "partly"
+            else:
+                status = "exposed"
+            colls.append(planner.Collective(
+                name=s.name, wait=info.wait_node.name, kind=collective_kind(s), pg=pg, key=_key_str(s, mode),
+                dtype=str(s.meta["val"].dtype).removeprefix("torch."), size_bytes=int(info.size_bytes),
+                wire_bytes=wire_bytes(s), est_ms=float(info.estimated_time_ms),
+                exposed_ms=float(info.exposed_time_ms), start_pos=pos[s], wait_pos=pos[info.wait_node],
+                hiding=tuple(h.name for h in sorted(info.hiding_nodes, key=pos.__getitem__)), status=status,
+                is_hider=(s in protected_hiders or info.wait_node in protected_hiders),
+                fsdp=bool(is_all_gather_into_tensor(s) and is_fsdp_all_gather(s)),
+            ))
+
+        timelines = []
+        for pg in pgs:
+            ev = torch_timeline_events(sched, collective_info, pg)
+            timelines.append(planner.Timeline(pg=pg, nodes=tuple(pinned_idx[n] for n, _ in ev),
+                                              types="".join(t for _, t in ev)))
+        links = tuple(estimator.link(pg) for pg in pgs)
+    problem = planner.Problem(
+        bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
+        collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
+        meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
+              "extract_s": round(time.perf_counter() - t0, 4), **(meta or {})},
+    )
+    return problem.with_fingerprint()

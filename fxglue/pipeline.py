@@ -1,0 +1,205 @@
+"""Run torch's overlap scheduling pipeline with the bucket search delegated to a planner.
+
+Why this exists: the scheduler (reordering for overlap) is torch's and stays torch's; only
+the bucket *search* is ours to replace. Torch 2.13's ``OverlapScheduler.run`` imports
+``overlap_preserving_bucketer.finalize_overlap_scheduling`` at call time and hands it the
+scheduled graph. Inside ``capture_bucketing_inputs()`` that function is swapped for one that
+only records its arguments, so after scheduling we hold exactly what torch's bucketer would
+have received and can extract a problem, run torch's greedy, or apply any plan. The swap
+lives only inside the context; nothing is patched globally.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+
+import planner
+from fxglue.cpu_compat import cpu_compat
+from fxglue.estimator import Estimator, Hardware
+from fxglue.extract import extract_problem
+from fxglue.greedy import TORCH_BUCKETER_DEFAULTS, greedy_plan
+from fxglue.workloads import TracedWorkload, trace
+
+PLANNERS = ("greedy", "none", "cpsat")
+
+
+@dataclass
+class BucketingInputs:
+    """What torch's ``finalize_overlap_scheduling`` received: graph, collectives, schedule, knobs."""
+
+    gm: fx.GraphModule
+    collective_info: dict
+    scheduled: Any
+    kwargs: dict
+
+    @property
+    def bucketer_kwargs(self) -> dict:
+        return {k: self.kwargs[k] for k in TORCH_BUCKETER_DEFAULTS if k in self.kwargs}
+
+
+@contextlib.contextmanager
+def capture_bucketing_inputs():
+    """Within this context torch's scheduler stops before bucketing and records its inputs."""
+    import torch._inductor.fx_passes.overlap_preserving_bucketer as opb
+
+    captured: list[BucketingInputs] = []
+    original = opb.finalize_overlap_scheduling
+
+    def record(gm, collective_info, scheduled, **kwargs):
+        captured.append(BucketingInputs(gm, collective_info, scheduled, kwargs))
+
+    opb.finalize_overlap_scheduling = record
+    try:
+        yield captured
+    finally:
+        opb.finalize_overlap_scheduling = original
+
+
+def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool = True) -> None:
+    """Torch's own bucketing + dependency application, exactly as the scheduler would run it."""
+    import torch._inductor.fx_passes.overlap_preserving_bucketer as opb
+
+    kwargs = dict(inputs.kwargs)
+    kwargs["collective_bucketing"] = collective_bucketing
+    opb.finalize_overlap_scheduling(inputs.gm, inputs.collective_info, inputs.scheduled, **kwargs)
+
+
+def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None) -> Estimator:
+    roles = {traced.groups.tp: "tp"} if traced.groups.tp else {}
+    return Estimator(hardware, roles)
+
+
+def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: bool = False,
+             bucket_mode=None, **scheduler_kwargs) -> BucketingInputs:
+    """Run torch's overlap scheduler on ``traced.gm`` (in place) up to the bucketing step."""
+    import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
+
+    with cpu_compat(estimator), capture_bucketing_inputs() as captured, traced.fake_mode:
+        overlap_scheduling.schedule_overlap_bucketing(
+            traced.gm, collective_bucketing=True, compute_estimator="analytical",
+            collective_estimator="analytical", custom_runtime_estimation=estimator,
+            pre_bucketing_fsdp_collectives=pre_bucketing, bucket_mode=bucket_mode, **scheduler_kwargs)
+    if len(captured) != 1:
+        raise RuntimeError("torch's scheduler did not reach the bucketing step (no collectives?)")
+    return captured[0]
+
+
+def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
+    from fxglue.estimator import collective_kind
+
+    out: dict[str, int] = {}
+    for n in gm.graph.nodes:
+        k = collective_kind(n) if n.op == "call_function" else None
+        if k:
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+@dataclass
+class PipelineResult:
+    """A scheduled (and, unless ``apply=False``, bucketed) graph with its problem and plan."""
+
+    name: str
+    gm: fx.GraphModule
+    problem: planner.Problem
+    plan: planner.Plan | None
+    timings: dict[str, float] = field(default_factory=dict)
+    collectives_before: dict[str, int] = field(default_factory=dict)
+    collectives_after: dict[str, int] = field(default_factory=dict)
+    solve_result: Any = None
+
+
+def run_pipeline(
+    workload: str | TracedWorkload,
+    *,
+    planner_: str | planner.Plan | os.PathLike = "greedy",
+    pre_bucketing: bool = False,
+    bucket_mode=None,
+    hardware: Hardware | None = None,
+    apply: bool = True,
+    insert_overlap_deps: bool = False,
+    max_bucket_memory_gb: float = 2.0,
+    progress=None,
+    solve_kwargs: dict | None = None,
+) -> PipelineResult:
+    """Trace (if given a name), schedule with torch, extract the problem, plan, and apply.
+
+    ``planner_``: ``"greedy"`` (torch's own search and apply), ``"none"`` (no bucketing),
+    ``"cpsat"``, or a ``Plan`` / path to a plan file (applied with ``apply_plan``).
+    """
+    say = progress or (lambda msg: None)
+    timings: dict[str, float] = {}
+    if isinstance(workload, str):
+        say(f"tracing {workload}")
+        traced = trace(workload)
+        timings["trace_s"] = traced.trace_s
+    else:
+        traced = workload
+    before = count_collectives(traced.gm)
+    estimator = estimator_for(traced, hardware)
+    say("scheduling with torch's overlap scheduler")
+    t0 = time.perf_counter()
+    inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode)
+    timings["schedule_s"] = time.perf_counter() - t0
+    say("extracting the bucketing problem")
+    t0 = time.perf_counter()
+    problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
+                              max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
+                              estimator=estimator,
+                              meta={**traced.meta, "pre_bucketing": pre_bucketing})
+    timings["extract_s"] = time.perf_counter() - t0
+
+    plan = None
+    solve_result = None
+    if isinstance(planner_, str) and planner_ == "greedy":
+        say("running torch's greedy bucket search")
+        t0 = time.perf_counter()
+        plan = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
+                           max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
+                           problem_fingerprint=problem.fingerprint, estimator=estimator, **inputs.bucketer_kwargs)
+        timings["plan_s"] = time.perf_counter() - t0
+        if apply:
+            t0 = time.perf_counter()
+            with cpu_compat(estimator), traced.fake_mode:
+                finalize_with_torch(inputs)
+            timings["apply_s"] = time.perf_counter() - t0
+    elif isinstance(planner_, str) and planner_ == "none":
+        if apply:
+            with cpu_compat(estimator), traced.fake_mode:
+                finalize_with_torch(inputs, collective_bucketing=False)
+    else:
+        if isinstance(planner_, str) and planner_ == "cpsat":
+            from planner.solve import solve
+
+            say("solving with CP-SAT")
+            t0 = time.perf_counter()
+            solve_result = solve(problem, **(solve_kwargs or {}))
+            timings["plan_s"] = time.perf_counter() - t0
+            plan = solve_result.plan
+        elif isinstance(planner_, planner.Plan):
+            plan = planner_
+        elif isinstance(planner_, (str, os.PathLike)):
+            plan = planner.load_plan(planner_)
+        else:
+            raise ValueError(f"unknown planner {planner_!r}; use one of {PLANNERS}, a Plan or a plan file")
+        if apply and plan is not None:
+            from fxglue.apply import apply_plan
+
+            say("applying the plan")
+            t0 = time.perf_counter()
+            with traced.fake_mode:
+                apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan,
+                           max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
+                           insert_overlap_deps=insert_overlap_deps, problem=problem, estimator=estimator)
+            timings["apply_s"] = time.perf_counter() - t0
+    if apply:
+        inputs.gm.recompile()
+    return PipelineResult(name=traced.name, gm=inputs.gm, problem=problem, plan=plan, timings=timings,
+                          collectives_before=before, collectives_after=count_collectives(inputs.gm),
+                          solve_result=solve_result)

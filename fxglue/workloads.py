@@ -1,0 +1,249 @@
+"""Built-in workloads: named ATen FX training-step graphs traced on CPU.
+
+Why this exists: every planner is measured on the same graphs, so each graph has a stable
+name (``llama3-8b-fsdp-32``) and one way to be built. A workload is a module factory plus a
+parallelism style; tracing happens under ``FakeTensorMode`` with torch's fake process group
+(rank 0 of 8), so shapes are real (Llama-3-8B) and no memory or GPU is needed.
+
+Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}`` and, with the ``models`` extra,
+``hf-<arch>-<layers>`` (see ``fxglue.hf_models``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+import torch.nn as nn
+
+from fxglue import parallel
+from fxglue.llama import LLAMA3_8B, Llama, LlamaConfig, lm_loss
+
+FAKE_WORLD_SIZE = 8
+TP_SIZE = 2
+LLAMA_LAYERS = (2, 8, 32, 80)
+LLAMA_VARIANTS = ("fsdp", "2d", "ddp")
+
+
+class WorkloadError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Process-group names a workload uses: ``dp`` shards/replicates, ``tp`` splits layers."""
+
+    dp: str
+    dp_size: int
+    tp: str | None = None
+    tp_size: int = 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named training step: how to build the module and its inputs, and how to parallelize.
+
+    ``build(groups)`` returns ``(module, example_inputs, loss_fn)`` and is called inside the
+    tracing fake mode (or for real, at small shapes, by the gloo runner).
+    """
+
+    name: str
+    description: str
+    style: str  # "fsdp" | "2d" | "ddp"
+    build: Callable[[Groups], tuple[nn.Module, tuple[torch.Tensor, ...], Callable]]
+    layers: int
+    family: str = "llama3-8b"
+
+
+@dataclass
+class TracedWorkload:
+    """A traced training step graph and what produced it."""
+
+    name: str
+    gm: fx.GraphModule
+    fake_mode: object
+    groups: Groups
+    trace_s: float
+    meta: dict = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype):
+    # Build parameters directly in the model dtype: Module.to() cannot swap fake parameters.
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def _llama_builder(cfg: LlamaConfig, variant: str):
+    def build(groups: Groups):
+        tp_group = groups.tp if variant == "2d" else None
+        with default_dtype(cfg.dtype):
+            module = Llama(cfg, tp_size=groups.tp_size if tp_group else 1, tp_group=tp_group)
+        tokens = torch.zeros((cfg.batch, cfg.seq_len), dtype=torch.long)
+        labels = torch.zeros((cfg.batch, cfg.seq_len), dtype=torch.long)
+        return module, (tokens, labels), lm_loss
+
+    return build
+
+
+def _registry() -> dict[str, Workload]:
+    reg: dict[str, Workload] = {}
+    for variant in LLAMA_VARIANTS:
+        for layers in LLAMA_LAYERS:
+            name = f"llama3-8b-{variant}-{layers}"
+            what = {
+                "fsdp": "SimpleFSDP over 8 ranks",
+                "2d": "FSDP over 4 ranks x Megatron TP over 2",
+                "ddp": "DDP over 8 ranks (gradient all_reduce)",
+            }[variant]
+            reg[name] = Workload(
+                name=name,
+                description=f"Llama-3-8B-shaped decoder, {layers} layers, bf16, seq 4096; {what}",
+                style=variant,
+                build=_llama_builder(LLAMA3_8B.with_(n_layers=layers), variant),
+                layers=layers,
+            )
+    try:
+        from fxglue import hf_models
+    except ImportError:  # the optional `models` extra is not installed
+        hf_models = None
+    if hf_models is not None:
+        reg.update(hf_models.workloads())
+    return reg
+
+
+def workloads() -> dict[str, Workload]:
+    """All built-in workloads by name (Hugging Face ones only with the ``models`` extra)."""
+    return _registry()
+
+
+def get_workload(name: str, *, small: bool = False) -> Workload:
+    reg = workloads()
+    if name not in reg:
+        raise WorkloadError(f"unknown workload {name!r}; `bucketplan workloads` lists them")
+    wl = reg[name]
+    if small:
+        return small_variant(wl)
+    return wl
+
+
+def small_variant(wl: Workload) -> Workload:
+    """The same structure (layers, collectives) at shapes small enough to run for real."""
+    if wl.family == "llama3-8b":
+        from fxglue.llama import LLAMA_TINY
+
+        return Workload(wl.name, wl.description + " (tiny shapes)", wl.style,
+                        _llama_builder(LLAMA_TINY.with_(n_layers=wl.layers), wl.style), wl.layers, wl.family)
+    from fxglue import hf_models
+
+    return hf_models.small_variant(wl)
+
+
+# ---------------------------------------------------------------------------------------
+# Process groups
+# ---------------------------------------------------------------------------------------
+
+_MESH_CACHE: dict[tuple[int, int, int], Groups] = {}
+
+
+def ensure_fake_world(world_size: int = FAKE_WORLD_SIZE) -> None:
+    """Initialize torch's fake process group (rank 0) once per process."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        if dist.get_world_size() != world_size:
+            raise WorkloadError(
+                f"a process group of world size {dist.get_world_size()} is already initialized; need {world_size}")
+        return
+    dist.init_process_group(backend="fake", rank=0, world_size=world_size, store=FakeStore())
+
+
+def mesh_groups(style: str, world_size: int | None = None, tp_size: int = TP_SIZE) -> Groups:
+    """Groups for a style on the current default group (a 2-D mesh ``rank = dp_rank * tp + tp_rank``)."""
+    world = world_size or dist.get_world_size()
+    rank = dist.get_rank()
+    if style != "2d":
+        return Groups(dp=dist.group.WORLD.group_name, dp_size=world)
+    key = (world, tp_size, rank)
+    if key not in _MESH_CACHE:
+        if world % tp_size:
+            raise WorkloadError(f"world size {world} is not divisible by TP size {tp_size}")
+        dp = world // tp_size
+        dp_group = tp_group = None
+        # new_group must be called by every rank for every group, in the same order.
+        for t in range(tp_size):
+            g = dist.new_group([d * tp_size + t for d in range(dp)])
+            if rank % tp_size == t:
+                dp_group = g
+        for d in range(dp):
+            g = dist.new_group([d * tp_size + t for t in range(tp_size)])
+            if rank // tp_size == d:
+                tp_group = g
+        _MESH_CACHE[key] = Groups(dp=dp_group.group_name, dp_size=dp, tp=tp_group.group_name, tp_size=tp_size)
+    return _MESH_CACHE[key]
+
+
+# ---------------------------------------------------------------------------------------
+# Tracing
+# ---------------------------------------------------------------------------------------
+
+
+def _strip_detach(gm: fx.GraphModule) -> None:
+    # make_fx records autograd's detach() of saved tensors; they are no-ops for the schedule
+    # but would count as users between a collective and its consumers.
+    g = gm.graph
+    for n in list(g.find_nodes(op="call_function", target=torch.ops.aten.detach.default)):
+        n.replace_all_uses_with(n.args[0])
+        g.erase_node(n)
+    g.lint()
+    gm.recompile()
+
+
+def prepare(wl: Workload, groups: Groups):
+    """Build and wrap the workload's module; returns (wrapped, step, inputs)."""
+    module, inputs, loss_fn = wl.build(groups)
+    style = "ddp" if wl.style == "ddp" else "fsdp"
+    wrapped = parallel.wrap(module, style, groups.dp_size, groups.dp)
+    return wrapped, parallel.make_train_step(wrapped, loss_fn), inputs
+
+
+def trace_step(step, args, *, fake_mode=None) -> fx.GraphModule:
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    if fake_mode is None:
+        gm = make_fx(step, tracing_mode="fake")(*args)
+    else:
+        with fake_mode:
+            gm = make_fx(step, tracing_mode="real")(*args)
+    _strip_detach(gm)
+    return gm
+
+
+def trace(name_or_workload: str | Workload) -> TracedWorkload:
+    """Trace a workload's forward+backward graph under FakeTensorMode on the fake process group."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    wl = get_workload(name_or_workload) if isinstance(name_or_workload, str) else name_or_workload
+    ensure_fake_world()
+    groups = mesh_groups(wl.style)
+    fake_mode = FakeTensorMode()
+    t0 = time.perf_counter()
+    with fake_mode:
+        wrapped, step, inputs = prepare(wl, groups)
+        args = [*parallel.stored_params(wrapped), *inputs]
+    gm = trace_step(step, args, fake_mode=fake_mode)
+    trace_s = time.perf_counter() - t0
+    return TracedWorkload(
+        name=wl.name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=trace_s,
+        meta={"workload": wl.name, "description": wl.description, "style": wl.style, "layers": wl.layers,
+              "world_size": dist.get_world_size(), "groups": {"dp": groups.dp, "tp": groups.tp}},
+    )
