@@ -5,12 +5,13 @@ On a CPU-only machine torch's own estimators cannot run (they benchmark on a GPU
 triton for the device's peak numbers), so we supply deterministic analytical ones, with
 hardware figures a user can override.
 
-Defaults model an NVIDIA H100 SXM5 80GB (989 TFLOP/s dense bf16/fp16, 67 TFLOP/s fp32,
-3.35 TB/s HBM3) in a cluster where the data-parallel group crosses nodes over 400 Gb/s
-InfiniBand NDR per GPU (bus bandwidth 40 GB/s, latency 25 µs per collective) and the
-tensor-parallel group stays inside a node on NVLink 4 (bus bandwidth 300 GB/s, 8 µs).
-These are round, documented figures for a realistic ratio of compute to communication, not
-measurements.
+Defaults model an NVIDIA H100 SXM5 80GB at achievable rather than datasheet rates
+(800 TFLOP/s bf16/fp16 of the 989 dense peak, 60 TFLOP/s fp32, 3.0 TB/s of the 3.35 TB/s
+HBM3) in a cluster where the data-parallel group crosses nodes over one 400 Gb/s InfiniBand
+NDR NIC per GPU (50 GB/s bus bandwidth, 20 µs per collective) and the tensor-parallel group
+stays inside a node on NVLink 4 (200 GB/s, 5 µs). They are round, documented figures for a
+realistic ratio of compute to communication, not measurements; ``Hardware.from_json``
+overrides any of them.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ class LinkSpec:
 class Hardware:
     """Hardware figures behind the estimates. ``links`` maps a role (``dp``, ``tp``) to a link."""
 
-    name: str = "H100-SXM5-80GB, DP over 400Gb/s IB NDR, TP over NVLink4"
-    bf16_tflops: float = 989.0
-    fp32_tflops: float = 67.0
-    hbm_tbps: float = 3.35
+    name: str = "H100-SXM5-80GB (achievable rates), DP over 400Gb/s IB NDR, TP over NVLink4"
+    bf16_tflops: float = 800.0
+    fp32_tflops: float = 60.0
+    hbm_tbps: float = 3.0
     links: dict[str, LinkSpec] = field(default_factory=lambda: {
-        "dp": LinkSpec(25.0, 40.0, "InfiniBand NDR 400Gb/s per GPU"),
-        "tp": LinkSpec(8.0, 300.0, "NVLink 4"),
+        "dp": LinkSpec(20.0, 50.0, "InfiniBand NDR 400Gb/s per GPU"),
+        "tp": LinkSpec(5.0, 200.0, "NVLink 4"),
     })
 
     def peak_flops(self, dtype: torch.dtype) -> float:

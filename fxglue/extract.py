@@ -136,12 +136,9 @@ def extract_problem(
         sched = list(scheduled)
         pos = {n: i for i, n in enumerate(sched)}
         waits = {info.wait_node: s for s, info in collective_info.items()}
-        protected_hiders: OrderedSet[fx.Node] = OrderedSet()
         all_hiders: OrderedSet[fx.Node] = OrderedSet()
         for info in collective_info.values():
             all_hiders |= info.hiding_nodes
-            if not info.is_exposed:  # torch protects hiding nodes of fully hidden collectives
-                protected_hiders |= info.hiding_nodes
 
         def kind_of(n):
             if n in collective_info:
@@ -177,7 +174,6 @@ def extract_problem(
                 wire_bytes=wire_bytes(s), est_ms=float(info.estimated_time_ms),
                 exposed_ms=float(info.exposed_time_ms), start_pos=pos[s], wait_pos=pos[info.wait_node],
                 hiding=tuple(h.name for h in sorted(info.hiding_nodes, key=pos.__getitem__)), status=status,
-                is_hider=(s in protected_hiders or info.wait_node in protected_hiders),
                 fsdp=bool(is_all_gather_into_tensor(s) and is_fsdp_all_gather(s)),
             ))
 

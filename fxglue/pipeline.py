@@ -29,6 +29,10 @@ from fxglue.workloads import TracedWorkload, trace
 PLANNERS = ("greedy", "none", "cpsat")
 
 
+class TorchGreedyError(RuntimeError):
+    """Torch's own greedy bucketing could not be applied to this graph (a torch defect)."""
+
+
 @dataclass
 class BucketingInputs:
     """What torch's ``finalize_overlap_scheduling`` received: graph, collectives, schedule, knobs."""
@@ -167,7 +171,16 @@ def run_pipeline(
         if apply:
             t0 = time.perf_counter()
             with cpu_compat(estimator), traced.fake_mode:
-                finalize_with_torch(inputs)
+                try:
+                    finalize_with_torch(inputs)
+                except RuntimeError as e:
+                    if "cyclic extra dep" not in str(e):
+                        raise
+                    raise TorchGreedyError(
+                        f"{traced.name}: torch's own greedy bucketing failed its cycle check ({str(e)[:200]}...). "
+                        "Its step-by-step checks accepted merges whose final order is cyclic; "
+                        "`bucketplan verify` on the recorded greedy plan names them (rule 9). "
+                        "See planner/README.md, 'Where torch differs'.") from e
             timings["apply_s"] = time.perf_counter() - t0
     elif isinstance(planner_, str) and planner_ == "none":
         if apply:

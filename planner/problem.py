@@ -78,7 +78,6 @@ class Collective(_Frozen):
     wait_pos: int = Field(ge=0)
     hiding: tuple[str, ...] = ()
     status: Status
-    is_hider: bool = Field(description="its start or wait hides another collective; torch never merges it")
     fsdp: bool = False
 
 

@@ -1,0 +1,159 @@
+"""The ``bucketplan`` command line.
+
+Torch-free commands (``verify``, ``solve``) import only ``planner``; the others import
+``fxglue`` (and torch) when they run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def _progress(quiet: bool):
+    start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(f"[{time.perf_counter() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _fmt_counts(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    return f"{total} ({parts})" if parts else "0"
+
+
+def cmd_workloads(args) -> int:
+    from fxglue.workloads import workloads
+
+    for name, wl in workloads().items():
+        print(f"{name}\t{wl.description}")
+    return 0
+
+
+def _hardware(args):
+    if not getattr(args, "hardware", None):
+        return None
+    from fxglue.estimator import Hardware
+
+    try:
+        return Hardware.from_json(args.hardware)
+    except (OSError, ValueError, TypeError) as e:
+        raise CLIError(f"{args.hardware}: cannot read hardware figures: {e}") from None
+
+
+def cmd_extract(args) -> int:
+    import planner
+    from fxglue.pipeline import run_pipeline
+    from fxglue.workloads import WorkloadError
+
+    say = _progress(args.quiet)
+    out = Path(args.output)
+    try:
+        result = run_pipeline(args.workload, planner_="greedy", pre_bucketing=args.pre_bucketing,
+                              bucket_mode=args.bucket_mode, hardware=_hardware(args), apply=False,
+                              max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    problem, plan = result.problem, result.plan
+    planner.save(problem, out / "problem.json")
+    planner.save(plan, out / "greedy-plan.json")
+    t = result.timings
+    n = len(problem.collectives)
+    print(f"workload            {result.name}")
+    print(f"nodes scheduled     {problem.n_scheduled}")
+    print(f"collectives         {_fmt_counts(result.collectives_before)}"
+          + (f"; {n} after pre-bucketing" if args.pre_bucketing else ""))
+    status = {s: sum(c.status == s for c in problem.collectives) for s in ("hidden", "partly", "exposed")}
+    print(f"hidden/partly/exp.  {status['hidden']} / {status['partly']} / {status['exposed']}")
+    print(f"torch greedy        {n} -> {planner.collectives_after(problem, plan)} collectives "
+          f"in {len(plan.buckets)} buckets")
+    print("timings (s)         " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in t.items()))
+    print(f"wrote               {out / 'problem.json'}, {out / 'greedy-plan.json'}")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    import planner
+    from planner.verify import check
+
+    problem = planner.load_problem(args.problem)
+    plan = planner.load_plan(args.plan)
+    report = check(problem, plan)
+    q = report.quality
+    for v in report.violations[: args.max_violations]:
+        print(v)
+    if len(report.violations) > args.max_violations:
+        print(f"... and {len(report.violations) - args.max_violations} more violations")
+    print(f"plan                {args.plan} ({plan.planner})")
+    print(f"feasible            {'yes' if report.feasible else 'NO'} "
+          f"({len(report.violations)} violations{': by rule ' + str(report.by_rule()) if report.violations else ''})")
+    print(f"collectives         {q.collectives_before} -> {q.collectives_after} ({q.buckets} merged buckets)")
+    print(f"hidden relations    {q.hidden_kept}/{q.hidden_relations} kept (fully hidden collectives)")
+    print(f"partly hidden       {q.partly_kept}/{q.partly_relations} kept (not protected, as in torch)")
+    return 0 if report.feasible else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bucketplan", description=__doc__.splitlines()[0] + " "
+                                "Plans bucketing of collectives in PyTorch training graphs.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("workloads", help="list built-in workloads, one a line, name first")
+    s.set_defaults(func=cmd_workloads)
+
+    s = sub.add_parser("extract", help="trace and schedule a workload; write problem.json and torch's greedy plan")
+    s.add_argument("workload")
+    s.add_argument("-o", "--output", required=True, help="output directory")
+    _add_pipeline_options(s)
+    s.set_defaults(func=cmd_extract)
+
+    s = sub.add_parser("verify", help="check a plan against the rules of planner/README.md (exit 1 if infeasible)")
+    s.add_argument("problem")
+    s.add_argument("plan")
+    s.add_argument("--max-violations", type=int, default=20, help="violations to print (default 20)")
+    s.set_defaults(func=cmd_verify)
+    return p
+
+
+def _add_pipeline_options(s) -> None:
+    s.add_argument("--pre-bucketing", action="store_true",
+                   help="run torch's FSDP pre-bucketing before scheduling (torch's default; off here so the "
+                        "bucket search sees every collective)")
+    s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"],
+                   default=None, help="torch's bucket mode (default: torch's config, i.e. 'default')")
+    s.add_argument("--max-bucket-memory-gb", type=float, default=2.0, help="bucket cap, as torch (2.0)")
+    s.add_argument("--hardware", help="JSON file overriding the estimator's hardware figures")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CLIError as e:
+        print(f"bucketplan {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - planner errors carry the offending item in their message
+        from planner.io import SchemaError
+
+        if isinstance(e, SchemaError):
+            print(f"bucketplan {args.command}: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Hypothesis strategies: random small, internally consistent bucketing problems and plans."""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+
+import planner
+
+KINDS = ("all_gather", "reduce_scatter", "all_reduce")
+
+
+@st.composite
+def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int = 2,
+             dtypes=("bfloat16", "float32")) -> planner.Problem:
+    """A schedule of compute nodes with collectives started and waited around them.
+
+    Dependencies only point backwards in the schedule; hiding nodes of a collective are
+    compute nodes strictly between its start and wait.
+    """
+    n_colls = draw(st.integers(1, max_collectives))
+    n_compute = draw(st.integers(0, max_compute))
+    n_pgs = draw(st.integers(1, max_pgs))
+    # Token sequence: compute nodes in order, then starts/waits inserted at random slots.
+    seq: list[tuple[str, int]] = [("c", j) for j in range(n_compute)]
+    for i in range(n_colls):
+        a = draw(st.integers(0, len(seq)))
+        seq.insert(a, ("s", i))
+        b = draw(st.integers(a + 1, len(seq)))
+        seq.insert(b, ("w", i))
+    names = {("c", j): f"mm_{j}" for j in range(n_compute)}
+    names.update({("s", i): f"coll_{i}" for i in range(n_colls)})
+    names.update({("w", i): f"wait_{i}" for i in range(n_colls)})
+    index = {tok: k for k, tok in enumerate(seq)}
+
+    nodes = []
+    for k, tok in enumerate(seq):
+        earlier = list(range(k))
+        deps = draw(st.lists(st.sampled_from(earlier), max_size=2, unique=True)) if earlier and draw(
+            st.booleans()) else []
+        if tok[0] == "w":  # a wait always depends on its start
+            deps = sorted(set(deps) | {index[("s", tok[1])]})
+        kind = {"c": "compute", "s": "start", "w": "wait"}[tok[0]]
+        est = 0.0 if kind == "wait" else draw(st.sampled_from([0.1, 0.5, 1.0, 2.0]))
+        nodes.append(planner.Node(name=names[tok], kind=kind, pos=k, est_ms=est, deps=tuple(sorted(deps))))
+
+    pgs = [f"pg{p}" for p in range(n_pgs)]
+    colls = []
+    for i in range(n_colls):
+        s, w = index[("s", i)], index[("w", i)]
+        between = [names[seq[k]] for k in range(s + 1, w) if seq[k][0] == "c"]
+        hiding = draw(st.lists(st.sampled_from(between), unique=True)) if between else []
+        hiding.sort(key=lambda n: next(k for k, t in enumerate(seq) if names[t] == n))
+        kind = draw(st.sampled_from(KINDS))
+        pg = draw(st.sampled_from(pgs))
+        dtype = draw(st.sampled_from(dtypes))
+        est = draw(st.sampled_from([0.2, 0.5, 1.0]))
+        if not hiding:
+            status, exposed = "exposed", est
+        else:
+            status = draw(st.sampled_from(["hidden", "partly"]))
+            exposed = 0.0 if status == "hidden" else est / 2
+        size = draw(st.integers(1, 64)) * 1024
+        colls.append(planner.Collective(
+            name=f"coll_{i}", wait=f"wait_{i}", kind=kind, pg=pg, key=f"{kind}/{pg}/{dtype}", dtype=dtype,
+            size_bytes=size, wire_bytes=size, est_ms=est, exposed_ms=exposed, start_pos=s, wait_pos=w,
+            hiding=tuple(hiding), status=status, fsdp=False))
+    timelines = []
+    for pg in pgs:
+        idx, types = [], ""
+        mine = {f"coll_{i}" for i, c in enumerate(colls) if c.pg == pg}
+        for k, tok in enumerate(seq):
+            if tok[0] == "c":
+                idx.append(k)
+                types += "c"
+            elif names[("s", tok[1])] in mine:
+                idx.append(k)
+                types += tok[0]
+        timelines.append(planner.Timeline(pg=pg, nodes=tuple(idx), types=types))
+    links = tuple(planner.Link(pg=pg, group_size=draw(st.sampled_from([2, 4, 8])), latency_ms=0.02,
+                               bandwidth_gbps=50.0) for pg in pgs)
+    cap = draw(st.sampled_from([64 * 1024, 128 * 1024, 1 << 30]))
+    return planner.Problem(bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=len(seq),
+                           collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines),
+                           links=links, meta={"generator": "tests.strategies.problems"}).with_fingerprint()
+
+
+@st.composite
+def plans(draw, problem: planner.Problem) -> planner.Plan:
+    """A structurally valid plan (disjoint buckets, anchors among members); not necessarily feasible."""
+    names = [c.name for c in problem.collectives]
+    order = draw(st.permutations(names))
+    buckets = []
+    k = 0
+    while k < len(order):
+        size = draw(st.integers(1, len(order) - k))
+        members = tuple(order[k:k + size])
+        k += size
+        if size > 1 or draw(st.booleans()):
+            buckets.append(planner.Bucket(members=members, start=draw(st.sampled_from(members)),
+                                          wait=draw(st.sampled_from(members))))
+    return planner.Plan(problem_fingerprint=problem.fingerprint, planner="random",
+                        params={"seed": draw(st.integers(0, 10))}, created="2026-01-01T00:00:00+00:00",
+                        buckets=tuple(buckets))
