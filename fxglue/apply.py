@@ -1,0 +1,222 @@
+"""Apply any plan to a scheduled graph: realize its final state with torch's merge functions.
+
+Why this exists: torch's bucketer can only apply what its own step-by-step search built
+(its timeline moves are part of the search). A plan from CP-SAT or a file is a final state --
+members and anchors -- so it is realized directly:
+
+1. the plan is verified against the problem (``planner.verify``); any violation raises
+   ``PlanError`` naming the bucket and rule, before anything is touched;
+2. the final order is checked on the real graph: every bucket contracted to one start and one
+   wait, all data edges plus the plan's order of pinned nodes, must be acyclic (again before
+   any mutation, so a rejected plan leaves the graph exactly as it was);
+3. each bucket is rewritten with torch's own ``merge_*_bucket`` (every bucket mode torch has);
+4. the pinned nodes are chained in the plan's final order -- each merged start at its start
+   anchor's place, each merged wait at its wait anchor's place, everything else where the
+   scheduler put it -- and the graph is stably sorted with those extra dependencies, behind
+   torch's cycle check and ``graph.lint()``;
+5. the result is checked again on the graph: each fully hidden member's hiding nodes lie
+   between its bucket's start and wait.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+import torch.fx as fx
+from torch.utils._ordered_set import OrderedSet
+
+import planner
+from planner.verify import RULES, verify
+
+
+class PlanError(ValueError):
+    """A plan that cannot be applied; names the rule and bucket. The graph is unchanged."""
+
+    def __init__(self, message: str, *, rule: int | None = None, bucket: int | None = None):
+        super().__init__(message)
+        self.rule = rule
+        self.bucket = bucket
+
+
+def _final_pinned_order(problem: planner.Problem, plan: planner.Plan) -> list[tuple[str, int | None, str]]:
+    """Pinned events in final order: (node name, bucket or None, 'start'|'wait'|'node').
+
+    A bucket's merged start replaces its start anchor's start; its other members' starts
+    vanish; likewise for waits.
+    """
+    colls = {c.name: c for c in problem.collectives}
+    start_anchor: dict[str, int] = {}
+    wait_anchor: dict[str, int] = {}
+    dropped: set[str] = set()
+    for b, bucket in enumerate(plan.buckets):
+        if len(bucket.members) < 2:
+            continue
+        start_anchor[bucket.start] = b
+        wait_anchor[colls[bucket.wait].wait] = b
+        for m in bucket.members:
+            if m != bucket.start:
+                dropped.add(m)
+            if m != bucket.wait:
+                dropped.add(colls[m].wait)
+    order = []
+    for n in problem.nodes:
+        if n.name in start_anchor:
+            order.append((n.name, start_anchor[n.name], "start"))
+        elif n.name in wait_anchor:
+            order.append((n.name, wait_anchor[n.name], "wait"))
+        elif n.name not in dropped:
+            order.append((n.name, None, "node"))
+    return order
+
+
+def _check_contracted_graph_acyclic(graph: fx.Graph, problem: planner.Problem, plan: planner.Plan,
+                                    order: list[tuple[str, int | None, str]]) -> None:
+    """Kahn's algorithm on the real graph with each bucket's starts and waits contracted and
+    the pinned nodes chained in final order. Raises PlanError (rule 9) on a cycle."""
+    colls = {c.name: c for c in problem.collectives}
+    rep: dict[str, str] = {}
+    for b, bucket in enumerate(plan.buckets):
+        if len(bucket.members) < 2:
+            continue
+        for m in bucket.members:
+            rep[m] = f"<start of bucket {b}>"
+            rep[colls[m].wait] = f"<wait of bucket {b}>"
+    nodes = list(graph.nodes)
+    key = {n: rep.get(n.name, n.name) for n in nodes}
+    succ: dict[str, set[str]] = {}
+    indeg: dict[str, int] = {k: 0 for k in key.values()}
+
+    def edge(a: str, b: str) -> None:
+        if a == b:
+            return
+        s = succ.setdefault(a, set())
+        if b not in s:
+            s.add(b)
+            indeg[b] += 1
+
+    for n in nodes:
+        for inp in n.all_input_nodes:
+            edge(key[inp], key[n])
+    chain = [rep.get(name, name) for name, _, _ in order]
+    for a, b in zip(chain, chain[1:]):
+        edge(a, b)
+    ready = deque(k for k, d in indeg.items() if d == 0)
+    seen = 0
+    while ready:
+        k = ready.popleft()
+        seen += 1
+        for s in succ.get(k, ()):
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if seen != len(indeg):
+        stuck = sorted(k for k, d in indeg.items() if d > 0 and k.startswith("<"))[:4]
+        raise PlanError(f"rule 9 ({RULES[9]}): the plan's final order is cyclic on the graph "
+                        f"(involving {stuck or 'pinned nodes'})", rule=9)
+
+
+def _merge(graph: fx.Graph, starts: list[fx.Node], mode, insert_before: fx.Node):
+    from torch._inductor.fx_passes.bucketing import (
+        is_all_gather_into_tensor, is_all_reduce_tensor, merge_all_gather_bucket, merge_all_reduce_bucket,
+        merge_reduce_scatter_bucket)
+
+    if is_all_gather_into_tensor(starts[0]):
+        return merge_all_gather_bucket(graph, starts, mode=mode, insert_before=insert_before)
+    if is_all_reduce_tensor(starts[0]):
+        return merge_all_reduce_bucket(graph, starts, mode=mode, insert_before=insert_before)
+    return merge_reduce_scatter_bucket(graph, starts, mode=mode, insert_before=insert_before)
+
+
+def apply_plan(
+    graph: fx.Graph,
+    collective_info: dict,
+    scheduled,
+    plan: planner.Plan,
+    *,
+    max_bucket_memory_gb: float = 2.0,
+    bucket_mode=None,
+    insert_overlap_deps: bool = False,
+    problem: planner.Problem | None = None,
+    estimator=None,
+) -> None:
+    """Rewrite ``graph`` so each bucket of ``plan`` is one collective at its anchors.
+
+    Raises ``PlanError`` (graph unchanged) if the plan breaks a rule. ``problem`` may be
+    passed when already extracted from the same arguments.
+    """
+    from torch._dynamo.graph_deduplication import _has_cycle, _stable_topological_sort
+    from torch._inductor.fx_passes.bucketing import _default_bucket_mode, _get_collective_node_from_wait
+
+    from fxglue.extract import extract_problem
+
+    mode = bucket_mode or _default_bucket_mode()
+    if problem is None:
+        problem = extract_problem(graph, collective_info, scheduled, max_bucket_memory_gb=max_bucket_memory_gb,
+                                  bucket_mode=mode, estimator=estimator)
+    if problem.bucket_mode != mode:
+        raise PlanError(f"the problem was extracted for bucket mode {problem.bucket_mode!r}, not {mode!r}")
+    violations = verify(problem, plan)
+    if violations:
+        v = violations[0]
+        more = f" (and {len(violations) - 1} more violations)" if len(violations) > 1 else ""
+        raise PlanError(f"{v}{more}", rule=v.rule, bucket=v.bucket)
+
+    order = _final_pinned_order(problem, plan)
+    _check_contracted_graph_acyclic(graph, problem, plan, order)
+
+    by_name = {n.name: n for n in graph.nodes}
+    colls = {c.name: c for c in problem.collectives}
+    replaced: dict[str, fx.Node] = {}  # pinned event name -> node that now plays its part
+    coalesced_waits: dict[str, list[fx.Node]] = {}
+    for b, bucket in enumerate(plan.buckets):
+        if len(bucket.members) < 2:
+            continue
+        starts = [by_name[m] for m in bucket.members]
+        new_nodes, _ = _merge(graph, starts, mode, insert_before=by_name[bucket.start])
+        waits = [n for n in new_nodes if _get_collective_node_from_wait(n) is not None]
+        new_start = _get_collective_node_from_wait(waits[0])
+        replaced[bucket.start] = new_start
+        replaced[colls[bucket.wait].wait] = waits[0]
+        if len(waits) > 1:  # coalesced mode: one start, one wait per member, all at the wait anchor
+            coalesced_waits[colls[bucket.wait].wait] = waits
+
+    chain: list[fx.Node] = []
+    for name, _, _ in order:
+        nodes = coalesced_waits.get(name) or [replaced.get(name) or by_name[name]]
+        for node in nodes:
+            if not chain or chain[-1] is not node:
+                chain.append(node)
+    extra: dict[fx.Node, OrderedSet[fx.Node]] = {}
+    for prev, node in zip(chain, chain[1:]):
+        extra.setdefault(node, OrderedSet()).add(prev)
+    if _has_cycle(graph, extra):  # cannot happen after the contracted check; torch's guard anyway
+        raise RuntimeError("apply_plan: torch's cycle check failed after merging (bug: the contracted check passed)")
+    _stable_topological_sort(graph, extra)
+    if insert_overlap_deps:
+        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+        from torch._inductor.fx_passes.overlap_preserving_bucketer import is_collective_or_wait
+
+        filtered = {n: OrderedSet(d for d in deps if not (is_collective_or_wait(n) and is_collective_or_wait(d)))
+                    for n, deps in extra.items()}
+        filtered = {n: d for n, d in filtered.items() if d}
+        if filtered:
+            preserve_node_ordering(graph, filtered)
+    graph.lint()
+
+    # Final order on the real graph: each fully hidden member's hiding nodes between its bucket's
+    # merged start and wait.
+    index = {n: i for i, n in enumerate(graph.nodes)}
+    for b, bucket in enumerate(plan.buckets):
+        if len(bucket.members) < 2:
+            continue
+        s = index[replaced[bucket.start]]
+        w = index[replaced[colls[bucket.wait].wait]]
+        for m in bucket.members:
+            c = colls[m]
+            if c.status != "hidden":
+                continue
+            for h in c.hiding:
+                if not s < index[by_name[h]] < w:
+                    raise RuntimeError(f"apply_plan: bucket {b}: hiding node {h} of {m} ended outside the bucket "
+                                       "(bug: the verifier accepted this plan)")
