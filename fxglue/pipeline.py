@@ -95,13 +95,19 @@ def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: boo
 
 
 def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
-    from fxglue.estimator import collective_kind
+    """Collectives in a graph by kind, counted once per start (coalesced ones included)."""
+    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait
 
-    out: dict[str, int] = {}
+    starts = {}
     for n in gm.graph.nodes:
-        k = collective_kind(n) if n.op == "call_function" else None
-        if k:
-            out[k] = out.get(k, 0) + 1
+        start = _get_collective_node_from_wait(n) if n.op == "call_function" else None
+        if start is not None:
+            name = str(start.target)
+            kind = next((k for k in ("all_gather", "reduce_scatter", "all_reduce") if k in name), name)
+            starts[start] = kind
+    out: dict[str, int] = {}
+    for kind in starts.values():
+        out[kind] = out.get(kind, 0) + 1
     return out
 
 
