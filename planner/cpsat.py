@@ -1,0 +1,343 @@
+"""The CP-SAT model of overlap-preserving bucketing (rules of planner/README.md, modelled exactly).
+
+Why this exists: it is the product -- a global optimum over the decisions torch's greedy
+makes one candidate at a time. The model is built in three parts behind ``build_model``:
+variables (``_Variables``), one constraint family per rule (``_add_constraints``), and the
+objective (``_set_objective``). ``ModelHandle.extract(solver)`` turns a solution into a Plan.
+
+Decisions. A bucket is represented by its start anchor ``a`` (symmetry broken: each bucket has
+exactly one representative). ``x[i, a]`` = collective ``i`` is in the bucket anchored at ``a``;
+``x[a, a]`` = ``a`` anchors a bucket (perhaps alone). ``y[a, b]`` = that bucket's wait anchor
+is ``b``. Final positions follow: ``FS[i] = pos(start of a)``, ``FW[i] = BW[a] = pos(wait of b)``.
+
+Candidates are pruned only by rules that hold whatever else is decided (same key, fixed
+predecessors of a start and fixed successors of a wait, hiding nodes of a fully hidden
+collective, the cap for a pair, hiders alone). An optional ``window`` additionally limits a
+collective to anchors within that many same-key collectives; the model is then exact for the
+restricted space only, and ``solve`` says so (the bound is not reported as the problem's).
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner.problem import Bucket, Plan, Problem
+
+OBJECTIVES = ("count", "time")
+
+
+@dataclass
+class _Coll:
+    idx: int
+    name: str
+    key: tuple
+    pg: str
+    s: int  # start position
+    w: int  # wait position
+    size: int
+    hidden: bool
+    hiders: tuple[int, ...]  # positions of hiding nodes
+    hider: bool  # its start or wait hides a fully hidden collective: stays alone
+    s_lo: int = -1  # FS > s_lo
+    s_hi: int = 1 << 60  # FS < s_hi
+    w_lo: int = -1  # FW > w_lo
+    w_hi: int = 1 << 60  # FW < w_hi
+    wait_preds_of_start: list[int] = field(default_factory=list)  # j: wait_j -> start_i
+
+
+def _prepare(problem: Problem) -> list[_Coll]:
+    nodes = problem.nodes
+    index = {n.name: i for i, n in enumerate(nodes)}
+    pos = [n.pos for n in nodes]
+    protected = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
+    wait_owner = {c.wait: k for k, c in enumerate(problem.collectives)}
+    succ: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        for d in n.deps:
+            succ.setdefault(d, []).append(i)
+    out = []
+    for k, c in enumerate(problem.collectives):
+        hidden = c.status == "hidden"
+        hp = tuple(sorted(pos[index[h]] for h in c.hiding))
+        cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, hidden, hp,
+                   c.name in protected or c.wait in protected)
+        for d in nodes[index[c.name]].deps:  # immediate pinned predecessors of the start
+            if nodes[d].kind == "wait" and nodes[d].name in wait_owner:
+                cc.wait_preds_of_start.append(wait_owner[nodes[d].name])
+            elif nodes[d].kind != "start":
+                cc.s_lo = max(cc.s_lo, pos[d])
+        for s in succ.get(index[c.wait], []):  # immediate pinned successors of the wait
+            if nodes[s].kind != "start":
+                cc.w_hi = min(cc.w_hi, pos[s])
+        if hidden and hp:  # rule 7
+            cc.s_hi = min(cc.s_hi, hp[0])
+            cc.w_lo = max(cc.w_lo, hp[-1])
+        out.append(cc)
+    return out
+
+
+@dataclass
+class ModelHandle:
+    """The model and the map from its variables back to collectives and buckets."""
+
+    problem: Problem
+    model: cp_model.CpModel
+    colls: list[_Coll]
+    x: dict[tuple[int, int], cp_model.IntVar]
+    y: dict[tuple[int, int], cp_model.IntVar]
+    fs: dict[int, cp_model.IntVar]
+    fw: dict[int, cp_model.IntVar]
+    bw: dict[int, cp_model.IntVar]
+    objective: str
+    window: int | None
+    stats: dict = field(default_factory=dict)
+
+    def anchors(self, i: int) -> list[int]:
+        return [a for (j, a) in self.x if j == i]
+
+    def extract(self, solver: cp_model.CpSolver, *, planner: str = "cpsat", params: dict | None = None,
+                created: str = "") -> Plan:
+        members: dict[int, list[int]] = {}
+        for (i, a), var in self.x.items():
+            if solver.boolean_value(var):
+                members.setdefault(a, []).append(i)
+        buckets = []
+        for a, ms in sorted(members.items(), key=lambda kv: self.colls[kv[0]].s):
+            if len(ms) < 2:
+                continue
+            wait = next(b for (aa, b), var in self.y.items() if aa == a and solver.boolean_value(var))
+            ms.sort(key=lambda i: self.colls[i].s)
+            buckets.append(Bucket(members=tuple(self.colls[i].name for i in ms), start=self.colls[a].name,
+                                  wait=self.colls[wait].name))
+        return Plan(problem_fingerprint=self.problem.fingerprint, planner=planner, params=params or {},
+                    created=created, buckets=tuple(buckets))
+
+    def add_hint(self, plan: Plan) -> int:
+        """Hint a plan's assignment; returns how many of its buckets fit the candidate space."""
+        by_name = {c.name: c.idx for c in self.colls}
+        anchor_of = {i: i for i in range(len(self.colls))}
+        wait_of = {i: i for i in range(len(self.colls))}
+        fitted = 0
+        for b in plan.buckets:
+            a, w = by_name[b.start], by_name[b.wait]
+            ms = [by_name[m] for m in b.members]
+            if all((i, a) in self.x for i in ms) and (a, w) in self.y:
+                fitted += 1
+                for i in ms:
+                    anchor_of[i] = a
+                wait_of[a] = w
+        for (i, a), var in self.x.items():
+            self.model.add_hint(var, anchor_of[i] == a)
+        for (a, b), var in self.y.items():
+            self.model.add_hint(var, wait_of[a] == b)
+        return fitted
+
+
+class _Variables:
+    """Anchor choices x, wait-anchor choices y, final positions FS / FW / BW."""
+
+    def __init__(self, m: cp_model.CpModel, colls: list[_Coll], cap: int, window: int | None):
+        self.x: dict[tuple[int, int], cp_model.IntVar] = {}
+        self.y: dict[tuple[int, int], cp_model.IntVar] = {}
+        by_key: dict[tuple, list[_Coll]] = {}
+        for c in colls:
+            by_key.setdefault(c.key, []).append(c)
+        self.joiners: dict[int, list[int]] = {c.idx: [] for c in colls}
+        self.s_dom: dict[int, list[int]] = {}
+        self.w_dom: dict[int, list[int]] = {}
+        for group in by_key.values():
+            group.sort(key=lambda c: c.s)
+            starts = [c.s for c in group]
+            waits = sorted(c.w for c in group)
+            rank = {c.idx: r for r, c in enumerate(group)}
+            for c in group:
+                if c.hider:
+                    self.s_dom[c.idx], self.w_dom[c.idx] = [c.s], [c.w]
+                    continue
+                self.w_dom[c.idx] = [w for w in waits if c.w_lo < w < c.w_hi]
+                wmax = self.w_dom[c.idx][-1]
+                self.s_dom[c.idx] = [s for s in starts if c.s_lo < s < c.s_hi and s < wmax]
+            for c in group:
+                cands = [c.idx]
+                if not c.hider:
+                    lo = bisect.bisect_right(starts, c.s_lo)
+                    hi = bisect.bisect_left(starts, min(c.s_hi, self.w_dom[c.idx][-1]))
+                    for a in group[lo:hi]:
+                        if a.idx == c.idx or a.hider:
+                            continue
+                        if window is not None and abs(rank[a.idx] - rank[c.idx]) > window:
+                            continue
+                        if c.size + a.size > cap:
+                            continue
+                        wa, wc = self.w_dom[a.idx], self.w_dom[c.idx]
+                        if wa[-1] < wc[0] or wc[-1] < wa[0] or not set(wa) & set(wc):
+                            continue  # no wait position both can take
+                        cands.append(a.idx)
+                for a in cands:
+                    self.x[c.idx, a] = m.new_bool_var(f"x[{c.name},{colls[a].name}]")
+                    if a != c.idx:
+                        self.joiners[a].append(c.idx)
+        # wait anchors: b must be able to sit in a's bucket (b == a, or b joins a)
+        for c in colls:
+            a = c.idx
+            for b in [a] + self.joiners[a]:
+                if colls[b].w in set(self.w_dom[a]):
+                    self.y[a, b] = m.new_bool_var(f"y[{c.name},{colls[b].name}]")
+        self.fs = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.s_dom[c.idx]), f"FS[{c.name}]")
+                   for c in colls}
+        self.fw = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.w_dom[c.idx]), f"FW[{c.name}]")
+                   for c in colls}
+        self.bw = {}
+        for c in colls:
+            vals = sorted({colls[b].w for (a, b) in self.y if a == c.idx})
+            self.bw[c.idx] = m.new_int_var_from_domain(cp_model.Domain.from_values(vals), f"BW[{c.name}]")
+
+
+def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int) -> dict:
+    """One family per rule of planner/README.md; returns counts per family."""
+    counts: dict[str, int] = {}
+    x, y = v.x, v.y
+    by_i: dict[int, list[int]] = {}
+    for (i, a) in x:
+        by_i.setdefault(i, []).append(a)
+    ys: dict[int, list[int]] = {}
+    for (a, b) in y:
+        ys.setdefault(a, []).append(b)
+
+    # Structure: one bucket per collective; joining a bucket needs its anchor to anchor it; the
+    # anchor's own position is the bucket's start; the wait anchor is a member.
+    for i, anchors in by_i.items():
+        m.add_exactly_one(x[i, a] for a in anchors)
+        for a in anchors:
+            if a != i:
+                m.add_implication(x[i, a], x[a, a])
+        m.add(v.fs[i] == sum(colls[a].s * x[i, a] for a in anchors))
+    for a, bs in ys.items():
+        m.add_exactly_one(y[a, b] for b in bs)
+        for b in bs:
+            if b != a:
+                m.add_implication(y[a, b], x[b, a])
+        m.add(v.bw[a] == sum(colls[b].w * y[a, b] for b in bs))
+    for (i, a), var in x.items():
+        m.add(v.fw[i] == v.bw[a]).only_enforce_if(var)
+    counts["structure"] = len(by_i) + len(ys) + len(x)
+
+    # Rule 2 (same key) and rule 4 (hiders stay alone): no candidate pair exists otherwise.
+    # Rule 3 (byte cap): the members of each bucket fit.
+    n = 0
+    for a, js in v.joiners.items():
+        if js and sum(colls[j].size for j in js) + colls[a].size > cap:
+            m.add(sum(colls[j].size * x[j, a] for j in js) + colls[a].size * x[a, a] <= cap)
+            n += 1
+    counts["rule3_cap"] = n
+
+    # Rules 6 and 9 (dependencies in the final order): a start before its wait; a wait before
+    # every start that consumes it. Fixed predecessors/successors are in the domains. Two members
+    # with a wait -> start dependency would need BW < FS of the same bucket: rule 6 follows.
+    n = 0
+    for c in colls:
+        m.add(v.fs[c.idx] < v.fw[c.idx])
+        for j in c.wait_preds_of_start:
+            m.add(v.fw[j] < v.fs[c.idx])
+            n += 1
+    counts["rule9_order"] = n + len(colls)
+
+    # Rule 7 (hiding kept): in the domains of FS and FW.
+
+    # Rule 8 (FIFO stream): for every hiding node h of a fully hidden collective c and every
+    # possible bucket anchor a on c's group: if a anchors a bucket without c that is issued
+    # before c and waited after h (A), or issued after c and waited before h (B), some member
+    # of that bucket must have made the same situation originally.
+    ge_cache: dict[tuple[int, int], cp_model.IntVar] = {}
+
+    def greater(var_id: str, var: cp_model.IntVar, value: int) -> cp_model.IntVar:
+        """Literal for var > value (cached)."""
+        k = (id(var), value)
+        if k not in ge_cache:
+            lit = m.new_bool_var(f"{var_id}>{value}")
+            m.add(var > value).only_enforce_if(lit)
+            m.add(var <= value).only_enforce_if(~lit)
+            ge_cache[k] = lit
+        return ge_cache[k]
+
+    by_pg: dict[str, list[_Coll]] = {}
+    for c in colls:
+        by_pg.setdefault(c.pg, []).append(c)
+    n = 0
+    for c in colls:
+        if not c.hidden:
+            continue
+        fs_dom = v.s_dom[c.idx]
+        for ph in c.hiders:
+            for a in by_pg[c.pg]:
+                if a.idx == c.idx or (a.idx, a.idx) not in x:
+                    continue
+                bw_vals = [colls[b].w for b in ys.get(a.idx, [])]
+                if not bw_vals:
+                    continue
+                members = [a.idx] + v.joiners[a.idx]
+                in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
+                # (A) issued before c, waited after h
+                if a.s < fs_dom[-1] and max(bw_vals) > ph:
+                    old = [j for j in members if colls[j].s < c.s and ph < colls[j].w]
+                    if a.idx not in old:
+                        lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
+                        if a.s >= fs_dom[0]:
+                            lits.append(~greater(f"FS{c.idx}", v.fs[c.idx], a.s))
+                        if min(bw_vals) <= ph:
+                            lits.append(~greater(f"BW{a.idx}", v.bw[a.idx], ph))
+                        m.add_bool_or(lits)
+                        n += 1
+                # (B) issued after c, waited before h
+                if a.s > fs_dom[0] and min(bw_vals) < ph:
+                    old = [j for j in members if c.s < colls[j].s and colls[j].w < ph]
+                    if a.idx not in old:
+                        lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
+                        if a.s <= fs_dom[-1]:
+                            lits.append(greater(f"FS{c.idx}", v.fs[c.idx], a.s - 1))
+                        if max(bw_vals) >= ph:
+                            lits.append(greater(f"BW{a.idx}", v.bw[a.idx], ph - 1))
+                        m.add_bool_or(lits)
+                        n += 1
+    counts["rule8_stream"] = n
+    return counts
+
+
+def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str):
+    """count: fewest buckets. time: least total latency paid (a bucket pays its group's α once;
+    the bandwidth term is the same for every plan under the linear α-β model), in ns."""
+    anchors = [c.idx for c in colls if (c.idx, c.idx) in v.x]
+    if objective == "count":
+        m.minimize(sum(v.x[a, a] for a in anchors))
+    elif objective == "time":
+        lat = {link.pg: int(round(link.latency_ms * 1e6)) for link in problem.links}
+        m.minimize(sum(max(1, lat[colls[a].pg]) * v.x[a, a] for a in anchors))
+    else:
+        raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
+
+
+def build_model(problem: Problem, *, objective: str = "count", window: int | None = None) -> ModelHandle:
+    """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective."""
+    colls = _prepare(problem)
+    m = cp_model.CpModel()
+    v = _Variables(m, colls, problem.bucket_cap_bytes, window)
+    counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
+    _set_objective(m, v, colls, problem, objective)
+    stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}
+    return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)
+
+
+def plan_objective(problem: Problem, plan: Plan, objective: str) -> int:
+    """The model's objective value of a plan (to compare hints and results on one scale)."""
+    n = len(problem.collectives) - sum(len(b.members) for b in plan.buckets) + len(plan.buckets)
+    if objective == "count":
+        return n
+    lat = {link.pg: max(1, int(round(link.latency_ms * 1e6))) for link in problem.links}
+    colls = {c.name: c for c in problem.collectives}
+    in_bucket = {m for b in plan.buckets for m in b.members}
+    total = sum(lat[colls[b.start].pg] for b in plan.buckets)
+    total += sum(lat[c.pg] for c in problem.collectives if c.name not in in_bucket)
+    return total
