@@ -161,6 +161,18 @@ class Problem(_Frozen):
             for h in c.hiding:
                 if h not in names:
                     raise ValueError(f"{where}: hiding node {h!r} is not among nodes")
+        # The structure of functional collectives: a start's only user is its wait, and a wait's
+        # only input is its start. Planners rely on it, so it is part of a valid problem.
+        start_of_wait = {c.wait: c.name for c in self.collectives}
+        starts = {c.name for c in self.collectives}
+        for i, n in enumerate(self.nodes):
+            pred_names = [self.nodes[d].name for d in n.deps]
+            if n.name in start_of_wait and pred_names != [start_of_wait[n.name]]:
+                raise ValueError(f"nodes[{i}] ({n.name}): a wait must depend on its start only, found {pred_names}")
+            bad = [d for d in pred_names if d in starts and start_of_wait.get(n.name) != d]
+            if bad:
+                raise ValueError(f"nodes[{i}] ({n.name}): depends on collective start {bad[0]!r}, "
+                                 "which only its wait may use")
         pgs = {link.pg for link in self.links}
         for i, c in enumerate(self.collectives):
             if c.pg not in pgs:

@@ -34,11 +34,12 @@ def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int 
 
     nodes = []
     for k, tok in enumerate(seq):
-        earlier = list(range(k))
+        # like functional collectives: a start is used by its wait only, a wait uses its start only
+        earlier = [j for j in range(k) if seq[j][0] != "s"]
         deps = draw(st.lists(st.sampled_from(earlier), max_size=2, unique=True)) if earlier and draw(
             st.booleans()) else []
-        if tok[0] == "w":  # a wait always depends on its start
-            deps = sorted(set(deps) | {index[("s", tok[1])]})
+        if tok[0] == "w":
+            deps = [index[("s", tok[1])]]
         kind = {"c": "compute", "s": "start", "w": "wait"}[tok[0]]
         est = 0.0 if kind == "wait" else draw(st.sampled_from([0.1, 0.5, 1.0, 2.0]))
         nodes.append(planner.Node(name=names[tok], kind=kind, pos=k, est_ms=est, deps=tuple(sorted(deps))))

@@ -1,0 +1,160 @@
+"""The CP-SAT planner: optimal on tiny problems (brute force), honest bounds, one pair per rule."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+import planner
+from planner.cpsat import build_model, plan_objective
+from planner.solve import solve
+from planner.verify import verify
+from tests.strategies import problems
+
+
+def _partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in _partitions(rest):
+        for k in range(len(part)):
+            yield part[:k] + [[first] + part[k]] + part[k + 1:]
+        yield [[first]] + part
+
+
+def brute_force_optimum(problem: planner.Problem, objective: str = "count") -> int:
+    """Smallest objective over every partition and every anchor choice that the verifier accepts."""
+    names = [c.name for c in problem.collectives]
+    best = None
+    for part in _partitions(names):
+        multi = [b for b in part if len(b) > 1]
+        for anchors in itertools.product(*[[(s, w) for s in b for w in b] for b in multi]):
+            plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
+                                buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w)
+                                              for b, (s, w) in zip(multi, anchors)))
+            if verify(problem, plan):
+                continue
+            value = plan_objective(problem, plan, objective)
+            best = value if best is None else min(best, value)
+    return best
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",)))
+def test_cpsat_optimum_equals_brute_force_on_tiny_problems(problem):
+    expected = brute_force_optimum(problem)
+    result = solve(problem, time_limit_s=10, workers=1)
+    assert result.status == "OPTIMAL"
+    assert verify(problem, result.plan) == []
+    assert result.objective == expected
+    assert result.bound == expected
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=4, max_compute=3, max_pgs=2))
+def test_time_objective_matches_brute_force(problem):
+    result = solve(problem, time_limit_s=10, workers=1, objective="time")
+    assert result.status == "OPTIMAL"
+    assert result.objective == brute_force_optimum(problem, "time")
+
+
+@pytest.mark.parametrize("name", ["llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2"])
+def test_nothing_beats_the_proved_bound_and_cpsat_is_never_worse_than_greedy(name):
+    from tests.conftest import scheduled
+
+    s = scheduled(name)
+    result = solve(s.problem, time_limit_s=30, workers=2, hint=s.greedy)
+    assert result.plan is not None and verify(s.problem, result.plan) == []
+    assert result.bound is not None and result.objective >= result.bound
+    greedy = planner.collectives_after(s.problem, s.greedy)
+    assert greedy >= result.bound  # the proved bound holds for torch's plan too
+    if not verify(s.problem, s.greedy):
+        assert result.objective <= greedy
+
+
+def test_solve_is_deterministic_for_a_fixed_seed_and_worker_count():
+    from tests.conftest import scheduled
+
+    p = scheduled("llama3-8b-fsdp-2").problem
+    a = solve(p, time_limit_s=0.3, workers=2, seed=3)
+    b = solve(p, time_limit_s=0.3, workers=2, seed=3)
+    assert (a.status, a.objective, a.plan.buckets if a.plan else None) == \
+           (b.status, b.objective, b.plan.buckets if b.plan else None)
+
+
+def _fixed(problem, plan) -> str:
+    """Solve the model with every variable fixed to ``plan``; INFEASIBLE also when the plan needs
+    a candidate the model pruned (a rule excluded it structurally)."""
+    from ortools.sat.python import cp_model
+
+    handle = build_model(problem)
+    by_name = {c.name: c.idx for c in handle.colls}
+    anchor = {i: i for i in range(len(handle.colls))}
+    wait = {i: i for i in range(len(handle.colls))}
+    for b in plan.buckets:
+        for m in b.members:
+            anchor[by_name[m]] = by_name[b.start]
+        wait[by_name[b.start]] = by_name[b.wait]
+    for i, a in anchor.items():
+        if (i, a) not in handle.x:
+            return "INFEASIBLE"
+    if any((a, wait[a]) not in handle.y for a in set(anchor.values())):
+        return "INFEASIBLE"
+    for (i, a), var in handle.x.items():
+        handle.model.add(var == int(anchor[i] == a))
+    for (a, b), var in handle.y.items():
+        if anchor[a] == a:
+            handle.model.add(var == int(wait[a] == b))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 10
+    return solver.status_name(solver.solve(handle.model))
+
+
+def _rule_cases():
+    """(rule, feasible plan, plan breaking that rule) on the hand-made graphs of test_rules."""
+    import tests.test_rules as tr
+    from tests.handmade import plan_for
+
+    cases = []
+    h = tr.two_hidden_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    cases.append(("rule7-hiding", p, plan_for(p, [([a, b], a, b)]), plan_for(p, [([a, b], a, a)])))
+    h = tr.gathers_around_reduce_scatter("hidden")
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c2"]
+    cases.append(("rule8-stream", p, plan_for(p, []), plan_for(p, [([a, b], a, b)])))
+
+    import torch
+
+    from tests.handmade import ag, build, wait
+
+    def dependent(x, m):
+        w0 = wait(ag(x))
+        return wait(ag(torch.mm(w0, m)[:8]))
+
+    h = build(dependent, [((8, 64), torch.bfloat16), ((64, 64), torch.bfloat16)], {})
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    cases.append(("rule6-dependent", p, plan_for(p, []), plan_for(p, [([a, b], a, b)])))
+
+    def independent(x, y, z):
+        return wait(ag(x)), wait(ag(y)), wait(ag(z))
+
+    h = build(independent, [((8, 64), torch.bfloat16)] * 3, {})
+    one = h.problem().collectives[0].size_bytes
+    p = h.problem(max_bucket_memory_gb=(2 * one) / 1024**3)
+    a, b, c = h.names["c0"], h.names["c1"], h.names["c2"]
+    cases.append(("rule3-cap", p, plan_for(p, [([a, b], a, b)]), plan_for(p, [([a, b, c], a, c)])))
+    return cases
+
+
+@pytest.mark.parametrize("case", range(4))
+def test_constraint_family_feasible_and_infeasible_pair(case):
+    name, problem, good, bad = _rule_cases()[case]
+    assert verify(problem, good) == [] and verify(problem, bad)
+    assert _fixed(problem, good) in ("OPTIMAL", "FEASIBLE"), name
+    assert _fixed(problem, bad) == "INFEASIBLE", name
