@@ -183,17 +183,27 @@ class _Variables:
         # wait anchors: b must be able to sit in a's bucket (b == a, or b joins a)
         for c in colls:
             a = c.idx
+            w_ok = set(self.w_dom[a])
             for b in [a] + self.joiners[a]:
-                if colls[b].w in set(self.w_dom[a]):
+                if colls[b].w in w_ok:
                     self.y[a, b] = m.new_bool_var(f"y[{c.name},{colls[b].name}]")
+        # final positions range over what the candidates allow (exact: nothing else is reachable)
+        anchors_of: dict[int, list[int]] = {}
+        for (i, a) in self.x:
+            anchors_of.setdefault(i, []).append(a)
+        bw_vals: dict[int, list[int]] = {}
+        for (a, b) in self.y:
+            bw_vals.setdefault(a, []).append(colls[b].w)
+        self.s_dom = {i: sorted({colls[a].s for a in anchors_of[i]}) for i in anchors_of}
+        self.bw_dom = {a: sorted(set(vals)) for a, vals in bw_vals.items()}
+        self.w_dom = {i: sorted({w for a in anchors_of[i] for w in self.bw_dom[a]} & set(self.w_dom[i]))
+                      for i in anchors_of}
         self.fs = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.s_dom[c.idx]), f"FS[{c.name}]")
                    for c in colls}
         self.fw = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.w_dom[c.idx]), f"FW[{c.name}]")
                    for c in colls}
-        self.bw = {}
-        for c in colls:
-            vals = sorted({colls[b].w for (a, b) in self.y if a == c.idx})
-            self.bw[c.idx] = m.new_int_var_from_domain(cp_model.Domain.from_values(vals), f"BW[{c.name}]")
+        self.bw = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.bw_dom[c.idx]), f"BW[{c.name}]")
+                   for c in colls}
 
 
 def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int) -> dict:
@@ -275,9 +285,7 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
             for a in by_pg[c.pg]:
                 if a.idx == c.idx or (a.idx, a.idx) not in x:
                     continue
-                bw_vals = [colls[b].w for b in ys.get(a.idx, [])]
-                if not bw_vals:
-                    continue
+                bw_vals = v.bw_dom[a.idx]
                 members = [a.idx] + v.joiners[a.idx]
                 in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
                 # (A) issued before c, waited after h

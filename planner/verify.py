@@ -180,7 +180,8 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True) -> Re
     # and no new bucket issued later but waited before the hider (B).
     by_pg: dict[str, list[int]] = {}
     for g, ms in enumerate(members_of):
-        by_pg.setdefault(colls[ms[0]].pg, []).append(g)
+        for pg in dict.fromkeys(colls[m].pg for m in ms):  # a mixed bucket (rule 2) is on each group
+            by_pg.setdefault(pg, []).append(g)
     broken: set[tuple[str, str]] = set()
     for c in problem.collectives:
         if not c.hiding or c.status == "exposed":
