@@ -104,6 +104,50 @@ def cmd_verify(args) -> int:
     return 0 if report.feasible else 1
 
 
+def cmd_solve(args) -> int:
+    import planner
+    from planner.solve import solve
+
+    problem = planner.load_problem(args.problem)
+    hint = planner.load_plan(args.hint) if args.hint else None
+    say = _progress(args.quiet)
+    say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective {args.objective}, "
+        f"time limit {args.time_limit}s")
+    result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
+                   seed=args.seed, hint=hint, window=args.window, progress=say)
+    if result.plan is None:
+        print(f"no plan: {result.summary()}")
+        return 1
+    planner.save(result.plan, args.output)
+    print(f"status              {result.status}")
+    print(f"collectives         {len(problem.collectives)} -> {planner.collectives_after(problem, result.plan)}")
+    print(f"objective / bound   {result.objective} / {result.bound} ({result.stats['bound_scope']})")
+    print(f"gap                 {'n/a' if result.gap is None else f'{result.gap:.1%}'}")
+    print(f"wall                {result.wall_s:.1f}s")
+    print(f"wrote               {args.output}")
+    return 0
+
+
+def cmd_apply(args) -> int:
+    import planner
+    from fxglue.apply import PlanError
+    from fxglue.pipeline import run_pipeline
+    from fxglue.workloads import WorkloadError
+
+    say = _progress(args.quiet)
+    plan = planner.load_plan(args.plan)
+    try:
+        result = run_pipeline(args.workload, planner_=plan, pre_bucketing=args.pre_bucketing,
+                              bucket_mode=args.bucket_mode, hardware=_hardware(args),
+                              max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
+    except (PlanError, WorkloadError) as e:
+        raise CLIError(f"{args.plan}: {e}") from None
+    print(f"workload            {result.name}")
+    print(f"collectives before  {_fmt_counts(result.collectives_before)}")
+    print(f"collectives after   {_fmt_counts(result.collectives_after)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bucketplan", description=__doc__.splitlines()[0] + " "
                                 "Plans bucketing of collectives in PyTorch training graphs.")
@@ -123,6 +167,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("plan")
     s.add_argument("--max-violations", type=int, default=20, help="violations to print (default 20)")
     s.set_defaults(func=cmd_verify)
+
+    s = sub.add_parser("solve", help="optimal bucketing with CP-SAT (status, objective, bound, gap)")
+    s.add_argument("problem")
+    s.add_argument("-o", "--output", required=True, help="plan file to write")
+    s.add_argument("--time-limit", type=float, default=60.0, help="seconds of search (default 60)")
+    s.add_argument("--objective", choices=["count", "time"], default="count")
+    s.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--hint", help="a plan to start from (e.g. greedy-plan.json)")
+    s.add_argument("--window", type=int, default=None,
+                   help="limit anchors to this many same-key neighbours (faster; bound then for that space only)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=cmd_solve)
+
+    s = sub.add_parser("apply", help="schedule a workload and apply a plan file to it")
+    s.add_argument("workload")
+    s.add_argument("plan")
+    _add_pipeline_options(s)
+    s.set_defaults(func=cmd_apply)
     return p
 
 

@@ -139,7 +139,8 @@ class ModelHandle:
 class _Variables:
     """Anchor choices x, wait-anchor choices y, final positions FS / FW / BW."""
 
-    def __init__(self, m: cp_model.CpModel, colls: list[_Coll], cap: int, window: int | None):
+    def __init__(self, m: cp_model.CpModel, colls: list[_Coll], cap: int, window: int | None,
+                 within: dict[int, int] | None = None):
         self.x: dict[tuple[int, int], cp_model.IntVar] = {}
         self.y: dict[tuple[int, int], cp_model.IntVar] = {}
         by_key: dict[tuple, list[_Coll]] = {}
@@ -169,6 +170,8 @@ class _Variables:
                         if a.idx == c.idx or a.hider:
                             continue
                         if window is not None and abs(rank[a.idx] - rank[c.idx]) > window:
+                            continue
+                        if within is not None and (c.idx not in within or within.get(a.idx) != within[c.idx]):
                             continue
                         if c.size + a.size > cap:
                             continue
@@ -327,11 +330,21 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
 
 
-def build_model(problem: Problem, *, objective: str = "count", window: int | None = None) -> ModelHandle:
-    """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective."""
+def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
+                within: Plan | None = None) -> ModelHandle:
+    """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
+
+    ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
+    repair of torch's greedy plan).
+    """
     colls = _prepare(problem)
     m = cp_model.CpModel()
-    v = _Variables(m, colls, problem.bucket_cap_bytes, window)
+    groups = None
+    if within is not None:
+        index = {c.name: c.idx for c in colls}
+        groups = {index[name]: b for b, bucket in enumerate(within.buckets) for name in bucket.members
+                  if name in index}
+    v = _Variables(m, colls, problem.bucket_cap_bytes, window, groups)
     counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
     _set_objective(m, v, colls, problem, objective)
     stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}

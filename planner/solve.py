@@ -73,6 +73,7 @@ def solve(
     seed: int = 0,
     hint: Plan | None = None,
     window: int | None = None,
+    within: Plan | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
     """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md.
@@ -82,15 +83,24 @@ def solve(
     slow machines and is reported in ``stats['wall_cap_hit']`` when it ends the search.
     ``hint`` (e.g. torch's greedy plan) seeds the search; a feasible hint is the floor of the
     result. With ``window`` the candidate anchors are limited and the bound holds for that
-    restricted space only (``stats['bound_scope']``).
+    restricted space only (``stats['bound_scope']``); likewise with ``within`` (merges only
+    inside that plan's buckets).
     """
     if time_limit_s <= 0:
         raise ValueError("time_limit_s must be positive")
     t0 = time.perf_counter()
     workers = workers or 2
-    handle = build_model(problem, objective=objective, window=window)
-    hint_ok = hint is not None and not verify(problem, hint)
+    handle = build_model(problem, objective=objective, window=window, within=within)
     stats = dict(handle.stats)
+    stats["build_s"] = round(time.perf_counter() - t0, 3)
+    hint_ok = hint is not None and not verify(problem, hint)
+    if hint is not None and not hint_ok and within is None:
+        # an infeasible hint (torch's greedy often breaks rule 9) misleads the search: hint its
+        # best feasible repair instead
+        repaired = repair(problem, hint, time_limit_s=min(10.0, time_limit_s / 4), workers=workers, seed=seed)
+        stats["hint_repaired"] = repaired.plan is not None
+        if repaired.plan is not None:
+            hint, hint_ok = repaired.plan, True
     if hint is not None:
         stats["hint_buckets_fitted"] = handle.add_hint(hint)
         stats["hint_feasible"] = hint_ok
@@ -104,11 +114,12 @@ def solve(
     cb = _Progress(progress, t0)
     code = solver.solve(handle.model, cb)
     status = solver.status_name(code)
-    stats.update(build_s=round(stats.get("build_s", 0.0), 3), solve_wall_s=round(solver.wall_time, 3),
+    stats.update(solve_wall_s=round(solver.wall_time, 3),
                  deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,
                  conflicts=solver.num_conflicts, workers=workers, seed=seed,
                  wall_cap_hit=solver.wall_time >= 2 * time_limit_s * 0.99,
-                 bound_scope="problem" if window is None else f"candidate window {window}")
+                 bound_scope="problem" if window is None and within is None else
+                 f"candidate window {window}" if within is None else f"within plan {within.planner}")
     params = {"objective": objective, "time_limit_s": time_limit_s, "workers": workers, "seed": seed,
               "window": window}
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -132,11 +143,23 @@ def solve(
                         params={**params, "from_hint": hint.planner}, buckets=hint.buckets)
             obj = hint_obj
             status = "FEASIBLE" if status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else status
-    if window is not None and status == "OPTIMAL":
-        status = "FEASIBLE"  # optimal for the window only
+    if (window is not None or within is not None) and status == "OPTIMAL":
+        status = "FEASIBLE"  # optimal for the restricted space only
+        stats["restricted_bound"] = bound
         bound = None
     if bound is not None:
         bound = float(round(bound, 6))
     result = SolveResult(plan=plan, status=status, objective=obj, bound=bound, gap=_gap(obj, bound),
                          wall_s=round(time.perf_counter() - t0, 3), stats=stats, progress=cb.points)
+    return result
+
+
+def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers: int | None = None,
+           seed: int = 0) -> SolveResult:
+    """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
+    buckets split where needed): how a plan that breaks a rule is compared fairly."""
+    result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan)
+    if result.plan is not None:
+        result.plan = result.plan.model_copy(update={"planner": f"{plan.planner}-repaired",
+                                                     "params": {**result.plan.params, "repaired": plan.planner}})
     return result
