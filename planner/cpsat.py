@@ -317,21 +317,26 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
     return counts
 
 
-def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str):
+def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str,
+                   lower_bound: float | None):
     """count: fewest buckets. time: least total latency paid (a bucket pays its group's α once;
-    the bandwidth term is the same for every plan under the linear α-β model), in ns."""
+    the bandwidth term is the same for every plan under the linear α-β model), in ns.
+    A known valid lower bound (planner.bounds) is stated to the solver: it prunes, never cuts."""
     anchors = [c.idx for c in colls if (c.idx, c.idx) in v.x]
     if objective == "count":
-        m.minimize(sum(v.x[a, a] for a in anchors))
+        expr = sum(v.x[a, a] for a in anchors)
     elif objective == "time":
         lat = {link.pg: int(round(link.latency_ms * 1e6)) for link in problem.links}
-        m.minimize(sum(max(1, lat[colls[a].pg]) * v.x[a, a] for a in anchors))
+        expr = sum(max(1, lat[colls[a].pg]) * v.x[a, a] for a in anchors)
     else:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
+    if lower_bound is not None:
+        m.add(expr >= int(lower_bound))
+    m.minimize(expr)
 
 
 def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
-                within: Plan | None = None) -> ModelHandle:
+                within: Plan | None = None, lower_bound: float | None = None) -> ModelHandle:
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
@@ -346,7 +351,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
                   if name in index}
     v = _Variables(m, colls, problem.bucket_cap_bytes, window, groups)
     counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
-    _set_objective(m, v, colls, problem, objective)
+    _set_objective(m, v, colls, problem, objective, lower_bound if within is None else None)
     stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}
     return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)
 

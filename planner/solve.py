@@ -15,11 +15,17 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
+from planner.bounds import lower_bound
 from planner.cpsat import build_model, plan_objective
 from planner.problem import Plan, Problem
 from planner.verify import verify
 
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "NOT_RUN")
+# Above this many collectives the default search uses a candidate window (the full model's
+# build and presolve alone exceed minutes at 32 layers); the bound then comes from
+# planner.bounds, which holds for the whole problem.
+AUTO_FULL_MODEL_MAX_COLLECTIVES = 320
+AUTO_WINDOW = 16
 
 
 @dataclass
@@ -72,7 +78,7 @@ def solve(
     workers: int | None = None,
     seed: int = 0,
     hint: Plan | None = None,
-    window: int | None = None,
+    window: int | str | None = "auto",
     within: Plan | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
@@ -90,8 +96,12 @@ def solve(
         raise ValueError("time_limit_s must be positive")
     t0 = time.perf_counter()
     workers = workers or 2
-    handle = build_model(problem, objective=objective, window=window, within=within)
+    if window == "auto":
+        window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
+    lb = lower_bound(problem, objective)
+    handle = build_model(problem, objective=objective, window=window, within=within, lower_bound=lb)
     stats = dict(handle.stats)
+    stats["relaxation_bound"] = lb
     stats["build_s"] = round(time.perf_counter() - t0, 3)
     hint_ok = hint is not None and not verify(problem, hint)
     if hint is not None and not hint_ok and within is None:
@@ -119,7 +129,8 @@ def solve(
                  conflicts=solver.num_conflicts, workers=workers, seed=seed,
                  wall_cap_hit=solver.wall_time >= 2 * time_limit_s * 0.99,
                  bound_scope="problem" if window is None and within is None else
-                 f"candidate window {window}" if within is None else f"within plan {within.planner}")
+                 f"problem (relaxation; search in candidate window {window})" if within is None
+                 else f"search within plan {within.planner}")
     params = {"objective": objective, "time_limit_s": time_limit_s, "workers": workers, "seed": seed,
               "window": window}
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
@@ -143,12 +154,18 @@ def solve(
                         params={**params, "from_hint": hint.planner}, buckets=hint.buckets)
             obj = hint_obj
             status = "FEASIBLE" if status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else status
-    if (window is not None or within is not None) and status == "OPTIMAL":
-        status = "FEASIBLE"  # optimal for the restricted space only
+    if window is not None or within is not None:
+        # the restricted model's bound is not the problem's; report the relaxation bound
         stats["restricted_bound"] = bound
-        bound = None
+        bound = None if within is not None else lb
+        if status == "OPTIMAL":
+            status = "FEASIBLE"
+    elif bound is not None:
+        bound = max(bound, lb)
     if bound is not None:
         bound = float(round(bound, 6))
+        if obj is not None and obj <= bound + 1e-9:
+            status = "OPTIMAL"  # the incumbent meets a bound valid for the whole problem
     result = SolveResult(plan=plan, status=status, objective=obj, bound=bound, gap=_gap(obj, bound),
                          wall_s=round(time.perf_counter() - t0, 3), stats=stats, progress=cb.points)
     return result
@@ -158,7 +175,7 @@ def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers:
            seed: int = 0) -> SolveResult:
     """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
     buckets split where needed): how a plan that breaks a rule is compared fairly."""
-    result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan)
+    result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None)
     if result.plan is not None:
         result.plan = result.plan.model_copy(update={"planner": f"{plan.planner}-repaired",
                                                      "params": {**result.plan.params, "repaired": plan.planner}})

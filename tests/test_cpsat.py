@@ -53,6 +53,23 @@ def test_cpsat_optimum_equals_brute_force_on_tiny_problems(problem):
     assert result.bound == expected
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",)))
+def test_relaxation_bound_never_exceeds_the_optimum(problem):
+    from planner.bounds import lower_bound
+
+    assert lower_bound(problem) <= brute_force_optimum(problem)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=5, max_compute=4, max_pgs=1, dtypes=("bfloat16",)))
+def test_windowed_search_reports_a_bound_for_the_whole_problem(problem):
+    optimum = brute_force_optimum(problem)
+    result = solve(problem, time_limit_s=5, workers=1, window=1)
+    assert verify(problem, result.plan) == []
+    assert result.bound <= optimum <= result.objective
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=4, max_compute=3, max_pgs=2))
 def test_time_objective_matches_brute_force(problem):
