@@ -1,6 +1,6 @@
 """Extract the production-size built-in workloads and tabulate them against torch's greedy.
 
-    python experiments/extract_large.py [--layers 32 80] [--variants fsdp 2d ddp] [--out experiments/results/extract]
+    python -m experiments.extract_large [--layers 32 80] [--variants fsdp 2d ddp] [--out experiments/results/extract]
 
 For each workload: trace, run torch's overlap scheduler (pre-bucketing off), extract the
 problem, run torch's greedy bucket search (recorded as a plan, not applied). Writes
@@ -87,7 +87,7 @@ def write_table(rows: list[dict], out: Path, args) -> None:
             "| trace s | schedule s | extract s | greedy s | extract/greedy |")
     lines = [
         "# Extraction of the large built-in workloads", "",
-        f"Command: `python experiments/extract_large.py {' '.join(sys.argv[1:])}`  ",
+        f"Command: `python -m experiments.extract_large {' '.join(sys.argv[1:])}`  ",
         f"Git revision: `{git_revision()}`; machine: {json.dumps(machine())}  ",
         "Pre-bucketing off; torch's greedy search only (recorded, not applied); times are wall seconds "
         "on this machine, one run.", "", head, "|" + "---|" * 10,

@@ -1,6 +1,6 @@
 """Torch's greedy vs CP-SAT on built-in workloads: counts, feasibility, bounds, apply check.
 
-    python experiments/greedy_vs_cpsat.py --workloads llama3-8b-fsdp-2 ... [--pre both|off|on]
+    python -m experiments.greedy_vs_cpsat --workloads llama3-8b-fsdp-2 ... [--pre both|off|on]
         [--time-limit 60] [--window auto|none|N] [--out experiments/results/greedy_vs_cpsat]
 
 For each workload and pre-bucketing setting: trace; torch's scheduler; extract; torch's greedy
@@ -96,7 +96,7 @@ def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
             "greedy_repaired_after", "cpsat_after", "cpsat_status", "bound", "gap", "bound_scope", "applied_after",
             "hidden_kept", "partly_kept", "greedy_s", "cpsat_s", "apply_s"]
     lines = ["# Torch's greedy vs CP-SAT", "",
-             f"Command: `python experiments/greedy_vs_cpsat.py {' '.join(argv)}`  ",
+             f"Command: `python -m experiments.greedy_vs_cpsat {' '.join(argv)}`  ",
              f"Git revision: `{git_revision()}`; machine: {json.dumps(machine())}  ",
              "CP-SAT: count objective, 2 workers, seed 0, torch's greedy (or its repair) as hint. "
              "Times are wall seconds on this machine, one run.", "",

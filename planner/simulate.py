@@ -1,0 +1,202 @@
+"""A discrete-event model of a bucketed schedule: what a plan costs in milliseconds.
+
+Why this exists: the verifier says whether a plan is *allowed*; it says nothing about whether
+it is *worth it*. Bucketing saves per-collective latency but moves starts later and waits
+earlier, and on a FIFO stream a big bucket can hold up everything queued behind it. The only
+way to weigh those effects against each other without a GPU is to replay the final schedule
+on a model of the streams. This module is that model, torch-free like the rest of
+``planner``, so planners can score plans and a person can look at the result in Perfetto.
+
+The model (see ``planner/README.md`` for the assumptions):
+- one compute stream runs the pinned compute/other nodes in final order, each for ``est_ms``;
+- one FIFO communication stream per process group;
+- a bucket is issued at its start anchor's position: it begins no earlier than the compute
+  stream's clock at that moment and no earlier than the end of the previous bucket on its
+  stream, and runs for ``link.time_ms(kind, sum of wire_bytes)`` (latency paid once);
+- a bucket's wait, at its wait anchor's position, stalls the compute stream until it is done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.problem import Plan, Problem
+
+
+@dataclass(frozen=True)
+class ComputeRun:
+    """One compute (or other pinned) node on the compute stream."""
+
+    name: str
+    begin_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True)
+class BucketRun:
+    """One bucket (a collective in no bucket is a bucket of its own) on its group's stream.
+
+    ``issue_ms``: compute-stream clock when the start is reached; ``begin_ms`` / ``end_ms``:
+    when it occupies the stream; ``wait_ms``: compute-stream clock when its wait is reached;
+    ``blocked_ms``: how long that wait stalled the compute stream.
+    """
+
+    members: tuple[str, ...]
+    kind: str
+    pg: str
+    wire_bytes: int
+    issue_ms: float
+    begin_ms: float
+    end_ms: float
+    wait_ms: float
+    blocked_ms: float
+
+    @property
+    def label(self) -> str:
+        if len(self.members) == 1:
+            return f"{self.kind}: {self.members[0]}"
+        return f"{self.kind} x{len(self.members)}: {', '.join(self.members)}"
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The simulated step: its length, what waits cost per process group, and every run."""
+
+    step_ms: float
+    compute_ms: float
+    exposed_ms_by_pg: dict[str, float]
+    buckets: tuple[BucketRun, ...]  # in issue order
+    compute: tuple[ComputeRun, ...]  # in run order
+
+    @property
+    def exposed_ms(self) -> float:
+        return sum(self.exposed_ms_by_pg.values())
+
+
+def _buckets(problem: Problem, plan: Plan | None) -> list[tuple[tuple[str, ...], str, str]]:
+    """(members, start anchor, wait anchor) for every bucket of the final state."""
+    colls = problem.collective_index()
+    out, placed = [], set()
+    for i, b in enumerate(plan.buckets if plan is not None else ()):
+        unknown = [m for m in b.members if m not in colls]
+        if unknown:
+            raise ValueError(f"bucket {i}: unknown collective(s) {unknown}")
+        out.append((b.members, b.start, b.wait))
+        placed.update(b.members)
+    out += [((c.name,), c.name, c.name) for c in problem.collectives if c.name not in placed]
+    return out
+
+
+def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
+    """Replay the final schedule of ``plan`` on ``problem`` (``None``: unbucketed)."""
+    colls = {c.name: c for c in problem.collectives}
+    # A bucket acts only at its anchors' own nodes: its merged start takes the start anchor's
+    # position and its merged wait the wait anchor's wait position, and every other node keeps
+    # its position. So walking the pinned nodes in their original order *is* walking the final
+    # order; the starts and waits of non-anchor members simply do nothing.
+    issue_at: dict[str, int] = {}  # start node name -> bucket id
+    wait_at: dict[str, int] = {}   # wait node name -> bucket id
+    buckets = _buckets(problem, plan)
+    for b, (_, start, wait) in enumerate(buckets):
+        issue_at[start] = b
+        wait_at[colls[wait].wait] = b
+
+    clock = 0.0  # compute stream
+    stream_free: dict[str, float] = {}  # per process group: when its FIFO stream is idle again
+    exposed = {c.pg: 0.0 for c in problem.collectives}
+    issued: dict[int, dict] = {}  # in flight: issued, not yet waited
+    done: dict[int, BucketRun] = {}
+    issue_order: list[int] = []
+    compute: list[ComputeRun] = []
+    compute_ms = 0.0
+    for node in problem.nodes:
+        if node.kind in ("compute", "other"):
+            compute.append(ComputeRun(node.name, clock, clock + node.est_ms))
+            clock += node.est_ms
+            compute_ms += node.est_ms
+        elif node.kind == "start" and node.name in issue_at:
+            b = issue_at[node.name]
+            members = buckets[b][0]
+            first = colls[members[0]]
+            nbytes = sum(colls[m].wire_bytes for m in members)
+            # The comm stream waits on the compute stream at issue (torch records an event), so a
+            # collective never runs ahead of the compute issued before it.
+            begin = max(clock, stream_free.get(first.pg, 0.0))
+            end = begin + problem.link(first.pg).time_ms(first.kind, nbytes)
+            stream_free[first.pg] = end
+            issue_order.append(b)
+            issued[b] = dict(members=members, kind=first.kind, pg=first.pg, wire_bytes=nbytes,
+                             issue_ms=clock, begin_ms=begin, end_ms=end)
+        elif node.kind == "wait" and node.name in wait_at:
+            b = wait_at[node.name]
+            if b not in issued:
+                raise ValueError(f"bucket {list(buckets[b][0])}: waited at {node.name} before it is issued")
+            run = issued.pop(b)
+            blocked = max(0.0, run["end_ms"] - clock)
+            exposed[run["pg"]] += blocked
+            done[b] = BucketRun(**run, wait_ms=clock, blocked_ms=blocked)
+            clock += blocked
+    if issued:  # cannot happen for a valid problem: every collective has a wait
+        raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
+
+    runs = tuple(done[b] for b in issue_order)
+    step = max([clock] + [r.end_ms for r in runs])
+    return Simulation(step_ms=step, compute_ms=compute_ms, exposed_ms_by_pg=exposed,
+                      buckets=runs, compute=tuple(compute))
+
+
+def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
+    """Chrome / Perfetto trace JSON: a compute track and one track per process group."""
+    pid = 1
+    pgs = sorted({r.pg for r in sim.buckets} | {c.pg for c in problem.collectives})
+    tid = {pg: i + 1 for i, pg in enumerate(pgs)}
+    us = 1000.0  # trace times are microseconds
+
+    def meta(name: str, t: int, value) -> dict:
+        return {"name": name, "ph": "M", "pid": pid, "tid": t, "args": value}
+
+    events = [{"name": "process_name", "ph": "M", "pid": pid,
+               "args": {"name": f"bucketplan simulation {problem.fingerprint[:19]}".strip()}},
+              meta("thread_name", 0, {"name": "compute"}), meta("thread_sort_index", 0, {"sort_index": 0})]
+    for pg in pgs:
+        events += [meta("thread_name", tid[pg], {"name": f"pg {pg}"}),
+                   meta("thread_sort_index", tid[pg], {"sort_index": tid[pg]})]
+
+    def span(name: str, cat: str, t: int, begin: float, end: float, args: dict | None = None) -> dict:
+        return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": t,
+                "ts": begin * us, "dur": (end - begin) * us, "args": args or {}}
+
+    for c in sim.compute:
+        events.append(span(c.name, "compute", 0, c.begin_ms, c.end_ms))
+    for r in sim.buckets:
+        args = {"members": list(r.members), "wire_bytes": r.wire_bytes, "issue_ms": r.issue_ms,
+                "queued_ms": r.begin_ms - r.issue_ms, "wait_ms": r.wait_ms, "blocked_ms": r.blocked_ms}
+        events.append(span(r.label, r.kind, tid[r.pg], r.begin_ms, r.end_ms, args))
+        if r.blocked_ms > 0:
+            events.append(span(f"blocked: {r.label}", "blocked", 0, r.wait_ms, r.wait_ms + r.blocked_ms,
+                               {"pg": r.pg}))
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"step_ms": sim.step_ms, "compute_ms": sim.compute_ms, "exposed_ms": sim.exposed_ms,
+                          "exposed_ms_by_pg": dict(sim.exposed_ms_by_pg)}}
+
+
+def write_chrome_trace(sim: Simulation, problem: Problem, path: str | os.PathLike) -> Path:
+    """Write the trace atomically: a temporary file in the same folder, then rename."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(to_chrome_trace(sim, problem), f)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return p
