@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.extract_large import git_revision, machine
+from experiments.common import git_revision, machine
 from fxglue.apply import apply_plan
 from fxglue.cpu_compat import cpu_compat
 from fxglue.extract import extract_problem

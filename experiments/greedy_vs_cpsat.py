@@ -6,7 +6,8 @@
 For each workload and pre-bucketing setting: trace; torch's scheduler; extract; torch's greedy
 search (recorded, timed) and verifier findings on it, with its best feasible repair when it
 breaks a rule; CP-SAT (count objective, 2 workers, greedy as hint); the CP-SAT plan verified
-and applied to the real graph with ``apply_plan`` (collectives counted after). With pre-bucketing
+and applied to the real graph with ``apply_plan`` (collectives counted after). ``extract.md``
+holds the problem sizes and the wall time of tracing, scheduling, extraction and torch's greedy. With pre-bucketing
 on, the greedy row is torch's default pipeline (FSDP pre-bucketing + greedy). Rows are appended
 to ``rows.jsonl`` as they finish, the table is rewritten each time (``table.md``), and every
 problem and plan is saved gzipped for reproduction.
@@ -23,7 +24,9 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.extract_large import git_revision, machine
+from collections import Counter
+
+from experiments.common import git_revision, machine
 from fxglue.apply import apply_plan
 from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
@@ -42,13 +45,22 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     row: dict = {"workload": name, "pre_bucketing": pre}
     t0 = time.perf_counter()
     traced = trace(name)
+    row["trace_s"] = round(time.perf_counter() - t0, 2)
     est = estimator_for(traced)
+    t0 = time.perf_counter()
     inputs = schedule(traced, est, pre_bucketing=pre)
-    row["setup_s"] = round(time.perf_counter() - t0, 1)
+    row["schedule_s"] = round(time.perf_counter() - t0, 2)
+    t0 = time.perf_counter()
     problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
                               meta={**traced.meta, "pre_bucketing": pre})
+    row["extract_s"] = round(time.perf_counter() - t0, 2)
     row["nodes"] = problem.n_scheduled
     row["collectives"] = len(problem.collectives)
+    row["by_kind_pg"] = dict(sorted(Counter(f"{c.kind}@{c.pg}" for c in problem.collectives).items()))
+    status = Counter(c.status for c in problem.collectives)
+    row["hidden_partly_exposed"] = f"{status['hidden']} / {status['partly']} / {status['exposed']}"
+    row["pinned_nodes"] = len(problem.nodes)
+    row["dependency_edges"] = sum(len(n.deps) for n in problem.nodes)
     t0 = time.perf_counter()
     greedy = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
                          problem_fingerprint=problem.fingerprint, **inputs.bucketer_kwargs)
@@ -104,6 +116,16 @@ def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
     for r in rows:
         lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
+    # the extraction view of the same runs (problem sizes and the wall time of each step)
+    cols = ["workload", "pre_bucketing", "nodes", "pinned_nodes", "dependency_edges", "by_kind_pg",
+            "hidden_partly_exposed", "greedy_after", "trace_s", "schedule_s", "extract_s", "greedy_s"]
+    lines = ["# Extraction", "", f"Same runs as table.md (revision `{git_revision()}`). Wall seconds, one run; "
+             "`extract_s / greedy_s` is extraction's cost relative to torch's greedy search.", "",
+             "| " + " | ".join(cols) + " | extract/greedy |", "|" + "---|" * (len(cols) + 1)]
+    for r in rows:
+        ratio = round(r["extract_s"] / r["greedy_s"], 3) if r.get("greedy_s") else ""
+        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + f" | {ratio} |")
+    (out / "extract.md").write_text("\n".join(lines) + "\n")
 
 
 def main() -> None:
