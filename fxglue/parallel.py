@@ -124,8 +124,10 @@ class _Regather:
 class _FSDPParam(nn.Module):
     """Parametrization: the stored tensor is a dim-0 shard; reading the attribute gathers it."""
 
-    def __init__(self, full_shape: Sequence[int], group_size: int, group_name: str, registry: _Regather):
+    def __init__(self, full_shape: Sequence[int], group_size: int, group_name: str, registry: _Regather,
+                 rank: int = 0):
         super().__init__()
+        self.rank = rank
         self.full_shape = tuple(full_shape)
         self.group_size = group_size
         self.group_name = group_name
@@ -144,7 +146,7 @@ class _FSDPParam(nn.Module):
         return full
 
     def right_inverse(self, full: torch.Tensor) -> torch.Tensor:
-        return shard_of(full, self.group_size, 0)
+        return shard_of(full, self.group_size, self.rank)
 
 
 class _DDPParam(nn.Module):
@@ -190,11 +192,11 @@ class WrappedModule:
     style: Style
 
 
-def wrap(module: nn.Module, style: Style, group_size: int, group_name: str) -> WrappedModule:
+def wrap(module: nn.Module, style: Style, group_size: int, group_name: str, rank: int = 0) -> WrappedModule:
     """Wrap every parameter of ``module`` in place for ``style`` ("fsdp", "ddp" or "none").
 
-    For FSDP the stored parameter becomes rank 0's dim-0 shard (padded when dim 0 does not
-    divide); its gradient is the reduce-scattered shard gradient.
+    For FSDP the stored parameter becomes ``rank``'s dim-0 shard within the group (padded when
+    dim 0 does not divide); its gradient is the reduce-scattered shard gradient.
     """
     registry = _Regather() if style == "fsdp" else None
     full_names: list[str] = []
@@ -204,7 +206,7 @@ def wrap(module: nn.Module, style: Style, group_size: int, group_name: str) -> W
         owner = module.get_submodule(owner_name) if owner_name else module
         full_names.append(name)
         if style == "fsdp":
-            p = _FSDPParam(param.shape, group_size, group_name, registry)
+            p = _FSDPParam(param.shape, group_size, group_name, registry, rank)
             parametrize.register_parametrization(owner, attr, p, unsafe=True)
             param_names.append(f"{owner_name + '.' if owner_name else ''}parametrizations.{attr}.original")
         elif style == "ddp":

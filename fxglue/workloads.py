@@ -208,11 +208,11 @@ def _strip_detach(gm: fx.GraphModule) -> None:
     gm.recompile()
 
 
-def prepare(wl: Workload, groups: Groups):
+def prepare(wl: Workload, groups: Groups, dp_rank: int = 0):
     """Build and wrap the workload's module; returns (wrapped, step, inputs)."""
     module, inputs, loss_fn = wl.build(groups)
     style = "ddp" if wl.style == "ddp" else "fsdp"
-    wrapped = parallel.wrap(module, style, groups.dp_size, groups.dp)
+    wrapped = parallel.wrap(module, style, groups.dp_size, groups.dp, rank=dp_rank)
     return wrapped, parallel.make_train_step(wrapped, loss_fn), inputs
 
 

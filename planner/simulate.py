@@ -123,8 +123,8 @@ def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
             members = buckets[b][0]
             first = colls[members[0]]
             nbytes = sum(colls[m].wire_bytes for m in members)
-            # The comm stream waits on the compute stream at issue (torch records an event), so a
-            # collective never runs ahead of the compute issued before it.
+            # The comm stream waits on the compute stream at issue (ProcessGroupNCCL syncs the
+            # streams), so a collective never runs ahead of the compute issued before it.
             begin = max(clock, stream_free.get(first.pg, 0.0))
             end = begin + problem.link(first.pg).time_ms(first.kind, nbytes)
             stream_free[first.pg] = end
