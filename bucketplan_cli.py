@@ -149,6 +149,37 @@ def cmd_apply(args) -> int:
     return 0
 
 
+def cmd_check(args) -> int:
+    from fxglue.gloo import check_workload
+    from fxglue.workloads import WorkloadError
+
+    say = _progress(args.quiet)
+    say(f"running {args.workload} (tiny shapes) on {args.ranks} gloo ranks: original vs bucketed")
+    try:
+        result = check_workload(args.workload, ranks=args.ranks, planner=args.planner, plan=args.plan,
+                                bucket_mode=args.bucket_mode, pre_bucketing=args.pre_bucketing, seed=args.seed)
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    print(result.summary())
+    return 0 if result.ok else 1
+
+
+def cmd_compare(args) -> int:
+    from fxglue.compare import DEFAULT_SUITE, run_compare, markdown
+    from fxglue.workloads import WorkloadError
+
+    say = _progress(args.quiet)
+    targets = args.targets or list(DEFAULT_SUITE)
+    out = Path(args.output)
+    try:
+        table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say)
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    print(markdown(table), end="")
+    print(f"\nwrote {out}/compare.csv, compare.md, compare.json, collectives_and_exposed.png, timeline.png, traces/")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bucketplan", description=__doc__.splitlines()[0] + " "
                                 "Plans bucketing of collectives in PyTorch training graphs.")
@@ -182,6 +213,26 @@ def build_parser() -> argparse.ArgumentParser:
                         "anchors to N same-key neighbours; the reported bound always holds for the whole problem")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
+
+    s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, simulated "
+                                       "step time and exposed communication, plots and traces")
+    s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
+    s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
+    s.add_argument("--time-limit", type=float, default=20.0, help="CP-SAT seconds per objective (default 20)")
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_compare)
+
+    s = sub.add_parser("check", help="run original and bucketed graphs for real on gloo; compare bitwise")
+    s.add_argument("workload")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload")
+    g.add_argument("--planner", choices=["greedy", "greedy-repaired", "cpsat", "none"], default="greedy")
+    s.add_argument("--ranks", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--pre-bucketing", action="store_true")
+    s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"])
+    s.add_argument("-q", "--quiet", action="store_true")
+    s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("apply", help="schedule a workload and apply a plan file to it")
     s.add_argument("workload")

@@ -34,7 +34,11 @@ def _max_disjoint(intervals: list[tuple[int, int]]) -> int:
 
 
 def lower_bound(problem: Problem, objective: str = "count") -> float:
-    """A lower bound on ``objective`` valid for every feasible plan."""
+    """A lower bound on ``objective`` valid for every feasible plan.
+
+    For ``time`` (exposure x (n+1) + count, see planner.cpsat.TimeTerms) only the count part is
+    bounded: exposure can be zero as far as this bound knows.
+    """
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     succ: dict[int, list[int]] = {}
@@ -42,7 +46,6 @@ def lower_bound(problem: Problem, objective: str = "count") -> float:
         for d in n.deps:
             succ.setdefault(d, []).append(i)
     protected = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
-    latency = {link.pg: max(1, int(round(link.latency_ms * 1e6))) for link in problem.links}
     groups: dict[tuple, list] = {}
     for c in problem.collectives:
         groups.setdefault((c.kind, c.pg, c.key), []).append(c)
@@ -65,5 +68,5 @@ def lower_bound(problem: Problem, objective: str = "count") -> float:
                 starts.append((s_lo, s_hi))
                 waits.append((w_lo, w_hi))
             need += max(by_cap, _max_disjoint(starts), _max_disjoint(waits), 1)
-        total += need * (latency[pg] if objective == "time" else 1)
+        total += need
     return float(total)

@@ -317,17 +317,69 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
     return counts
 
 
+@dataclass(frozen=True)
+class TimeTerms:
+    """Integer (µs) pieces of the time objective, shared by the model and ``plan_objective``.
+
+    A bucket's communication costs ``latency[pg] + Σ bandwidth_us[member]`` (α once, β per byte);
+    the compute that can hide it is the compute scheduled between its start and its wait,
+    ``prefix_us[wait pos] - prefix_us[start pos]``. Its exposed time is the positive part of the
+    difference. Stream queuing behind other buckets is not modelled (``planner.simulate`` does).
+    """
+
+    latency_us: dict[str, int]
+    bandwidth_us: dict[str, int]  # by collective name
+    prefix_us: dict[int, int]  # by position: compute scheduled strictly before it
+
+    @staticmethod
+    def of(problem: Problem) -> "TimeTerms":
+        links = {link.pg: link for link in problem.links}
+        lat = {pg: int(round(link.latency_ms * 1e3)) for pg, link in links.items()}
+        bw = {c.name: int(round((links[c.pg].time_ms(c.kind, c.wire_bytes) - links[c.pg].latency_ms) * 1e3))
+              for c in problem.collectives}
+        wanted = sorted({c.start_pos for c in problem.collectives} | {c.wait_pos for c in problem.collectives})
+        prefix, acc, k = {}, 0.0, 0
+        for n in problem.nodes:
+            while k < len(wanted) and wanted[k] <= n.pos:
+                prefix[wanted[k]] = int(round(acc * 1e3))
+                k += 1
+            if n.kind in ("compute", "other"):
+                acc += n.est_ms
+        for p in wanted[k:]:
+            prefix[p] = int(round(acc * 1e3))
+        return TimeTerms(lat, bw, prefix)
+
+    def exposed_us(self, pg: str, members, start_pos: int, wait_pos: int) -> int:
+        comm = self.latency_us[pg] + sum(self.bandwidth_us[m] for m in members)
+        return max(0, comm - (self.prefix_us[wait_pos] - self.prefix_us[start_pos]))
+
+
 def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str,
                    lower_bound: float | None):
-    """count: fewest buckets. time: least total latency paid (a bucket pays its group's α once;
-    the bandwidth term is the same for every plan under the linear α-β model), in ns.
+    """count: fewest buckets. time: least total exposed communication in µs under the α-β model
+    (see ``TimeTerms``), then fewest buckets (lexicographic: exposure x (n+1) + count).
     A known valid lower bound (planner.bounds) is stated to the solver: it prunes, never cuts."""
     anchors = [c.idx for c in colls if (c.idx, c.idx) in v.x]
+    count = sum(v.x[a, a] for a in anchors)
     if objective == "count":
-        expr = sum(v.x[a, a] for a in anchors)
+        expr = count
     elif objective == "time":
-        lat = {link.pg: int(round(link.latency_ms * 1e6)) for link in problem.links}
-        expr = sum(max(1, lat[colls[a].pg]) * v.x[a, a] for a in anchors)
+        terms = TimeTerms.of(problem)
+        ys: dict[int, list[int]] = {}
+        for (a, b) in v.y:
+            ys.setdefault(a, []).append(b)
+        exposed = []
+        for a in anchors:
+            ca = colls[a]
+            members = [a] + v.joiners[a]
+            comm = terms.latency_us[ca.pg] * v.x[a, a] + sum(
+                terms.bandwidth_us[colls[i].name] * v.x[i, a] for i in members)
+            hide = sum(terms.prefix_us[colls[b].w] * v.y[a, b] for b in ys[a]) - terms.prefix_us[ca.s] * v.x[a, a]
+            top = terms.latency_us[ca.pg] + sum(terms.bandwidth_us[colls[i].name] for i in members)
+            e = m.new_int_var(0, top, f"exposed[{ca.name}]")
+            m.add(e >= comm - hide)
+            exposed.append(e)
+        expr = sum(exposed) * (len(colls) + 1) + count
     else:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
     if lower_bound is not None:
@@ -361,9 +413,11 @@ def plan_objective(problem: Problem, plan: Plan, objective: str) -> int:
     n = len(problem.collectives) - sum(len(b.members) for b in plan.buckets) + len(plan.buckets)
     if objective == "count":
         return n
-    lat = {link.pg: max(1, int(round(link.latency_ms * 1e6))) for link in problem.links}
+    terms = TimeTerms.of(problem)
     colls = {c.name: c for c in problem.collectives}
     in_bucket = {m for b in plan.buckets for m in b.members}
-    total = sum(lat[colls[b.start].pg] for b in plan.buckets)
-    total += sum(lat[c.pg] for c in problem.collectives if c.name not in in_bucket)
-    return total
+    total = sum(terms.exposed_us(colls[b.start].pg, b.members, colls[b.start].start_pos, colls[b.wait].wait_pos)
+                for b in plan.buckets)
+    total += sum(terms.exposed_us(c.pg, [c.name], c.start_pos, c.wait_pos)
+                 for c in problem.collectives if c.name not in in_bucket)
+    return total * (len(problem.collectives) + 1) + n

@@ -1,0 +1,252 @@
+"""Greedy vs optimal on the same graphs: counts, simulated step time, exposed communication.
+
+Why this exists: users come to learn how far torch's greedy bucketing is from optimal on their
+models and what the difference is worth. For each workload this runs, on the same traced
+graph: torch's default pipeline (FSDP pre-bucketing + greedy), torch's greedy alone, and
+CP-SAT (count and time objectives), verifies every plan, simulates each one
+(``planner.simulate``), and writes one table (CSV and Markdown), plots and Chrome traces.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import planner
+from planner.simulate import simulate, write_chrome_trace
+from planner.solve import repair, solve
+from planner.verify import check
+
+DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
+
+
+@dataclass
+class PlanRow:
+    planner: str
+    problem: planner.Problem
+    plan: planner.Plan | None
+    plan_s: float
+    status: str = ""
+    bound: float | None = None
+    gap: float | None = None
+    note: str = ""
+
+    @property
+    def after(self) -> int | None:
+        return None if self.plan is None else planner.collectives_after(self.problem, self.plan)
+
+
+@dataclass
+class WorkloadRow:
+    name: str
+    nodes: int
+    collectives_before: int
+    plans: list[PlanRow] = field(default_factory=list)
+    sims: dict = field(default_factory=dict)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _problems_for(name: str, say):
+    """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it)."""
+    from fxglue.extract import extract_problem
+    from fxglue.greedy import greedy_plan
+    from fxglue.pipeline import estimator_for, schedule
+    from fxglue.workloads import trace
+
+    out = []
+    for pre in (False, True):
+        say(f"{name}: trace and schedule (pre-bucketing {'on' if pre else 'off'})")
+        traced = trace(name)
+        est = estimator_for(traced)
+        inputs = schedule(traced, est, pre_bucketing=pre)
+        problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
+                                  meta={**traced.meta, "pre_bucketing": pre})
+        t0 = time.perf_counter()
+        plan = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
+                           problem_fingerprint=problem.fingerprint, **inputs.bucketer_kwargs)
+        out.append((problem, plan, time.perf_counter() - t0, traced.gm))
+    return out
+
+
+def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
+    row = PlanRow(label, problem, plan, seconds)
+    report = check(problem, plan)
+    if not report.feasible:
+        fixed = repair(problem, plan, time_limit_s=20)
+        row.note = (f"breaks rule(s) {sorted(report.by_rule())} as recorded; simulated as its repair "
+                    f"({fixed.objective} collectives)")
+        row.plan = fixed.plan
+    return row
+
+
+def compare_workload(name: str, *, time_limit_s: float, out: Path, say) -> WorkloadRow:
+    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(name, say)
+    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives))
+    row.plans.append(_greedy_row("torch default (pre-bucketing + greedy)", prob_pre, greedy_pre, greedy_pre_s))
+    row.plans.append(_greedy_row("torch greedy", prob, greedy, greedy_s))
+    for objective in ("count", "time"):
+        say(f"{name}: CP-SAT ({objective})")
+        hint = row.plans[1].plan
+        res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2)
+        row.plans.append(PlanRow(f"cpsat ({objective})", prob, res.plan, res.wall_s, res.status, res.bound,
+                                 res.gap))
+    for p in row.plans:
+        if p.plan is None:
+            continue
+        sim = simulate(p.problem, p.plan)
+        row.sims[p.planner] = sim
+        write_chrome_trace(sim, p.problem, out / "traces" / f"{_slug(name)}--{_slug(p.planner)}.json")
+    row.sims["unbucketed"] = simulate(prob, None)
+    write_chrome_trace(row.sims["unbucketed"], prob, out / "traces" / f"{_slug(name)}--unbucketed.json")
+    return row
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say) -> WorkloadRow:
+    """A problem file: torch's greedy from the sibling greedy-plan.json when there is one, CP-SAT."""
+    prob = planner.load_problem(path)
+    name = str(path)
+    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives))
+    greedy_path = path.parent / "greedy-plan.json"
+    hint = None
+    if greedy_path.exists():
+        g = planner.load_plan(greedy_path)
+        row.plans.append(_greedy_row("torch greedy", prob, g, float(g.params.get("wall_s", 0.0))))
+        hint = row.plans[-1].plan
+    for objective in ("count", "time"):
+        say(f"{name}: CP-SAT ({objective})")
+        res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2)
+        row.plans.append(PlanRow(f"cpsat ({objective})", prob, res.plan, res.wall_s, res.status, res.bound,
+                                 res.gap))
+    for p in row.plans:
+        if p.plan is not None:
+            row.sims[p.planner] = simulate(prob, p.plan)
+            write_chrome_trace(row.sims[p.planner], prob, out / "traces" / f"{_slug(name)}--{_slug(p.planner)}.json")
+    row.sims["unbucketed"] = simulate(prob, None)
+    return row
+
+
+COLUMNS = ["workload", "nodes", "collectives_before", "planner", "collectives_after", "step_ms", "exposed_ms",
+           "plan_s", "status", "bound", "gap", "note"]
+
+
+def table_rows(rows: list[WorkloadRow]) -> list[dict]:
+    out = []
+    for r in rows:
+        base = r.sims["unbucketed"]
+        out.append({"workload": r.name, "nodes": r.nodes, "collectives_before": r.collectives_before,
+                    "planner": "unbucketed", "collectives_after": r.collectives_before,
+                    "step_ms": round(base.step_ms, 3), "exposed_ms": round(base.exposed_ms, 3), "plan_s": "",
+                    "status": "", "bound": "", "gap": "", "note": ""})
+        for p in r.plans:
+            sim = r.sims.get(p.planner)
+            out.append({"workload": r.name, "nodes": r.nodes, "collectives_before": r.collectives_before,
+                        "planner": p.planner, "collectives_after": p.after,
+                        "step_ms": round(sim.step_ms, 3) if sim else "", "exposed_ms":
+                        round(sim.exposed_ms, 3) if sim else "", "plan_s": round(p.plan_s, 2), "status": p.status,
+                        "bound": "" if p.bound is None else p.bound,
+                        "gap": "" if p.gap is None else f"{p.gap:.1%}", "note": p.note})
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    labels = list(dict.fromkeys(p.planner for r in rows for p in r.plans))
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    width = 0.8 / len(labels)
+    for k, label in enumerate(labels):
+        xs = [i + k * width for i in range(len(rows))]
+        counts = [next((p.after or 0 for p in r.plans if p.planner == label), 0) for r in rows]
+        exposed = [r.sims[label].exposed_ms if label in r.sims else 0 for r in rows]
+        axes[0].bar(xs, counts, width, label=label)
+        axes[1].bar(xs, exposed, width, label=label)
+    for ax, title in zip(axes, ("collectives after bucketing", "simulated exposed communication (ms)")):
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r.name for r in rows], rotation=20,
+                      ha="right", fontsize=8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    p = out / "collectives_and_exposed.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+
+    # a timeline window of the first workload: torch greedy vs CP-SAT (count)
+    r = rows[0]
+    shown = [lbl for lbl in ("torch greedy", "cpsat (count)", "cpsat (time)") if lbl in r.sims]
+    fig, axes = plt.subplots(len(shown), 1, figsize=(13, 2.2 * len(shown)), sharex=True)
+    axes = axes if len(shown) > 1 else [axes]
+    horizon = r.sims[shown[0]].step_ms
+    lo, hi = horizon * 0.45, horizon * 0.55  # about one layer in the middle of the step
+    for ax, label in zip(axes, shown):
+        sim = r.sims[label]
+        pgs = sorted({b.pg for b in sim.buckets})
+        for c in sim.compute:
+            if c.end_ms >= lo and c.begin_ms <= hi:
+                ax.barh(0, c.end_ms - c.begin_ms, left=c.begin_ms, color="tab:blue", height=0.6)
+        for b in sim.buckets:
+            if b.blocked_ms > 0 and b.wait_ms + b.blocked_ms >= lo and b.wait_ms <= hi:
+                ax.barh(0, b.blocked_ms, left=b.wait_ms, color="tab:red", height=0.6)
+            if b.end_ms >= lo and b.begin_ms <= hi:
+                y = 1 + pgs.index(b.pg)
+                ax.barh(y, b.end_ms - b.begin_ms, left=b.begin_ms, color="tab:orange", height=0.6,
+                        edgecolor="black", linewidth=0.3)
+        ax.set_yticks(range(1 + len(pgs)), ["compute"] + [f"pg {g}" for g in pgs])
+        ax.set_xlim(lo, hi)
+        ax.set_title(f"{r.name}: {label} (blue compute, red blocked, orange collectives)", fontsize=9)
+    axes[-1].set_xlabel("ms")
+    fig.tight_layout()
+    p = out / "timeline.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def run_compare(workloads, *, out: Path, time_limit_s: float = 20.0, progress=None) -> list[dict]:
+    say = progress or (lambda msg: None)
+    rows = []
+    for target in workloads:
+        if str(target).endswith(".json"):
+            rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=out, say=say))
+        else:
+            rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say))
+    table = table_rows(rows)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(table)
+    _atomic_write(out / "compare.csv", buf.getvalue().encode())
+    _atomic_write(out / "compare.md", markdown(table).encode())
+    _atomic_write(out / "compare.json", json.dumps(table, indent=1).encode())
+    _plots(rows, out)
+    return table
