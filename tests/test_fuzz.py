@@ -1,0 +1,195 @@
+"""Fuzzing on random small FX graphs: every planner's plan verifies and applies; overlap is kept.
+
+A hypothesis strategy writes a random straight-line program of matmuls and collectives
+(all_gather / reduce_scatter / all_reduce, bf16 or fp32, on one to three process groups),
+started and waited at random points, and random hiding annotations consistent with the
+schedule (hiding matmuls strictly between a collective's start and wait). The program is traced
+on the fake process group, so graphs are real ATen FX graphs.
+
+Budget: ``FUZZ_EXAMPLES`` (default 25 in CI). A longer run:
+``FUZZ_EXAMPLES=10000 python3 -m pytest tests/test_fuzz.py -q``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from torch.utils._ordered_set import OrderedSet
+
+import planner
+from fxglue.apply import PlanError, apply_plan
+from fxglue.cpu_compat import cpu_compat
+from fxglue.estimator import Estimator
+from fxglue.greedy import greedy_plan
+from planner.solve import solve
+from planner.verify import verify
+from tests.strategies import plans
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
+c10d = torch.ops._c10d_functional
+
+
+@dataclass(frozen=True)
+class Program:
+    ops: tuple  # ("mm", i, j) | ("start", kind, pg, i, fp32) | ("wait", k)
+    n_inputs: int
+    hiding: tuple  # per collective (in start order): (tuple of mm indices, "hidden"|"partly") or None
+
+
+@st.composite
+def programs(draw, max_ops: int = 14):
+    n_inputs = draw(st.integers(2, 3))
+    n_pgs = draw(st.integers(1, 3))
+    values = n_inputs
+    ops, pending, mm_count = [], [], 0
+    mm_positions: list[int] = []  # op index of each mm
+    starts: list[tuple[int, int]] = []  # (op index of start, op index of wait)
+    for _ in range(draw(st.integers(3, max_ops))):
+        choice = draw(st.sampled_from(["mm", "mm", "start", "wait"] if pending else ["mm", "start"]))
+        if choice == "mm":
+            i, j = draw(st.integers(0, values - 1)), draw(st.integers(0, values - 1))
+            ops.append(("mm", i, j))
+            mm_positions.append(len(ops) - 1)
+            values += 1
+            mm_count += 1
+        elif choice == "start":
+            kind = draw(st.sampled_from(["all_gather", "reduce_scatter", "all_reduce"]))
+            ops.append(("start", kind, draw(st.integers(0, n_pgs - 1)), draw(st.integers(0, values - 1)),
+                        draw(st.booleans())))
+            pending.append((len(starts), len(ops) - 1))
+            starts.append((len(ops) - 1, -1))
+        else:
+            k, op_idx = pending.pop(draw(st.integers(0, len(pending) - 1)))
+            ops.append(("wait", k))
+            starts[k] = (op_idx, len(ops) - 1)
+            values += 1
+    for k, op_idx in pending:  # wait whatever is still in flight, in random order
+        ops.append(("wait", k))
+        starts[k] = (op_idx, len(ops) - 1)
+        values += 1
+    hiding = []
+    for s, w in starts:
+        between = [m for m, pos in enumerate(mm_positions) if s < pos < w]
+        if between and draw(st.booleans()):
+            chosen = draw(st.lists(st.sampled_from(between), min_size=1, unique=True))
+            hiding.append((tuple(sorted(chosen)), draw(st.sampled_from(["hidden", "partly"]))))
+        else:
+            hiding.append(None)
+    return Program(tuple(ops), n_inputs, tuple(hiding))
+
+
+def _groups(n: int) -> list[str]:
+    import torch.distributed as dist
+
+    from fxglue.workloads import ensure_fake_world
+
+    ensure_fake_world()
+    names = [dist.group.WORLD.group_name]
+    global _EXTRA_GROUPS
+    while len(_EXTRA_GROUPS) < 2:
+        _EXTRA_GROUPS.append(dist.new_group(list(range(8))).group_name)
+    return (names + _EXTRA_GROUPS)[:n]
+
+
+_EXTRA_GROUPS: list[str] = []
+
+
+def build(program: Program):
+    """Trace the program; returns (gm, collective_info, scheduled, fake_mode)."""
+    from torch._inductor.comm_analysis import estimate_fx_collective_memory_footprint
+    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait
+    from torch._inductor.fx_passes.overlap_scheduling import CollectiveInfo
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    groups = _groups(3)
+
+    def fn(*xs):
+        vals = list(xs)
+        live = {}
+        for op in program.ops:
+            if op[0] == "mm":
+                vals.append(torch.mm(vals[op[1]], vals[op[2]]))
+            elif op[0] == "start":
+                _, kind, pg, i, fp32 = op
+                x = vals[i].float() if fp32 else vals[i]
+                g = groups[pg]
+                if kind == "all_gather":
+                    h = c10d.all_gather_into_tensor(x[:8].contiguous(), 8, g)
+                elif kind == "reduce_scatter":
+                    h = c10d.reduce_scatter_tensor(x, "sum", 8, g)
+                else:
+                    h = c10d.all_reduce(x, "sum", g)
+                live[len(live)] = (h, kind, fp32)
+            else:
+                h, kind, fp32 = live[op[1]]
+                y = c10d.wait_tensor(h)
+                if kind == "reduce_scatter":
+                    y = y.repeat(8, 1)
+                vals.append(y.to(torch.bfloat16) if fp32 else y)
+        return tuple(vals[program.n_inputs:])
+
+    fm = FakeTensorMode()
+    with fm:
+        args = [torch.empty(64, 64, dtype=torch.bfloat16) for _ in range(program.n_inputs)]
+        gm = make_fx(fn, tracing_mode="real")(*args)
+    nodes = list(gm.graph.nodes)
+    order = {n: i for i, n in enumerate(nodes)}
+    mms = [n for n in nodes if n.target is torch.ops.aten.mm.default]
+    info = {}
+    for n in nodes:
+        start = _get_collective_node_from_wait(n)
+        if start is not None and start not in info:
+            info[start] = CollectiveInfo(start_node=start, wait_node=n,
+                                         size_bytes=estimate_fx_collective_memory_footprint(start),
+                                         estimated_time_ms=1.0, exposed_time_ms=1.0)
+    for k, start in enumerate(sorted(info, key=order.__getitem__)):
+        if program.hiding[k] is not None:
+            idx, status = program.hiding[k]
+            info[start].hiding_nodes = OrderedSet(mms[i] for i in idx)
+            info[start].exposed_time_ms = 0.0 if status == "hidden" else 0.5
+    return gm, info, OrderedSet(nodes), fm
+
+
+def _apply_and_check(program: Program, plan: planner.Plan, problem: planner.Problem) -> None:
+    gm, info, sched, fm = build(program)
+    before = str(gm.graph)
+    with fm:
+        apply_plan(gm.graph, info, sched, plan, problem=problem)  # raises on a broken overlap (post-check)
+    gm.graph.lint()
+    gm.recompile()
+    assert str(gm.graph) != before or not any(len(b.members) > 1 for b in plan.buckets)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(programs(), st.data())
+def test_every_planner_plan_verifies_and_applies(program, data):
+    from fxglue.extract import extract_problem
+
+    gm, info, sched, fm = build(program)
+    est = Estimator()
+    problem = extract_problem(gm.graph, info, sched, estimator=est)
+    with cpu_compat(est):
+        greedy = greedy_plan(gm.graph, info, sched, problem_fingerprint=problem.fingerprint, estimator=est)
+    result = solve(problem, time_limit_s=2, workers=1, hint=greedy)
+    assert result.plan is not None and verify(problem, result.plan) == []
+    assert result.bound is None or result.objective >= result.bound
+    if not verify(problem, greedy):
+        assert result.objective <= planner.collectives_after(problem, greedy)
+        _apply_and_check(program, greedy, problem)
+    _apply_and_check(program, result.plan, problem)
+    # a random plan: applied if the verifier accepts it, rejected (graph untouched) otherwise
+    random_plan = data.draw(plans(problem))
+    if verify(problem, random_plan):
+        gm2, info2, sched2, fm2 = build(program)
+        before = str(gm2.graph)
+        with pytest.raises(PlanError), fm2:
+            apply_plan(gm2.graph, info2, sched2, random_plan, problem=problem)
+        assert str(gm2.graph) == before
+    else:
+        _apply_and_check(program, random_plan, problem)
