@@ -115,7 +115,7 @@ def cmd_solve(args) -> int:
         f"time limit {args.time_limit}s")
     window = args.window if args.window == "auto" else None if args.window == "none" else int(args.window)
     result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
-                   seed=args.seed, hint=hint, window=window, progress=say)
+                   seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly, progress=say)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 1
@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--window", default="auto",
                    help="'auto' (full model up to 320 collectives, else 16), 'none' (full model), or N: limit "
                         "anchors to N same-key neighbours; the reported bound always holds for the whole problem")
+    s.add_argument("--protect-partly", action="store_true",
+                   help="keep the overlap of partly hidden collectives too (stricter than torch's rules)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 

@@ -33,7 +33,7 @@ def _max_disjoint(intervals: list[tuple[int, int]]) -> int:
     return count
 
 
-def lower_bound(problem: Problem, objective: str = "count") -> float:
+def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool = False) -> float:
     """A lower bound on ``objective`` valid for every feasible plan.
 
     For ``time`` (exposure x (n+1) + count, see planner.cpsat.TimeTerms) only the count part is
@@ -62,7 +62,8 @@ def lower_bound(problem: Problem, objective: str = "count") -> float:
                             if problem.nodes[d].kind not in ("start", "wait")), default=-1)
                 w_hi = min((pos[s] for s in succ.get(index[c.wait], [])
                             if problem.nodes[s].kind != "start"), default=problem.n_scheduled + 1)
-                hp = sorted(pos[index[h]] for h in c.hiding) if c.status == "hidden" else []
+                guarded = c.status == "hidden" or (protect_partly and c.status == "partly")
+                hp = sorted(pos[index[h]] for h in c.hiding) if guarded else []
                 s_hi = hp[0] if hp else w_hi
                 w_lo = hp[-1] if hp else s_lo
                 starts.append((s_lo, s_hi))

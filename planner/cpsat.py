@@ -48,7 +48,7 @@ class _Coll:
     wait_preds_of_start: list[int] = field(default_factory=list)  # j: wait_j -> start_i
 
 
-def _prepare(problem: Problem) -> list[_Coll]:
+def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     nodes = problem.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     pos = [n.pos for n in nodes]
@@ -60,7 +60,7 @@ def _prepare(problem: Problem) -> list[_Coll]:
             succ.setdefault(d, []).append(i)
     out = []
     for k, c in enumerate(problem.collectives):
-        hidden = c.status == "hidden"
+        hidden = c.status == "hidden" or (protect_partly and c.status == "partly")
         hp = tuple(sorted(pos[index[h]] for h in c.hiding))
         cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, hidden, hp,
                    c.name in protected or c.wait in protected)
@@ -388,13 +388,15 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
 
 
 def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
-                within: Plan | None = None, lower_bound: float | None = None) -> ModelHandle:
+                within: Plan | None = None, lower_bound: float | None = None,
+                protect_partly: bool = False) -> ModelHandle:
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
-    repair of torch's greedy plan).
+    repair of torch's greedy plan). ``protect_partly``: rules 7 and 8 protect partly hidden
+    collectives too (as torch's search does inside a bucket), not only fully hidden ones.
     """
-    colls = _prepare(problem)
+    colls = _prepare(problem, protect_partly)
     m = cp_model.CpModel()
     groups = None
     if within is not None:

@@ -72,13 +72,19 @@ class Report:
         return dict(sorted(out.items()))
 
 
-def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True) -> list[Violation]:
+def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True,
+           protect_partly: bool = False) -> list[Violation]:
     """Every rule violation of ``plan`` on ``problem`` (empty list: the plan is feasible)."""
-    return check(problem, plan, check_fingerprint=check_fingerprint).violations
+    return check(problem, plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly).violations
 
 
-def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True) -> Report:
-    """Violations and quality figures of ``plan`` on ``problem``."""
+def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False) -> Report:
+    """Violations and quality figures of ``plan`` on ``problem``.
+
+    ``protect_partly``: the stricter policy in which rules 7 and 8 protect partly hidden
+    collectives too (torch's default protects fully hidden ones only).
+    """
+    protected_status = {"hidden", "partly"} if protect_partly else {"hidden"}
     report = Report()
     out = report.violations
     colls = {c.name: c for c in problem.collectives}
@@ -167,7 +173,7 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True) -> Re
     for b, bucket in enumerate(plan.buckets):
         for m in bucket.members:
             c = colls[m]
-            if c.status != "hidden":
+            if c.status not in protected_status:
                 continue
             s, w = start_of[m], wait_of[m]
             outside = [h for h in c.hiding if not s < node_pos[h] < w]
@@ -206,7 +212,7 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True) -> Re
                 if was:
                     continue
                 broken.add((c.name, h))
-                if c.status == "hidden":
+                if c.status in protected_status:
                     b = g if g < len(plan.buckets) else group[c.name]
                     msg = (f"bucket issued before {c.name} is still on the stream at its hiding node {h}"
                            if situation == "A" else

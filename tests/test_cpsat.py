@@ -25,7 +25,7 @@ def _partitions(items):
         yield [[first]] + part
 
 
-def brute_force_optimum(problem: planner.Problem, objective: str = "count") -> int:
+def brute_force_optimum(problem: planner.Problem, objective: str = "count", protect_partly: bool = False) -> int:
     """Smallest objective over every partition and every anchor choice that the verifier accepts."""
     names = [c.name for c in problem.collectives]
     best = None
@@ -35,7 +35,7 @@ def brute_force_optimum(problem: planner.Problem, objective: str = "count") -> i
             plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
                                 buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w)
                                               for b, (s, w) in zip(multi, anchors)))
-            if verify(problem, plan):
+            if verify(problem, plan, protect_partly=protect_partly):
                 continue
             value = plan_objective(problem, plan, objective)
             best = value if best is None else min(best, value)
@@ -51,6 +51,18 @@ def test_cpsat_optimum_equals_brute_force_on_tiny_problems(problem):
     assert verify(problem, result.plan) == []
     assert result.objective == expected
     assert result.bound == expected
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",)))
+def test_partly_protected_optimum_equals_brute_force(problem):
+    from planner.bounds import lower_bound
+
+    expected = brute_force_optimum(problem, protect_partly=True)
+    result = solve(problem, time_limit_s=10, workers=1, protect_partly=True)
+    assert result.status == "OPTIMAL" and result.objective == expected
+    assert verify(problem, result.plan, protect_partly=True) == []
+    assert lower_bound(problem, protect_partly=True) <= expected
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
