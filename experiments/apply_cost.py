@@ -31,6 +31,7 @@ from planner.verify import check
 
 
 def main() -> None:
+    revision = git_revision()  # the code this run started with
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workload", default="llama3-8b-fsdp-32")
     ap.add_argument("--out", default="experiments/results/apply_cost")
@@ -73,7 +74,7 @@ def main() -> None:
            "apply_plan_s": round(apply_s, 2), "extract_s": round(extract_s, 2), "apply_plan_after": ours_after,
            "ratio_apply_over_torch": round(apply_s / torch_s, 3),
            "ratio_extract_plus_apply_over_torch": round((apply_s + extract_s) / torch_s, 3),
-           "revision": git_revision(), "machine": machine()}
+           "revision": revision, "machine": machine()}
     (out / "apply_cost.json").write_text(json.dumps(row, indent=1) + "\n")
     (out / "apply_cost.md").write_text(
         "# Cost of apply_plan vs torch's greedy search + apply\n\n"

@@ -103,13 +103,16 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     return row
 
 
+REVISION = git_revision()  # the code this run started with (later commits do not change it)
+
+
 def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
     cols = ["workload", "pre_bucketing", "nodes", "collectives", "greedy_after", "greedy_violations",
             "greedy_repaired_after", "cpsat_after", "cpsat_status", "bound", "gap", "bound_scope", "applied_after",
             "hidden_kept", "partly_kept", "greedy_s", "cpsat_s", "apply_s"]
     lines = ["# Torch's greedy vs CP-SAT", "",
              f"Command: `python -m experiments.greedy_vs_cpsat {' '.join(argv)}`  ",
-             f"Git revision: `{git_revision()}`; machine: {json.dumps(machine())}  ",
+             f"Git revision: `{REVISION}`; machine: {json.dumps(machine())}  ",
              "CP-SAT: count objective, 2 workers, seed 0, torch's greedy (or its repair) as hint. "
              "Times are wall seconds on this machine, one run.", "",
              "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
@@ -119,7 +122,7 @@ def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
     # the extraction view of the same runs (problem sizes and the wall time of each step)
     cols = ["workload", "pre_bucketing", "nodes", "pinned_nodes", "dependency_edges", "by_kind_pg",
             "hidden_partly_exposed", "greedy_after", "trace_s", "schedule_s", "extract_s", "greedy_s"]
-    lines = ["# Extraction", "", f"Same runs as table.md (revision `{git_revision()}`). Wall seconds, one run; "
+    lines = ["# Extraction", "", f"Same runs as table.md (revision `{REVISION}`). Wall seconds, one run; "
              "`extract_s / greedy_s` is extraction's cost relative to torch's greedy search.", "",
              "| " + " | ".join(cols) + " | extract/greedy |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
