@@ -13,14 +13,13 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import re
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import planner
+from planner.io import atomic_write_text
 from planner.simulate import simulate, write_chrome_trace
 from planner.solve import repair, solve
 from planner.verify import check
@@ -53,14 +52,6 @@ class WorkloadRow:
     collectives_before: int
     plans: list[PlanRow] = field(default_factory=list)
     sims: dict = field(default_factory=dict)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _problems_for(name: str, say):
@@ -248,8 +239,8 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = 20.0, progress=No
     writer = csv.DictWriter(buf, fieldnames=COLUMNS)
     writer.writeheader()
     writer.writerows(table)
-    _atomic_write(out / "compare.csv", buf.getvalue().encode())
-    _atomic_write(out / "compare.md", markdown(table).encode())
-    _atomic_write(out / "compare.json", json.dumps(table, indent=1).encode())
+    atomic_write_text(out / "compare.csv", buf.getvalue())
+    atomic_write_text(out / "compare.md", markdown(table))
+    atomic_write_text(out / "compare.json", json.dumps(table, indent=1))
     _plots(rows, out)
     return table

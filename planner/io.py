@@ -89,11 +89,11 @@ def dumps(obj: Union[Problem, Plan]) -> str:
     return obj.model_dump_json(indent=None)
 
 
-def save(obj: Union[Problem, Plan], path: str | os.PathLike) -> Path:
-    """Write atomically: a temporary file in the same folder, fsync, then rename."""
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write atomically: a temporary file in the same folder, fsync, then rename. A reader never
+    sees a half-written file, and a failure leaves no temporary file behind."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    text = dumps(obj)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -108,3 +108,8 @@ def save(obj: Union[Problem, Plan], path: str | os.PathLike) -> Path:
             pass
         raise
     return p
+
+
+def save(obj: Union[Problem, Plan], path: str | os.PathLike) -> Path:
+    """Write a problem or plan as JSON, atomically."""
+    return atomic_write_text(path, dumps(obj))

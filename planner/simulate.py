@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,18 +184,7 @@ def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
 
 
 def write_chrome_trace(sim: Simulation, problem: Problem, path: str | os.PathLike) -> Path:
-    """Write the trace atomically: a temporary file in the same folder, then rename."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(to_chrome_trace(sim, problem), f)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return p
+    """Write the trace atomically (``planner.io.atomic_write_text``)."""
+    from planner.io import atomic_write_text
+
+    return atomic_write_text(path, json.dumps(to_chrome_trace(sim, problem)))

@@ -19,7 +19,6 @@ import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
-from torch.utils._ordered_set import OrderedSet
 
 import planner
 from fxglue.apply import PlanError, apply_plan
@@ -101,12 +100,6 @@ _EXTRA_GROUPS: list[str] = []
 
 def build(program: Program):
     """Trace the program; returns (gm, collective_info, scheduled, fake_mode)."""
-    from torch._inductor.comm_analysis import estimate_fx_collective_memory_footprint
-    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait
-    from torch._inductor.fx_passes.overlap_scheduling import CollectiveInfo
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     groups = _groups(3)
 
     def fn(*xs):
@@ -134,26 +127,11 @@ def build(program: Program):
                 vals.append(y.to(torch.bfloat16) if fp32 else y)
         return tuple(vals[program.n_inputs:])
 
-    fm = FakeTensorMode()
-    with fm:
-        args = [torch.empty(64, 64, dtype=torch.bfloat16) for _ in range(program.n_inputs)]
-        gm = make_fx(fn, tracing_mode="real")(*args)
-    nodes = list(gm.graph.nodes)
-    order = {n: i for i, n in enumerate(nodes)}
-    mms = [n for n in nodes if n.target is torch.ops.aten.mm.default]
-    info = {}
-    for n in nodes:
-        start = _get_collective_node_from_wait(n)
-        if start is not None and start not in info:
-            info[start] = CollectiveInfo(start_node=start, wait_node=n,
-                                         size_bytes=estimate_fx_collective_memory_footprint(start),
-                                         estimated_time_ms=1.0, exposed_time_ms=1.0)
-    for k, start in enumerate(sorted(info, key=order.__getitem__)):
-        if program.hiding[k] is not None:
-            idx, status = program.hiding[k]
-            info[start].hiding_nodes = OrderedSet(mms[i] for i in idx)
-            info[start].exposed_time_ms = 0.0 if status == "hidden" else 0.5
-    return gm, info, OrderedSet(nodes), fm
+    from tests.handmade import build as build_handmade
+
+    hiding = {k: h for k, h in enumerate(program.hiding) if h is not None}
+    h = build_handmade(fn, [((64, 64), torch.bfloat16)] * program.n_inputs, hiding)
+    return h.gm, h.collective_info, h.scheduled, h.fake_mode
 
 
 def _apply_and_check(program: Program, plan: planner.Plan, problem: planner.Problem) -> None:
