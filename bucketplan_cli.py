@@ -85,7 +85,7 @@ def cmd_extract(args) -> int:
 
 def cmd_verify(args) -> int:
     import planner
-    from planner.verify import check
+    from planner.verifier import check
 
     problem = planner.load_problem(args.problem)
     plan = planner.load_plan(args.plan)
@@ -106,7 +106,7 @@ def cmd_verify(args) -> int:
 
 def cmd_solve(args) -> int:
     import planner
-    from planner.solve import solve
+    from planner.solver import solve
 
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None

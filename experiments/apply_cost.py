@@ -26,8 +26,8 @@ from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
 from fxglue.pipeline import count_collectives, estimator_for, finalize_with_torch, schedule
 from fxglue.workloads import trace
-from planner.solve import repair
-from planner.verify import check
+from planner.solver import repair
+from planner.verifier import check
 
 
 def main() -> None:

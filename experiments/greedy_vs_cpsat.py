@@ -32,8 +32,8 @@ from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
 from fxglue.pipeline import count_collectives, estimator_for, schedule
 from fxglue.workloads import trace
-from planner.solve import repair, solve
-from planner.verify import check
+from planner.solver import repair, solve
+from planner.verifier import check
 
 
 def _save(obj, path: Path) -> None:

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from planner.problem import Plan, Problem
-from planner.simulate import simulate
+from planner.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent
 RUNS = sorted((ROOT / "results").glob("greedy_vs_cpsat_*"))

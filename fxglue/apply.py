@@ -27,7 +27,7 @@ import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 
 import planner
-from planner.verify import RULES, verify
+from planner.verifier import RULES, verify
 
 
 class PlanError(ValueError):

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import planner
 from planner.io import atomic_write_text
-from planner.simulate import simulate, write_chrome_trace
-from planner.solve import repair, solve
-from planner.verify import check
+from planner.simulator import simulate, write_chrome_trace
+from planner.solver import repair, solve
+from planner.verifier import check
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
 # (label, objective, protect partly hidden collectives too)

@@ -75,7 +75,7 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     from fxglue.greedy import greedy_plan
     from fxglue.pipeline import estimator_for, finalize_with_torch, schedule
     from fxglue.workloads import TracedWorkload
-    from planner.solve import repair, solve
+    from planner.solver import repair, solve
 
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     traced = TracedWorkload(name=name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=0.0)

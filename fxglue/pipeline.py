@@ -194,7 +194,7 @@ def run_pipeline(
                 finalize_with_torch(inputs, collective_bucketing=False)
     else:
         if isinstance(planner_, str) and planner_ == "cpsat":
-            from planner.solve import solve
+            from planner.solver import solve
 
             say("solving with CP-SAT")
             t0 = time.perf_counter()

@@ -4,7 +4,8 @@ This package never imports torch (checked in CI): everything it needs arrives as
 ``Problem`` extracted by ``fxglue``.
 """
 
-from planner.io import SchemaError, load_plan, load_problem, save
+from planner.bounds import lower_bound
+from planner.io import SchemaError, atomic_write_text, load_plan, load_problem, save
 from planner.problem import (
     SCHEMA_VERSION,
     Bucket,
@@ -16,8 +17,13 @@ from planner.problem import (
     Timeline,
     collectives_after,
 )
+from planner.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
+from planner.solver import SolveResult, repair, solve
+from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
-    "SCHEMA_VERSION", "Bucket", "Collective", "Link", "Node", "Plan", "Problem", "SchemaError",
-    "Timeline", "collectives_after", "load_plan", "load_problem", "save",
+    "RULES", "SCHEMA_VERSION", "Bucket", "Collective", "Link", "Node", "Plan", "Problem", "Report",
+    "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text", "check",
+    "collectives_after", "load_plan", "load_problem", "lower_bound", "repair", "save", "simulate", "solve",
+    "to_chrome_trace", "verify", "write_chrome_trace",
 ]

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 
 import planner
 from planner.cpsat import build_model, plan_objective
-from planner.solve import solve
-from planner.verify import verify
+from planner.solver import solve
+from planner.verifier import verify
 from tests.strategies import problems
 
 
@@ -187,3 +187,17 @@ def test_constraint_family_feasible_and_infeasible_pair(case):
     assert verify(problem, good) == [] and verify(problem, bad)
     assert _fixed(problem, good) in ("OPTIMAL", "FEASIBLE"), name
     assert _fixed(problem, bad) == "INFEASIBLE", name
+
+
+def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status():
+    from tests.conftest import scheduled
+
+    s = scheduled("llama3-8b-fsdp-2")
+    hint = s.greedy if not verify(s.problem, s.greedy) else None
+    assert hint is not None
+    result = solve(s.problem, time_limit_s=0.001, workers=1, hint=hint)
+    assert result.plan is not None and verify(s.problem, result.plan) == []
+    assert result.objective <= planner.collectives_after(s.problem, hint)
+    assert result.status in ("FEASIBLE", "OPTIMAL")
+    if result.status == "FEASIBLE":
+        assert result.gap is not None and result.gap > 0

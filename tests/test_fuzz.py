@@ -25,8 +25,8 @@ from fxglue.apply import PlanError, apply_plan
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator
 from fxglue.greedy import greedy_plan
-from planner.solve import solve
-from planner.verify import verify
+from planner.solver import solve
+from planner.verifier import verify
 from tests.strategies import plans
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))

@@ -12,8 +12,8 @@ import pytest
 import planner
 from fxglue.apply import PlanError, apply_plan
 from fxglue.pipeline import count_collectives
-from planner.solve import repair
-from planner.verify import check
+from planner.solver import repair
+from planner.verifier import check
 from tests.conftest import fresh_schedule, scheduled
 
 WORKLOADS = [f"llama3-8b-{v}-{n}" for v in ("fsdp", "2d", "ddp") for n in (2, 8)]

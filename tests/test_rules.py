@@ -8,7 +8,7 @@ import torch
 import planner
 from fxglue.apply import PlanError, apply_plan
 from fxglue.pipeline import count_collectives
-from planner.verify import check, verify
+from planner.verifier import check, verify
 from tests.handmade import ag, ar, build, plan_for, rs, wait
 
 BF16 = torch.bfloat16

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 
 import planner
-from planner.simulate import simulate, to_chrome_trace, write_chrome_trace
+from planner.simulator import simulate, to_chrome_trace, write_chrome_trace
 from tests.strategies import problems
 
 MB = 1_000_000

@@ -13,7 +13,7 @@ import torch
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator
 from fxglue.greedy import greedy_plan
-from planner.verify import verify
+from planner.verifier import verify
 from tests.handmade import ar, build, plan_for, rs, wait, ag
 
 BF16 = torch.bfloat16

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import planner
-from planner.verify import check
+from planner.verifier import check
 
 
 def _two_group_problem():

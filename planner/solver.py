@@ -18,7 +18,7 @@ from ortools.sat.python import cp_model
 from planner.bounds import lower_bound
 from planner.cpsat import build_model, plan_objective
 from planner.problem import Plan, Problem
-from planner.verify import verify
+from planner.verifier import verify
 
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "NOT_RUN")
 # Above this many collectives the default search uses a candidate window (the full model's
