@@ -115,7 +115,9 @@ def cmd_solve(args) -> int:
         f"time limit {args.time_limit}s")
     window = args.window if args.window == "auto" else None if args.window == "none" else int(args.window)
     result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
-                   seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly, progress=say)
+                   seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
+                   memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1024**3),
+                   progress=say)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 1
@@ -213,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "anchors to N same-key neighbours; the reported bound always holds for the whole problem")
     s.add_argument("--protect-partly", action="store_true",
                    help="keep the overlap of partly hidden collectives too (stricter than torch's rules)")
+    s.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="extra memory kept alive by moved starts/waits stays within this at every position")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 

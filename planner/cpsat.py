@@ -317,6 +317,40 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
     return counts
 
 
+def _add_memory_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], budget: int) -> int:
+    """Rule 10 (optional memory budget): a start moved earlier keeps the collective's buffers
+    (torch's footprint) alive from its final start to its own start; a wait moved later keeps
+    them from its own wait to its final wait. At every start or wait position the extra bytes
+    stay within ``budget``. The sum only changes at those positions, so checking them is exact."""
+    positions = sorted({c.s for c in colls} | {c.w for c in colls})
+    terms: dict[int, list] = {p: [] for p in positions}
+    for c in colls:
+        fs_dom, fw_dom = v.s_dom[c.idx], v.w_dom[c.idx]
+        for p in positions:
+            if fs_dom[0] <= p < c.s:  # alive early at p iff FS <= p
+                if fs_dom[-1] <= p:
+                    terms[p].append(c.size)
+                else:
+                    lit = m.new_bool_var(f"early[{c.name}]@{p}")
+                    m.add(v.fs[c.idx] <= p).only_enforce_if(lit)
+                    m.add(v.fs[c.idx] > p).only_enforce_if(~lit)
+                    terms[p].append(c.size * lit)
+            if c.w <= p < fw_dom[-1]:  # alive late at p iff FW > p
+                if fw_dom[0] > p:
+                    terms[p].append(c.size)
+                else:
+                    lit = m.new_bool_var(f"late[{c.name}]@{p}")
+                    m.add(v.fw[c.idx] > p).only_enforce_if(lit)
+                    m.add(v.fw[c.idx] <= p).only_enforce_if(~lit)
+                    terms[p].append(c.size * lit)
+    n = 0
+    for p, ts in terms.items():
+        if ts:
+            m.add(sum(ts) <= budget)
+            n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class TimeTerms:
     """Integer (µs) pieces of the time objective, shared by the model and ``plan_objective``.
@@ -389,12 +423,13 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
 
 def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
                 within: Plan | None = None, lower_bound: float | None = None,
-                protect_partly: bool = False) -> ModelHandle:
+                protect_partly: bool = False, memory_budget_bytes: int | None = None) -> ModelHandle:
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
     repair of torch's greedy plan). ``protect_partly``: rules 7 and 8 protect partly hidden
     collectives too (as torch's search does inside a bucket), not only fully hidden ones.
+    ``memory_budget_bytes``: extra bytes kept alive by moved starts and waits stay within it.
     """
     colls = _prepare(problem, protect_partly)
     m = cp_model.CpModel()
@@ -405,6 +440,8 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
                   if name in index}
     v = _Variables(m, colls, problem.bucket_cap_bytes, window, groups)
     counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
+    if memory_budget_bytes is not None:
+        counts["rule10_memory"] = _add_memory_budget(m, v, colls, memory_budget_bytes)
     _set_objective(m, v, colls, problem, objective, lower_bound if within is None else None)
     stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}
     return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)

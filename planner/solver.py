@@ -81,6 +81,7 @@ def solve(
     window: int | str | None = "auto",
     within: Plan | None = None,
     protect_partly: bool = False,
+    memory_budget_bytes: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
     """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md.
@@ -92,8 +93,10 @@ def solve(
     result. With ``window`` the candidate anchors are limited and the bound holds for that
     restricted space only (``stats['bound_scope']``); likewise with ``within`` (merges only
     inside that plan's buckets). ``protect_partly`` solves under the stricter policy in which
-    partly hidden collectives keep their overlap too (see planner/README.md).
+    partly hidden collectives keep their overlap too (see planner/README.md);
+    ``memory_budget_bytes`` bounds the extra bytes kept alive by moved starts and waits (rule 10).
     """
+    policy = {"protect_partly": protect_partly, "memory_budget_bytes": memory_budget_bytes}
     if time_limit_s <= 0:
         raise ValueError("time_limit_s must be positive")
     t0 = time.perf_counter()
@@ -101,17 +104,16 @@ def solve(
     if window == "auto":
         window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
     lb = lower_bound(problem, objective, protect_partly=protect_partly)
-    handle = build_model(problem, objective=objective, window=window, within=within, lower_bound=lb,
-                         protect_partly=protect_partly)
+    handle = build_model(problem, objective=objective, window=window, within=within, lower_bound=lb, **policy)
     stats = dict(handle.stats)
     stats["relaxation_bound"] = lb
     stats["build_s"] = round(time.perf_counter() - t0, 3)
-    hint_ok = hint is not None and not verify(problem, hint, protect_partly=protect_partly)
+    hint_ok = hint is not None and not verify(problem, hint, **policy)
     if hint is not None and not hint_ok and within is None:
         # an infeasible hint (torch's greedy often breaks rule 9) misleads the search: hint its
         # best feasible repair instead
         repaired = repair(problem, hint, time_limit_s=min(10.0, time_limit_s / 4), workers=workers, seed=seed,
-                          protect_partly=protect_partly)
+                          **policy)
         stats["hint_repaired"] = repaired.plan is not None
         if repaired.plan is not None:
             hint, hint_ok = repaired.plan, True
@@ -136,13 +138,13 @@ def solve(
                  f"problem (relaxation; search in candidate window {window})" if within is None
                  else f"search within plan {within.planner}")
     params = {"objective": objective, "time_limit_s": time_limit_s, "workers": workers, "seed": seed,
-              "window": window, "protect_partly": protect_partly}
+              "window": window, **policy}
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     plan = None
     obj = bound = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         plan = handle.extract(solver, planner="cpsat", params=params, created=created)
-        violations = verify(problem, plan, protect_partly=protect_partly)
+        violations = verify(problem, plan, **policy)
         if violations:  # a modelling bug: never hand out an unverified plan
             stats["model_bug"] = [str(v) for v in violations[:5]]
             plan, status = None, "UNKNOWN"
@@ -176,11 +178,11 @@ def solve(
 
 
 def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers: int | None = None,
-           seed: int = 0, protect_partly: bool = False) -> SolveResult:
+           seed: int = 0, protect_partly: bool = False, memory_budget_bytes: int | None = None) -> SolveResult:
     """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
     buckets split where needed): how a plan that breaks a rule is compared fairly."""
     result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None,
-                   protect_partly=protect_partly)
+                   protect_partly=protect_partly, memory_budget_bytes=memory_budget_bytes)
     if result.plan is not None:
         result.plan = result.plan.model_copy(update={"planner": f"{plan.planner}-repaired",
                                                      "params": {**result.plan.params, "repaired": plan.planner}})

@@ -26,6 +26,7 @@ RULES = {
     7: "hiding-kept",
     8: "stream-fifo",
     9: "schedule-acyclic",
+    10: "memory-budget",
 }
 
 
@@ -72,13 +73,15 @@ class Report:
         return dict(sorted(out.items()))
 
 
-def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True,
-           protect_partly: bool = False) -> list[Violation]:
+def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
+           memory_budget_bytes: int | None = None) -> list[Violation]:
     """Every rule violation of ``plan`` on ``problem`` (empty list: the plan is feasible)."""
-    return check(problem, plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly).violations
+    return check(problem, plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly,
+                 memory_budget_bytes=memory_budget_bytes).violations
 
 
-def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False) -> Report:
+def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
+          memory_budget_bytes: int | None = None) -> Report:
     """Violations and quality figures of ``plan`` on ``problem``.
 
     ``protect_partly``: the stricter policy in which rules 7 and 8 protect partly hidden
@@ -245,6 +248,22 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
                 out.append(Violation(9, gs[0] if gs else None, involved,
                                      f"{nodes[d].name} must run before {n.name}, but the plan puts it at "
                                      f"position {fpos[d]} and {n.name} at {fpos[i]}"))
+
+    # Rule 10 (only with a budget): extra bytes alive because starts moved earlier or waits later.
+    if memory_budget_bytes is not None:
+        delta: dict[int, int] = {}
+        for c in problem.collectives:
+            for lo, hi in ((start_of[c.name], c.start_pos), (c.wait_pos, wait_of[c.name])):
+                if lo < hi:  # alive over [lo, hi) beyond the original schedule
+                    delta[lo] = delta.get(lo, 0) + c.size_bytes
+                    delta[hi] = delta.get(hi, 0) - c.size_bytes
+        extra = 0
+        for p in sorted(delta):
+            extra += delta[p]
+            if extra > memory_budget_bytes:
+                out.append(Violation(10, None, (), f"{extra} extra bytes alive at position {p} exceed the "
+                                                   f"budget of {memory_budget_bytes}"))
+                break
 
     # Quality figures.
     q = report.quality

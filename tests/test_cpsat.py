@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import planner
 from planner.cpsat import build_model, plan_objective
@@ -25,7 +26,8 @@ def _partitions(items):
         yield [[first]] + part
 
 
-def brute_force_optimum(problem: planner.Problem, objective: str = "count", protect_partly: bool = False) -> int:
+def brute_force_optimum(problem: planner.Problem, objective: str = "count", protect_partly: bool = False,
+                        memory_budget_bytes: int | None = None) -> int:
     """Smallest objective over every partition and every anchor choice that the verifier accepts."""
     names = [c.name for c in problem.collectives]
     best = None
@@ -35,7 +37,7 @@ def brute_force_optimum(problem: planner.Problem, objective: str = "count", prot
             plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
                                 buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w)
                                               for b, (s, w) in zip(multi, anchors)))
-            if verify(problem, plan, protect_partly=protect_partly):
+            if verify(problem, plan, protect_partly=protect_partly, memory_budget_bytes=memory_budget_bytes):
                 continue
             value = plan_objective(problem, plan, objective)
             best = value if best is None else min(best, value)
@@ -63,6 +65,16 @@ def test_partly_protected_optimum_equals_brute_force(problem):
     assert result.status == "OPTIMAL" and result.objective == expected
     assert verify(problem, result.plan, protect_partly=True) == []
     assert lower_bound(problem, protect_partly=True) <= expected
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=5, max_compute=4, max_pgs=1, dtypes=("bfloat16",)),
+       st.sampled_from([0, 2048, 16384, 65536]))
+def test_memory_budget_optimum_equals_brute_force(problem, budget):
+    expected = brute_force_optimum(problem, memory_budget_bytes=budget)
+    result = solve(problem, time_limit_s=10, workers=1, memory_budget_bytes=budget)
+    assert result.status == "OPTIMAL" and result.objective == expected
+    assert verify(problem, result.plan, memory_budget_bytes=budget) == []
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
