@@ -25,6 +25,7 @@ STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "NOT_RUN")
 # build and presolve alone exceed minutes at 32 layers); the bound then comes from
 # planner.bounds, which holds for the whole problem.
 AUTO_FULL_MODEL_MAX_COLLECTIVES = 320
+AUTO_FULL_MODEL_MAX_PAIRS = 20_000  # candidate (collective, anchor) pairs; ddp-32 has 39k and stalls
 AUTO_WINDOW = 16
 
 
@@ -103,10 +104,14 @@ def solve(
         raise ValueError("time_limit_s must be positive")
     t0 = time.perf_counter()
     workers = workers or 2
-    if window == "auto":
+    auto = window == "auto"
+    if auto:
         window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
     lb = lower_bound(problem, objective, protect_partly=protect_partly)
     handle = build_model(problem, objective=objective, window=window, within=within, lower_bound=lb, **policy)
+    if auto and window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
+        window = AUTO_WINDOW
+        handle = build_model(problem, objective=objective, window=window, lower_bound=lb, **policy)
     stats = dict(handle.stats)
     stats["relaxation_bound"] = lb
     stats["build_s"] = round(time.perf_counter() - t0, 3)
