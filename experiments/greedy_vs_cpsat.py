@@ -42,7 +42,7 @@ def _save(obj, path: Path) -> None:
 
 
 def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
-    row: dict = {"workload": name, "pre_bucketing": pre}
+    row: dict = {"workload": name, "pre_bucketing": pre, "revision": REVISION}
     t0 = time.perf_counter()
     traced = trace(name)
     row["trace_s"] = round(time.perf_counter() - t0, 2)
