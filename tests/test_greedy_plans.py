@@ -36,7 +36,8 @@ def test_greedy_findings_are_explained_and_its_repair_applies(name):
         # the documented differences: rule 9, a merged start placed before compute its member
         # consumes (restore_to_event); rule 8, situation B, which torch does not check
         assert "must run before" in v.message if v.rule == 9 else "forces it to finish" in v.message
-    assert report.quality.hidden_kept == report.quality.hidden_relations
+    # only the situation-B merges (rule 8) cost a protected hiding relation
+    assert report.quality.hidden_kept >= report.quality.hidden_relations - report.by_rule().get(8, 0)
 
     greedy_count = planner.collectives_after(s.problem, s.greedy)
     plan = s.greedy
