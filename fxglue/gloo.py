@@ -104,7 +104,9 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
         plan = solve(problem, time_limit_s=10, workers=1, seed=0).plan  # deterministic: same on every rank
     else:
         raise ValueError(f"unknown planner {planner_name!r}; use one of {PLANNERS}")
-    result.plan_fingerprint = planner.io.dumps(plan.model_copy(update={"created": "", "params": {}}))
+    # the buckets, by node names: ranks of different groups have different problems (group
+    # names differ) but must bucket the same collectives the same way
+    result.plan_fingerprint = repr([(b.members, b.start, b.wait) for b in plan.buckets])
     with fake_mode:
         apply_plan(gm.graph, inputs.collective_info, inputs.scheduled, plan, bucket_mode=bucket_mode,
                    problem=problem)
