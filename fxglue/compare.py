@@ -151,11 +151,14 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                     "status": "", "bound": "", "gap": "", "note": ""})
         for p in r.plans:
             sim = r.sims.get(p.planner)
+            bound = p.bound
+            if bound is not None and "time" in p.planner:  # decode exposure x (n+1) + count to exposed ms
+                bound = f"{int(bound) // (len(p.problem.collectives) + 1) / 1000:.3f} ms exposed"
             out.append({"workload": r.name, "nodes": r.nodes, "collectives_before": r.collectives_before,
                         "planner": p.planner, "collectives_after": p.after,
                         "step_ms": round(sim.step_ms, 3) if sim else "", "exposed_ms":
                         round(sim.exposed_ms, 3) if sim else "", "plan_s": round(p.plan_s, 2), "status": p.status,
-                        "bound": "" if p.bound is None else p.bound,
+                        "bound": "" if bound is None else bound,
                         "gap": "" if p.gap is None else f"{p.gap:.1%}", "note": p.note})
     return out
 
@@ -194,13 +197,14 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     plt.close(fig)
     paths.append(p)
 
-    # a timeline window of the first workload: torch greedy vs CP-SAT (count)
-    r = rows[0]
+    # a timeline window of the largest workload (about one layer in the middle of the step)
+    r = max(rows, key=lambda row: row.nodes)
     shown = [lbl for lbl in ("torch greedy", "cpsat (count)", "cpsat (time, partly protected)") if lbl in r.sims]
     fig, axes = plt.subplots(len(shown), 1, figsize=(13, 2.2 * len(shown)), sharex=True)
     axes = axes if len(shown) > 1 else [axes]
     horizon = r.sims[shown[0]].step_ms
-    lo, hi = horizon * 0.45, horizon * 0.55  # about one layer in the middle of the step
+    span = 0.5 / max(1, r.collectives_before / 25)  # ~25 collectives per layer
+    lo, hi = horizon * (0.5 - span / 2), horizon * (0.5 + span / 2)
     for ax, label in zip(axes, shown):
         sim = r.sims[label]
         pgs = sorted({b.pg for b in sim.buckets})
@@ -226,7 +230,7 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     return paths
 
 
-def run_compare(workloads, *, out: Path, time_limit_s: float = 20.0, progress=None) -> list[dict]:
+def run_compare(workloads, *, out: Path, time_limit_s: float = 45.0, progress=None) -> list[dict]:
     say = progress or (lambda msg: None)
     rows = []
     for target in workloads:
