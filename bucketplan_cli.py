@@ -224,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "step time and exposed communication, plots and traces")
     s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
     s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
-    s.add_argument("--time-limit", type=float, default=45.0, help="CP-SAT seconds per objective (default 45)")
+    s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_compare)
 

@@ -230,7 +230,7 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     return paths
 
 
-def run_compare(workloads, *, out: Path, time_limit_s: float = 45.0, progress=None) -> list[dict]:
+def run_compare(workloads, *, out: Path, time_limit_s: float = 30.0, progress=None) -> list[dict]:
     say = progress or (lambda msg: None)
     rows = []
     for target in workloads:
