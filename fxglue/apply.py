@@ -193,15 +193,6 @@ def apply_plan(
     if _has_cycle(graph, extra):  # cannot happen after the contracted check; torch's guard anyway
         raise RuntimeError("apply_plan: torch's cycle check failed after merging (bug: the contracted check passed)")
     _stable_topological_sort(graph, extra)
-    if insert_overlap_deps:
-        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-        from torch._inductor.fx_passes.overlap_preserving_bucketer import is_collective_or_wait
-
-        filtered = {n: OrderedSet(d for d in deps if not (is_collective_or_wait(n) and is_collective_or_wait(d)))
-                    for n, deps in extra.items()}
-        filtered = {n: d for n, d in filtered.items() if d}
-        if filtered:
-            preserve_node_ordering(graph, filtered)
     graph.lint()
 
     # Final order on the real graph: each fully hidden member's hiding nodes between its bucket's
@@ -220,3 +211,15 @@ def apply_plan(
                 if not s < index[by_name[h]] < w:
                     raise RuntimeError(f"apply_plan: bucket {b}: hiding node {h} of {m} ended outside the bucket "
                                        "(bug: the verifier accepted this plan)")
+
+    # Keep that order through inductor, as torch does (after the check: this rewrites nodes).
+    if insert_overlap_deps:
+        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+        from torch._inductor.fx_passes.overlap_preserving_bucketer import is_collective_or_wait
+
+        filtered = {n: OrderedSet(d for d in deps if not (is_collective_or_wait(n) and is_collective_or_wait(d)))
+                    for n, deps in extra.items()}
+        filtered = {n: d for n, d in filtered.items() if d}
+        if filtered:
+            preserve_node_ordering(graph, filtered)
+        graph.lint()

@@ -244,3 +244,15 @@ def test_hiding_node_left_outside_the_bucket_is_rejected():
     a, b = h.names["c0"], h.names["c1"]
     # wait at the first gather's wait: the second gather's hiding mm ends up after the bucket
     assert _rejects(h, plan_for(p, [([a, b], a, a)]), p, 7) == {7}
+
+
+def test_insert_overlap_deps_pins_the_order_with_control_dependencies():
+    h = two_hidden_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    with h.fake_mode:
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, plan_for(p, [([a, b], a, b)]), problem=p,
+                   insert_overlap_deps=True)
+    h.gm.graph.lint()
+    targets = {str(n.target) for n in h.gm.graph.nodes}
+    assert any("control_deps" in t for t in targets), targets
