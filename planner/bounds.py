@@ -33,6 +33,26 @@ def _max_disjoint(intervals: list[tuple[int, int]]) -> int:
     return count
 
 
+def fixed_limits(problem: Problem) -> dict[str, tuple[int, int]]:
+    """Per collective (start name): (position of the last fixed predecessor of its start, position
+    of the first fixed consumer of its wait). Whatever a plan does, its final start lies after the
+    first and its final wait before the second (rule 9): fixed nodes never move."""
+    index = {n.name: i for i, n in enumerate(problem.nodes)}
+    pos = [n.pos for n in problem.nodes]
+    succ: dict[int, list[int]] = {}
+    for i, n in enumerate(problem.nodes):
+        for d in n.deps:
+            succ.setdefault(d, []).append(i)
+    out = {}
+    for c in problem.collectives:
+        s_lo = max((pos[d] for d in problem.nodes[index[c.name]].deps
+                    if problem.nodes[d].kind not in ("start", "wait")), default=-1)
+        w_hi = min((pos[t] for t in succ.get(index[c.wait], []) if problem.nodes[t].kind != "start"),
+                   default=problem.n_scheduled + 1)
+        out[c.name] = (s_lo, w_hi)
+    return out
+
+
 def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool = False) -> float:
     """A lower bound on ``objective`` valid for every feasible plan.
 
@@ -41,10 +61,7 @@ def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool
     """
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
-    succ: dict[int, list[int]] = {}
-    for i, n in enumerate(problem.nodes):
-        for d in n.deps:
-            succ.setdefault(d, []).append(i)
+    limits = fixed_limits(problem)
     protected = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
     groups: dict[tuple, list] = {}
     for c in problem.collectives:
@@ -58,10 +75,7 @@ def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool
             by_cap = math.ceil(sum(c.size_bytes for c in rest) / problem.bucket_cap_bytes)
             starts, waits = [], []
             for c in rest:
-                s_lo = max((pos[d] for d in problem.nodes[index[c.name]].deps
-                            if problem.nodes[d].kind not in ("start", "wait")), default=-1)
-                w_hi = min((pos[s] for s in succ.get(index[c.wait], [])
-                            if problem.nodes[s].kind != "start"), default=problem.n_scheduled + 1)
+                s_lo, w_hi = limits[c.name]
                 guarded = c.status == "hidden" or (protect_partly and c.status == "partly")
                 hp = sorted(pos[index[h]] for h in c.hiding) if guarded else []
                 s_hi = hp[0] if hp else w_hi

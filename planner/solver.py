@@ -15,7 +15,7 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import lower_bound
+from planner.bounds import fixed_limits, lower_bound
 from planner.cpsat import build_model, plan_objective
 from planner.problem import Bucket, Plan, Problem
 from planner.verifier import verify
@@ -197,26 +197,15 @@ def _reanchor(problem: Problem, plan: Plan) -> Plan:
     and break up buckets the verifier still rejects. Never fewer buckets than ``plan``."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
-    succ: dict[int, list[int]] = {}
-    for i, n in enumerate(problem.nodes):
-        for d in n.deps:
-            succ.setdefault(d, []).append(i)
+    limits = fixed_limits(problem)
     colls = {c.name: c for c in problem.collectives}
-
-    def s_lo(c):
-        return max((pos[d] for d in problem.nodes[index[c.name]].deps
-                    if problem.nodes[d].kind not in ("start", "wait")), default=-1)
-
-    def w_hi(c):
-        return min((pos[t] for t in succ.get(index[c.wait], []) if problem.nodes[t].kind != "start"),
-                   default=problem.n_scheduled + 1)
 
     buckets = []
     for b in plan.buckets:
         ms = [colls[m] for m in b.members]
         hiders = [pos[index[h]] for m in ms if m.status == "hidden" for h in m.hiding]
-        lo, hi_s = max(s_lo(m) for m in ms), min(hiders, default=problem.n_scheduled + 1)
-        lo_w, hi_w = max(hiders, default=-1), min(w_hi(m) for m in ms)
+        lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=problem.n_scheduled + 1)
+        lo_w, hi_w = max(hiders, default=-1), min(limits[m.name][1] for m in ms)
         starts = [m for m in sorted(ms, key=lambda m: m.start_pos) if lo < m.start_pos < hi_s]
         waits = [m for m in sorted(ms, key=lambda m: -m.wait_pos) if lo_w < m.wait_pos < hi_w]
         if starts and waits and starts[0].start_pos < waits[0].wait_pos:
