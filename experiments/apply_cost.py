@@ -18,7 +18,6 @@ import sys
 import time
 from pathlib import Path
 
-import planner
 from experiments.common import git_revision, machine
 from fxglue.apply import apply_plan
 from fxglue.cpu_compat import cpu_compat

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from collections import deque
 
-import torch
 import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 

@@ -168,6 +168,9 @@ def run_pipeline(
     plan = None
     solve_result = None
     if isinstance(planner_, str) and planner_ == "greedy":
+        # The search runs twice on purpose: once recorded as a plan (graph untouched), once inside
+        # torch's own finalize, so the applied graph is exactly torch's -- even where its recorded
+        # anchors break rule 9 and apply_plan would refuse them.
         say("running torch's greedy bucket search")
         t0 = time.perf_counter()
         plan = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,

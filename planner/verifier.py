@@ -223,6 +223,8 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
                     out.append(Violation(8, b if b < len(plan.buckets) else None, ms + (c.name,), msg))
 
     # Rule 9: the final order of pinned nodes respects every dependency.
+    wait_owner = {c.wait: c.name for c in problem.collectives}
+
     def final_pos(i: int) -> int:
         n = nodes[i]
         if n.kind == "start" and n.name in start_of:
@@ -233,7 +235,6 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
                 return wait_of[c]
         return n.pos
 
-    wait_owner = {c.wait: c.name for c in problem.collectives}
     fpos = [final_pos(i) for i in range(len(nodes))]
     reported: set[tuple[int, int]] = set()
     for i, n in enumerate(nodes):

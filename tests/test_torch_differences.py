@@ -7,7 +7,6 @@ graph and our verifier on the extracted problem, and asserts the documented diff
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from fxglue.cpu_compat import cpu_compat
