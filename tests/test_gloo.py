@@ -33,3 +33,38 @@ def test_a_one_rank_data_parallel_group_is_refused():
 
     with pytest.raises(WorkloadError, match="data-parallel group of 1"):
         check_workload("llama3-8b-2d-2", ranks=2)
+
+
+def _rank_value(rank, world, fail_on):
+    import torch
+    import torch.distributed as dist
+
+    if rank == fail_on:
+        raise ValueError(f"rank {rank} was told to fail")
+    t = torch.tensor([float(rank + 1)])
+    dist.all_reduce(t)  # a real gloo collective across the ranks
+    return (rank, world, float(t))
+
+
+def test_gloo_world_runs_on_every_rank_and_names_a_failing_one():
+    from fxglue.gloo import GlooWorld, RankError
+
+    with GlooWorld(2) as world:
+        assert world.run(_rank_value, None) == [(0, 2, 3.0), (1, 2, 3.0)]
+        with pytest.raises(RankError, match=r"_rank_value failed on rank 1: ValueError: rank 1 was told to fail"):
+            world.run(_rank_value, 1, timeout_s=20)
+
+
+def test_bitwise_equal_compares_bytes_not_values():
+    import torch
+
+    from fxglue.gloo import bitwise_equal
+
+    nan = torch.tensor([float("nan")])
+    assert bitwise_equal(nan, nan.clone())  # torch.equal says False for NaN
+    assert not bitwise_equal(torch.tensor([0.0]), torch.tensor([-0.0]))  # equal values, different bits
+    assert not bitwise_equal(torch.ones(2), torch.ones(2, dtype=torch.float64))
+    assert not bitwise_equal(torch.ones(2), torch.ones(1, 2))
+    x = torch.randn(4, 4).to(torch.bfloat16)
+    assert bitwise_equal(x.t(), x.t().contiguous())
+    assert bitwise_equal(torch.tensor(1.5), torch.tensor(1.5)) and not bitwise_equal(torch.tensor(1.5), torch.tensor(2.5))
