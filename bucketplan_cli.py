@@ -232,7 +232,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("workload")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload")
-    g.add_argument("--planner", choices=["greedy", "greedy-repaired", "cpsat", "none"], default="greedy")
+    g.add_argument("--planner", choices=["greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none"],
+                   default="greedy", help="greedy: torch's own greedy, applied by torch; greedy-autofix: the same "
+                   "with torch's overlap_scheduling_autofix_cycles on; greedy-repaired: torch's greedy plan "
+                   "repaired and applied by bucketplan; cpsat; none: torch's schedule, nothing merged")
     s.add_argument("--ranks", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--pre-bucketing", action="store_true")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-PLANNERS = ("greedy", "greedy-repaired", "cpsat", "none")
+PLANNERS = ("greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none")
 
 
 @dataclass
@@ -85,10 +85,15 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     problem = extract_problem(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
                               estimator=est)
     result.problem_fingerprint = problem.fingerprint
-    if planner_name == "greedy":
-        with cpu_compat(est), fake_mode:
+    if planner_name in ("greedy", "greedy-autofix"):
+        import torch._inductor.config as inductor_config
+
+        # greedy-autofix: torch's own escape hatch for its cycle error (it drops the cyclic
+        # extra dependencies it added); torch's greedy on llama3-8b-ddp-2 needs it
+        autofix = {"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": planner_name != "greedy"}
+        with cpu_compat(est), fake_mode, inductor_config.patch(autofix):
             finalize_with_torch(inputs)
-        result.plan_fingerprint = "torch-greedy"
+        result.plan_fingerprint = f"torch-{planner_name}"
         return gm
     if planner_name == "none":
         with cpu_compat(est), fake_mode:
