@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+SUM_ORDER_EPS_PER_RANK = 8  # see CheckResult.sum_order_tolerance
 PLANNERS = ("greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none")
 
 
@@ -30,6 +31,7 @@ class RankResult:
     rank: int
     bitwise_equal: bool = False
     max_abs_diff: float = float("nan")
+    max_rel_diff: float = float("nan")  # per output, max |diff| / max |reference|; the largest
     outputs: int = 0
     collectives_before: int = 0
     collectives_after: int = 0
@@ -47,18 +49,36 @@ class CheckResult:
     bucket_mode: str | None
     pre_bucketing: bool
     per_rank: list[RankResult] = field(default_factory=list)
+    # Sums over more than two ranks: gloo's ring all_reduce cuts its buffer into chunks by size,
+    # so a merged buffer sums each element in another order, and the bits may differ. Measured
+    # with plain dist.all_reduce, no FX at all: two tensors reduced separately vs concatenated
+    # are bitwise equal on 2 ranks and differ by up to 9.5e-7 (values ~1) on 3 and 4 ranks. For
+    # such groups the check accepts a difference within this many float32 epsilons per extra
+    # rank, relative to the output's largest magnitude; all_gather-only and 2-rank groups must
+    # stay bitwise equal.
+    sum_order_tolerance: float | None = None
 
     @property
     def ok(self) -> bool:
         same_plan = len({r.plan_fingerprint for r in self.per_rank}) == 1
-        return bool(self.per_rank) and same_plan and all(r.bitwise_equal and not r.error for r in self.per_rank)
+        return bool(self.per_rank) and same_plan and all(self._rank_ok(r) for r in self.per_rank)
+
+    def _rank_ok(self, r: RankResult) -> bool:
+        if r.error:
+            return False
+        return r.bitwise_equal or (self.sum_order_tolerance is not None and r.max_rel_diff <= self.sum_order_tolerance)
+
+    @property
+    def bitwise(self) -> bool:
+        return self.ok and all(r.bitwise_equal for r in self.per_rank)
 
     def summary(self) -> str:
         lines = [f"{self.workload}: {self.ranks} ranks, planner {self.planner}, bucket mode "
                  f"{self.bucket_mode or 'default'}, pre-bucketing {'on' if self.pre_bucketing else 'off'}"]
         for r in self.per_rank:
             state = f"error: {r.error}" if r.error else (
-                f"{'bitwise equal' if r.bitwise_equal else 'DIFFERENT'} (max |diff| {r.max_abs_diff:.3g}) over "
+                f"{'bitwise equal' if r.bitwise_equal else 'within the sum-order tolerance' if self._rank_ok(r) else 'DIFFERENT'}"
+                f" (max |diff| {r.max_abs_diff:.3g}, relative {r.max_rel_diff:.3g}) over "
                 f"{r.outputs} outputs, collectives {r.collectives_before} -> {r.collectives_after}")
             lines.append(f"  rank {r.rank}: {state} [{r.seconds:.1f}s]")
         lines.append("OK" if self.ok else "FAILED")
@@ -102,16 +122,25 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
         return gm
     if plan_path:
         plan = planner.load_plan(plan_path)
-    elif planner_name == "greedy-repaired":
-        plan = greedy_plan(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
-                           problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs)
-        plan = repair(problem, plan, time_limit_s=10, workers=1).plan or plan
-    elif planner_name == "cpsat":
-        plan = solve(problem, time_limit_s=10, workers=1, seed=0).plan  # deterministic: same on every rank
+    elif planner_name in ("greedy-repaired", "cpsat"):
+        # Rank 0 plans and sends the buckets (by node names) to every rank: a solver cut by the
+        # wall clock on a busy machine need not give every rank the same plan. Ranks of other
+        # groups have other problems (group names differ), so each rank re-fingerprints the
+        # buckets for its own problem, and apply_plan verifies them against it.
+        box = [None]
+        if dist.get_rank() == 0:
+            greedy = greedy_plan(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
+                                 problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs)
+            if planner_name == "greedy-repaired":
+                plan = repair(problem, greedy, time_limit_s=10, workers=1).plan or greedy
+            else:
+                plan = solve(problem, time_limit_s=20, workers=1, seed=0, hint=greedy).plan
+            box[0] = [(b.members, b.start, b.wait) for b in plan.buckets]
+        dist.broadcast_object_list(box, src=0)
+        plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner=planner_name, created="check",
+                            buckets=tuple(planner.Bucket(members=m, start=s, wait=w) for m, s, w in box[0]))
     else:
         raise ValueError(f"unknown planner {planner_name!r}; use one of {PLANNERS}")
-    # the buckets, by node names: ranks of different groups have different problems (group
-    # names differ) but must bucket the same collectives the same way
     result.plan_fingerprint = repr([(b.members, b.start, b.wait) for b in plan.buckets])
     with fake_mode:
         apply_plan(gm.graph, inputs.collective_info, inputs.scheduled, plan, bucket_mode=bucket_mode,
@@ -153,6 +182,8 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     result.outputs = len(reference)
     result.bitwise_equal = all(bitwise_equal(a, b) for a, b in zip(reference, out))
     result.max_abs_diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference, out))
+    result.max_rel_diff = max(float((a.float() - b.float()).abs().max() / a.float().abs().max().clamp_min(1e-30))
+                              for a, b in zip(reference, out))
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -274,6 +305,8 @@ def check_workload(workload: str, *, ranks: int = 2, planner: str = "greedy", pl
     spec = {"workload": workload, "planner": "plan" if plan else planner, "plan": plan,
             "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed}
     result = CheckResult(workload, ranks, spec["planner"], bucket_mode, pre_bucketing)
+    if dp > 2:  # see CheckResult.sum_order_tolerance
+        result.sum_order_tolerance = SUM_ORDER_EPS_PER_RANK * (dp - 1) * torch.finfo(torch.float32).eps
     with GlooWorld(ranks) as world:
         try:
             result.per_rank = world.run(_check_rank, spec, timeout_s=timeout_s)

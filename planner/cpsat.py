@@ -404,7 +404,7 @@ class TimeTerms:
 
 
 def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str,
-                   lower_bound: float | None):
+                   lower_bound: float | None, max_count: int | None = None):
     """count: fewest buckets. time: least total exposed communication in µs under the α-β model
     (see ``TimeTerms``), then fewest buckets (lexicographic: exposure x (n+1) + count).
     A known valid lower bound (planner.bounds) is stated to the solver: it prunes, never cuts."""
@@ -433,18 +433,22 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
     if lower_bound is not None:
         m.add(expr >= int(lower_bound))
+    if max_count is not None:  # a probe: is there a plan with at most this many collectives?
+        m.add(count <= max_count)
     m.minimize(expr)
 
 
 def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
                 within: Plan | None = None, lower_bound: float | None = None,
-                protect_partly: bool = False, memory_budget_bytes: int | None = None) -> ModelHandle:
+                protect_partly: bool = False, memory_budget_bytes: int | None = None,
+                max_count: int | None = None) -> ModelHandle:
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
     repair of torch's greedy plan). ``protect_partly``: rules 7 and 8 protect partly hidden
     collectives too (as torch's search does inside a bucket), not only fully hidden ones.
     ``memory_budget_bytes``: extra bytes kept alive by moved starts and waits stay within it.
+    ``max_count``: only plans leaving at most that many collectives (used to probe a bound).
     """
     colls = _prepare(problem, protect_partly)
     m = cp_model.CpModel()
@@ -457,7 +461,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
     if memory_budget_bytes is not None:
         counts["rule10_memory"] = _add_memory_budget(m, v, colls, memory_budget_bytes)
-    _set_objective(m, v, colls, problem, objective, lower_bound if within is None else None)
+    _set_objective(m, v, colls, problem, objective, lower_bound if within is None else None, max_count)
     stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}
     return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)
 
