@@ -82,7 +82,48 @@ def render(rows: list[dict], sources: list[str]) -> str:
             f"{_f(r['base_exposed_ms'])} / {_f(r['greedy_exposed_ms'])} / {_f(r.get('cpsat_exposed_ms'))}",
             _f(r.get("greedy_s"), 2), _f(r.get("cpsat_s"), 1)]) + " |")
     lines += ["", "## Runs", ""] + sources + ["", "## Reading", ""] + reading(rows)
+    lines += first_plan_section() + gloo_section()
     return "\n".join(lines) + "\n"
+
+
+def first_plan_section() -> list[str]:
+    """CP-SAT alone within torch greedy's wall time (``experiments.first_plan`` output)."""
+    recs = [json.loads(line) for run in RUNS if (run / "first_plan.jsonl").exists()
+            for line in (run / "first_plan.jsonl").read_text().splitlines()]
+    if not recs:
+        return []
+    out = ["", "## CP-SAT alone within torch greedy's own wall time", "",
+           "`python -m experiments.first_plan --runs <folder>`: no hint, time limit = torch's greedy search wall "
+           "time in the same run (model building included). *reached greedy*: seconds until the incumbent first "
+           "had no more collectives than greedy.", "",
+           "| workload | pre-bucketing | budget s | torch greedy | CP-SAT | no worse | reached greedy s | status |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in recs:
+        out.append(f"| {r['workload']} | {'on' if r['pre_bucketing'] else 'off'} | {r['budget_s']:.1f} | "
+                   f"{r['greedy_after']} | {_f(r['cpsat_after'])} | {'yes' if r['no_worse_than_greedy'] else 'NO'} | "
+                   f"{_f(r['reached_greedy_s'])} | {r['status']} |")
+    return out
+
+
+def gloo_section() -> list[str]:
+    """Bucketed vs original on gloo (``experiments.gloo_matrix`` output), summarized."""
+    path = ROOT / "results" / "gloo_matrix" / "rows.jsonl"
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    out = ["", "## Bucketed graphs on gloo", "",
+           "`python -m experiments.gloo_matrix` (details in `results/gloo_matrix/table.md`): runs ok / bitwise "
+           "equal / total, per workload, ranks and planner, over the bucket modes.", "",
+           "| workload | ranks | planner | ok | bitwise | runs | max rel diff |", "|---|---|---|---|---|---|---|"]
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["workload"], r["ranks"], r["planner"]), []).append(r)
+    for (w, n, planner), rs in groups.items():
+        rel = max((r["max_rel_diff"] for r in rs if isinstance(r.get("max_rel_diff"), float)
+                   and r["max_rel_diff"] == r["max_rel_diff"]), default=None)
+        out.append(f"| {w} | {n} | {planner} | {sum(r['ok'] for r in rs)} | {sum(bool(r.get('bitwise')) for r in rs)} "
+                   f"| {len(rs)} | {'' if rel is None else f'{rel:.2g}'} |")
+    return out
 
 
 def reading(rows: list[dict]) -> list[str]:
