@@ -2,10 +2,9 @@
 
     python -m experiments.gloo_matrix [--out experiments/results/gloo_matrix]
 
-Runs ``fxglue.gloo.check_workload`` (what ``bucketplan check`` runs) on the FSDP and DDP
-workloads with 2 and 4 ranks and the 2-D workload with 4 ranks (2 data-parallel x 2
-tensor-parallel; with 2 ranks its data-parallel group would have one rank, which ``check``
-refuses), for torch's greedy (applied by torch itself), its repair applied with our
+Runs ``fxglue.gloo.check_workload`` (what ``bucketplan check`` runs) on the FSDP, DDP and 2-D
+workloads with 2 and 4 ranks (2-D: FSDP over 2 x TP over 2 on 4 ranks, FSDP over 2 x TP over 1
+on 2 ranks), for torch's greedy (applied by torch itself), its repair applied with our
 ``apply_plan``, and CP-SAT, in every bucket mode torch has. On DDP, where torch's greedy stops
 at its own cycle check, torch's greedy also runs with torch's ``autofix_cycles`` escape hatch. Rows are appended to ``rows.jsonl``
 as they finish (a rerun resumes) and ``table.md`` is rewritten each time.
@@ -23,7 +22,7 @@ from experiments.common import git_revision, machine
 from fxglue.gloo import check_workload
 
 MODES = ("default", "custom_ops", "custom_ops_multidtype", "coalesced")
-RUNS = [(w, r) for w in ("llama3-8b-fsdp-2", "llama3-8b-ddp-2") for r in (2, 4)] + [("llama3-8b-2d-2", 4)]
+RUNS = [(w, r) for w in ("llama3-8b-fsdp-2", "llama3-8b-ddp-2", "llama3-8b-2d-2") for r in (2, 4)]
 PLANNERS = ("greedy", "cpsat", "greedy-repaired")
 REVISION = git_revision()
 

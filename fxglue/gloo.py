@@ -157,7 +157,7 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     from fxglue.workloads import get_workload, mesh_groups, trace_step
 
     wl = get_workload(spec["workload"], small=True)
-    groups = mesh_groups(wl.style, world, tp_size=2 if wl.style == "2d" else 1)
+    groups = mesh_groups(wl.style, world, tp_size=spec.get("tp_size", 1))
     dp_rank = rank // groups.tp_size
     torch.manual_seed(spec["seed"])  # identical full parameters on every rank
     module, inputs, loss_fn = wl.build(groups)
@@ -292,7 +292,10 @@ def check_workload(workload: str, *, ranks: int = 2, planner: str = "greedy", pl
     from fxglue.workloads import WorkloadError
 
     wl = get_workload(workload)  # a clear error for an unknown name before spawning anything
-    dp = ranks // (2 if wl.style == "2d" else 1)
+    # 2-D: FSDP x TP over 2 from 4 ranks; on 2 ranks FSDP over 2 x TP over 1 (the same graph, its
+    # TP all_reduces on one-rank groups), since a one-rank data-parallel group is refused below
+    tp = 2 if wl.style == "2d" and ranks >= 4 and ranks % 2 == 0 else 1
+    dp = ranks // tp
     if ranks < 2 or dp < 2:
         # measured: with a one-rank data-parallel group, merged all_gathers of the FSDP workload
         # are not equal to the unmerged ones (llama3-8b-fsdp-2 on 1 rank: torch greedy max |diff|
@@ -300,10 +303,9 @@ def check_workload(workload: str, *, ranks: int = 2, planner: str = "greedy", pl
         # reordering alone, DDP's all_reduce buckets and a two-member all_gather bucket of
         # handmade tensors up to 4096x64 are exact there. Not minimized further; such a group is
         # no FSDP anyway, so it is refused rather than reported as a difference
-        raise WorkloadError(f"{workload}: {ranks} rank(s) leave a data-parallel group of {dp}; use at least "
-                            f"{4 if wl.style == '2d' else 2} ranks")
+        raise WorkloadError(f"{workload}: {ranks} rank(s) leave a data-parallel group of {dp}; use at least 2 ranks")
     spec = {"workload": workload, "planner": "plan" if plan else planner, "plan": plan,
-            "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed}
+            "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed, "tp_size": tp}
     result = CheckResult(workload, ranks, spec["planner"], bucket_mode, pre_bucketing)
     if dp > 2:  # see CheckResult.sum_order_tolerance
         result.sum_order_tolerance = SUM_ORDER_EPS_PER_RANK * (dp - 1) * torch.finfo(torch.float32).eps

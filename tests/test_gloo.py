@@ -32,7 +32,7 @@ def test_a_one_rank_data_parallel_group_is_refused():
     from fxglue.workloads import WorkloadError
 
     with pytest.raises(WorkloadError, match="data-parallel group of 1"):
-        check_workload("llama3-8b-2d-2", ranks=2)
+        check_workload("llama3-8b-fsdp-2", ranks=1)
 
 
 def _rank_value(rank, world, fail_on):
