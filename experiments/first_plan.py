@@ -49,7 +49,7 @@ def main() -> None:
     rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
     out_path = folder / "first_plan.jsonl"
     done = [json.loads(line) for line in out_path.read_text().splitlines()] if out_path.exists() else []
-    for row in rows:
+    for row in sorted(rows, key=lambda r: r["greedy_s"]):  # shortest budgets first
         if any(d["workload"] == row["workload"] and d["pre_bucketing"] == row["pre_bucketing"] for d in done):
             continue
         print(f"{row['workload']} pre={row['pre_bucketing']} budget {row['greedy_s']}s ...", file=sys.stderr, flush=True)
