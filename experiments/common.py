@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
+from pathlib import Path
 
 
 def git_revision() -> str:
@@ -23,3 +25,38 @@ def machine() -> dict:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "cpus": os.cpu_count(),
             "platform": platform.platform()}
+
+
+def load_gz(path, model):
+    """A gzipped Problem or Plan saved by ``save_gz`` (validated like any other input)."""
+    import gzip
+
+    return model.model_validate_json(gzip.decompress(Path(path).read_bytes()))
+
+
+def save_gz(obj, path) -> None:
+    import gzip
+
+    import planner
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(planner.io.dumps(obj).encode()))
+
+
+def read_rows(path) -> list[dict]:
+    """The rows of a ``rows.jsonl`` written by ``append_row`` (none if it does not exist yet)."""
+    path = Path(path)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def append_row(path, row: dict) -> None:
+    """One finished row, appended at once: an interrupted run keeps what it finished and resumes."""
+    with Path(path).open("a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def markdown_table(cols: list[str], rows: list[dict]) -> list[str]:
+    """Header, rule and one line per row (missing cells empty)."""
+    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+            + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows])

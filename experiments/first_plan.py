@@ -13,12 +13,11 @@ Writes ``first_plan.jsonl`` and ``first_plan.md`` into that folder (a rerun resu
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
 
-from experiments.common import git_revision, machine
+from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
 from planner.problem import Problem
 from planner.solver import solve
 
@@ -27,7 +26,7 @@ REVISION = git_revision()
 
 def run_one(row: dict, folder: Path) -> dict:
     tag = f"{row['workload']}{'-pre' if row['pre_bucketing'] else ''}"
-    problem = Problem.model_validate_json(gzip.decompress((folder / tag / "problem.json.gz").read_bytes()))
+    problem = load_gz(folder / tag / "problem.json.gz", Problem)
     greedy = row["greedy_after"]
     budget = float(row["greedy_s"])
     result = solve(problem, time_limit_s=budget, hint=None, workers=2, seed=0,
@@ -46,17 +45,16 @@ def main() -> None:
     ap.add_argument("--runs", required=True, help="a greedy_vs_cpsat result folder")
     args = ap.parse_args()
     folder = Path(args.runs)
-    rows = [json.loads(line) for line in (folder / "rows.jsonl").read_text().splitlines()]
+    rows = read_rows(folder / "rows.jsonl")
     out_path = folder / "first_plan.jsonl"
-    done = [json.loads(line) for line in out_path.read_text().splitlines()] if out_path.exists() else []
+    done = read_rows(out_path)
     for row in sorted(rows, key=lambda r: r["greedy_s"]):  # shortest budgets first
         if any(d["workload"] == row["workload"] and d["pre_bucketing"] == row["pre_bucketing"] for d in done):
             continue
         print(f"{row['workload']} pre={row['pre_bucketing']} budget {row['greedy_s']}s ...", file=sys.stderr, flush=True)
         rec = run_one(row, folder)
         done.append(rec)
-        with out_path.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+        append_row(out_path, rec)
         cols = ["workload", "pre_bucketing", "collectives", "greedy_after", "greedy_repaired_after", "budget_s",
                 "cpsat_after", "no_worse_than_greedy", "status", "bound", "first_incumbent_s", "reached_greedy_s",
                 "build_s", "wall_s"]
@@ -65,9 +63,7 @@ def main() -> None:
                  f"Git revision: `{REVISION}`; machine: {json.dumps(machine())}  ",
                  "`budget_s` = torch's greedy search wall time in the run that made the problem (same machine); "
                  "CP-SAT gets exactly that (model building included), count objective, 2 workers, seed 0, "
-                 "no hint. Times in seconds from the start of `solve`.", "",
-                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-        lines += ["| " + " | ".join(str(d.get(c, "")) for c in cols) + " |" for d in done]
+                 "no hint. Times in seconds from the start of `solve`.", "", *markdown_table(cols, done)]
         (folder / "first_plan.md").write_text("\n".join(lines) + "\n")
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from experiments.common import git_revision, machine
+from experiments.common import append_row, git_revision, machine, markdown_table, read_rows
 from fxglue.gloo import check_workload
 
 MODES = ("default", "custom_ops", "custom_ops_multidtype", "coalesced")
@@ -53,10 +53,8 @@ def write_table(rows: list[dict], out: Path) -> None:
              "within `tolerance` relative to the output's largest magnitude (gloo sums a merged buffer in "
              "another order; see `fxglue.gloo.CheckResult`), and every rank applied the same buckets. "
              "`collectives` is before -> after on rank 0. Torch's plain greedy stops at its own cycle check on "
-             "DDP (the error is in `rows.jsonl`); `greedy-autofix` is torch's escape hatch for it.", "", f"**{ok} of {len(rows)} runs ok, {bitwise} of them bitwise equal.**", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+             "DDP (the error is in `rows.jsonl`); `greedy-autofix` is torch's escape hatch for it.", "",
+             f"**{ok} of {len(rows)} runs ok, {bitwise} of them bitwise equal.**", "", *markdown_table(cols, rows)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 
 
@@ -67,7 +65,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
+    rows = read_rows(rows_path)
     done = {(r["workload"], r["ranks"], r["planner"], r["bucket_mode"]) for r in rows}
     todo = [c for c in cases() if c not in done]
     for k, (workload, ranks, planner, mode) in enumerate(todo, 1):
@@ -83,8 +81,7 @@ def main() -> None:
                "wall_s": round(time.perf_counter() - t0, 1), "errors": [r.error for r in res.per_rank if r.error],
                "revision": REVISION}
         rows.append(row)
-        with rows_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_row(rows_path, row)
         write_table(rows, out)
         print(res.summary(), file=sys.stderr, flush=True)
 

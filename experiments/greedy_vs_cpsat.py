@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import gzip
 import json
 import sys
 import time
@@ -26,7 +25,7 @@ from pathlib import Path
 import planner
 from collections import Counter
 
-from experiments.common import git_revision, machine
+from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
 from fxglue.apply import apply_plan
 from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
@@ -34,11 +33,6 @@ from fxglue.pipeline import count_collectives, estimator_for, schedule
 from fxglue.workloads import trace
 from planner.solver import repair, solve
 from planner.verifier import check
-
-
-def _save(obj, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(planner.io.dumps(obj).encode()))
 
 
 def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
@@ -69,15 +63,15 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     g_report = check(problem, greedy)
     row["greedy_violations"] = g_report.by_rule()
     tag = f"{name}{'-pre' if pre else ''}"
-    _save(problem, out / tag / "problem.json.gz")
-    _save(greedy, out / tag / "greedy-plan.json.gz")
+    save_gz(problem, out / tag / "problem.json.gz")
+    save_gz(greedy, out / tag / "greedy-plan.json.gz")
     hint = greedy
     if not g_report.feasible:
         rep = repair(problem, greedy, time_limit_s=30)
         row["greedy_repaired_after"] = rep.objective
         if rep.plan is not None:
             hint = rep.plan
-            _save(rep.plan, out / tag / "greedy-repaired-plan.json.gz")
+            save_gz(rep.plan, out / tag / "greedy-repaired-plan.json.gz")
     else:
         row["greedy_repaired_after"] = row["greedy_after"]
 
@@ -87,7 +81,7 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
                bound_scope=result.stats.get("bound_scope"),
                model_x_vars=result.stats.get("x_vars"), model_stream_clauses=result.stats.get("rule8_stream"))
     if result.plan is not None:
-        _save(result.plan, out / tag / "cpsat-plan.json.gz")
+        save_gz(result.plan, out / tag / "cpsat-plan.json.gz")
         q = check(problem, result.plan)
         row["cpsat_feasible"] = q.feasible
         row["hidden_kept"] = f"{q.quality.hidden_kept}/{q.quality.hidden_relations}"
@@ -114,10 +108,7 @@ def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
              f"Command: `python -m experiments.greedy_vs_cpsat {' '.join(argv)}`  ",
              f"Git revision: `{REVISION}`; machine: {json.dumps(machine())}  ",
              "CP-SAT: count objective, 2 workers, seed 0, torch's greedy (or its repair) as hint. "
-             "Times are wall seconds on this machine, one run.", "",
-             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
+             "Times are wall seconds on this machine, one run.", "", *markdown_table(cols, rows)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     # the extraction view of the same runs (problem sizes and the wall time of each step)
     cols = ["workload", "pre_bucketing", "nodes", "pinned_nodes", "dependency_edges", "by_kind_pg",
@@ -143,7 +134,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows_path = out / "rows.jsonl"
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines()] if rows_path.exists() else []
+    rows = read_rows(rows_path)
     pres = {"both": [False, True], "off": [False], "on": [True]}[args.pre]
     for name in args.workloads:
         for pre in pres:
@@ -152,8 +143,7 @@ def main() -> None:
             print(f"{name} pre_bucketing={pre} ...", file=sys.stderr, flush=True)
             row = run_one(name, pre, args.time_limit, window, out)
             rows.append(row)
-            with rows_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
+            append_row(rows_path, row)
             print(json.dumps(row), file=sys.stderr, flush=True)
             write_table(rows, out, sys.argv[1:])
             gc.collect()

@@ -10,19 +10,15 @@ the runs, and a reading computed from the numbers themselves.
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
+from experiments.common import load_gz, read_rows
 from planner.problem import Plan, Problem
 from planner.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent
 RUNS = sorted((ROOT / "results").glob("greedy_vs_cpsat_*"))
-
-
-def _load(path: Path, model):
-    return model.model_validate_json(gzip.decompress(path.read_bytes()))
 
 
 def collect() -> tuple[list[dict], list[str]]:
@@ -33,17 +29,16 @@ def collect() -> tuple[list[dict], list[str]]:
             continue
         table = (run / "table.md").read_text().splitlines()
         sources.append(f"- `{run.relative_to(ROOT.parent)}`: " + " ".join(line for line in table[2:4]))
-        for line in rows_path.read_text().splitlines():
-            r = json.loads(line)
+        for r in read_rows(rows_path):
             tag = r["workload"] + ("-pre" if r["pre_bucketing"] else "")
             d = run / tag
-            problem = _load(d / "problem.json.gz", Problem)
+            problem = load_gz(d / "problem.json.gz", Problem)
             greedy_file = d / ("greedy-repaired-plan.json.gz" if (d / "greedy-repaired-plan.json.gz").exists()
                                else "greedy-plan.json.gz")
-            greedy = simulate(problem, _load(greedy_file, Plan))
+            greedy = simulate(problem, load_gz(greedy_file, Plan))
             r["greedy_step_ms"], r["greedy_exposed_ms"] = greedy.step_ms, greedy.exposed_ms
             if (d / "cpsat-plan.json.gz").exists():
-                sim = simulate(problem, _load(d / "cpsat-plan.json.gz", Plan))
+                sim = simulate(problem, load_gz(d / "cpsat-plan.json.gz", Plan))
                 r["cpsat_step_ms"], r["cpsat_exposed_ms"] = sim.step_ms, sim.exposed_ms
             base = simulate(problem, None)
             r["base_step_ms"], r["base_exposed_ms"] = base.step_ms, base.exposed_ms
@@ -82,19 +77,15 @@ def render(rows: list[dict], sources: list[str]) -> str:
             f"{_f(r['base_exposed_ms'])} / {_f(r['greedy_exposed_ms'])} / {_f(r.get('cpsat_exposed_ms'))}",
             _f(r.get("greedy_s"), 2), _f(r.get("cpsat_s"), 1)]) + " |")
     lines += ["", "## Runs", ""] + sources + ["", "## Reading", ""] + reading(rows)
-    lines += first_plan_section() + gloo_section()
+    lines += first_plan_section(rows) + gloo_section()
     return "\n".join(lines) + "\n"
 
 
-def first_plan_section() -> list[str]:
-    """CP-SAT alone within torch greedy's wall time (``experiments.first_plan`` output)."""
-    recs, hinted = [], {}
-    for run in RUNS:
-        if (run / "first_plan.jsonl").exists():
-            recs += [json.loads(line) for line in (run / "first_plan.jsonl").read_text().splitlines()]
-            for line in (run / "rows.jsonl").read_text().splitlines():
-                r = json.loads(line)
-                hinted[r["workload"], r["pre_bucketing"]] = r.get("cpsat_after")
+def first_plan_section(rows: list[dict]) -> list[str]:
+    """CP-SAT alone within torch greedy's wall time (``experiments.first_plan`` output), beside
+    the hinted result of the same problem (``rows``: workload names differ between runs)."""
+    recs = [rec for run in RUNS for rec in read_rows(run / "first_plan.jsonl")]
+    hinted = {(r["workload"], r["pre_bucketing"]): r.get("cpsat_after") for r in rows}
     if not recs:
         return []
     out = ["", "## CP-SAT alone within torch greedy's own wall time", "",
@@ -119,10 +110,9 @@ def first_plan_section() -> list[str]:
 
 def gloo_section() -> list[str]:
     """Bucketed vs original on gloo (``experiments.gloo_matrix`` output), summarized."""
-    path = ROOT / "results" / "gloo_matrix" / "rows.jsonl"
-    if not path.exists():
+    rows = read_rows(ROOT / "results" / "gloo_matrix" / "rows.jsonl")
+    if not rows:
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
     out = ["", "## Bucketed graphs on gloo", "",
            "`python -m experiments.gloo_matrix` (details in `results/gloo_matrix/table.md`): runs ok / bitwise "
            "equal / total, per workload, ranks and planner, over the bucket modes.", "",
