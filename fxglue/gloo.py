@@ -132,13 +132,11 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
             greedy = greedy_plan(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
                                  problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs)
             if planner_name == "greedy-repaired":
-                plan = repair(problem, greedy, time_limit_s=10, workers=1).plan or greedy
+                box[0] = repair(problem, greedy, time_limit_s=10, workers=1).plan or greedy
             else:
-                plan = solve(problem, time_limit_s=20, workers=1, seed=0, hint=greedy).plan
-            box[0] = [(b.members, b.start, b.wait) for b in plan.buckets]
+                box[0] = solve(problem, time_limit_s=20, workers=1, seed=0, hint=greedy).plan
         dist.broadcast_object_list(box, src=0)
-        plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner=planner_name, created="check",
-                            buckets=tuple(planner.Bucket(members=m, start=s, wait=w) for m, s, w in box[0]))
+        plan = box[0].model_copy(update={"problem_fingerprint": problem.fingerprint})
     else:
         raise ValueError(f"unknown planner {planner_name!r}; use one of {PLANNERS}")
     result.plan_fingerprint = repr([(b.members, b.start, b.wait) for b in plan.buckets])
@@ -181,9 +179,9 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
         out = bucketed(*args)
     result.outputs = len(reference)
     result.bitwise_equal = all(bitwise_equal(a, b) for a, b in zip(reference, out))
-    result.max_abs_diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(reference, out))
-    result.max_rel_diff = max(float((a.float() - b.float()).abs().max() / a.float().abs().max().clamp_min(1e-30))
-                              for a, b in zip(reference, out))
+    diffs = [(float((a.float() - b.float()).abs().max()), float(a.float().abs().max())) for a, b in zip(reference, out)]
+    result.max_abs_diff = max(d for d, _ in diffs)
+    result.max_rel_diff = max(d / max(scale, 1e-30) for d, scale in diffs)
     result.seconds = time.perf_counter() - t0
     return result
 

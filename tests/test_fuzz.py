@@ -94,28 +94,32 @@ def programs(draw, max_ops: int = 16):
 
 
 def _groups(n: int) -> list[str]:
+    """The world group and two more over every rank: on torch's fake process group (8 ranks) in
+    the test process, on the real one in a gloo rank (new_group is collective: every rank makes
+    them in the same order, once)."""
     import torch.distributed as dist
 
     from fxglue.workloads import ensure_fake_world
 
-    ensure_fake_world()
-    names = [dist.group.WORLD.group_name]
-    global _EXTRA_GROUPS
+    if not dist.is_initialized():
+        ensure_fake_world()
     while len(_EXTRA_GROUPS) < 2:
-        _EXTRA_GROUPS.append(dist.new_group(list(range(8))).group_name)
-    return (names + _EXTRA_GROUPS)[:n]
+        _EXTRA_GROUPS.append(dist.new_group(list(range(dist.get_world_size()))).group_name)
+    return ([dist.group.WORLD.group_name] + _EXTRA_GROUPS)[:n]
 
 
 _EXTRA_GROUPS: list[str] = []
 
 
-def build(program: Program, groups: list[str] | None = None, group_size: int = 8):
+def build(program: Program):
     """Trace the program; returns (gm, collective_info, scheduled, fake_mode).
 
-    By default on the fake process group (8 ranks); a gloo rank passes its own groups and size.
-    Shapes stay (64, 64) for every value whatever the group size."""
-    groups = groups or _groups(3)
-    n = group_size
+    On the process group of this process: the fake one (8 ranks) or a gloo rank's. Shapes stay
+    (64, 64) for every value whatever the group size."""
+    import torch.distributed as dist
+
+    groups = _groups(3)
+    n = dist.get_world_size()
 
     def fn(*xs):
         vals = list(xs)
@@ -161,48 +165,33 @@ def _apply_and_check(program: Program, plan: planner.Plan, problem: planner.Prob
 
 # ---- real execution on gloo ranks -------------------------------------------------------
 
-_RANK_GROUPS: list[str] = []
+def run_on_rank(rank: int, world: int, program: Program, plans: list[planner.Plan]) -> dict[str, str]:
+    """Run ``program`` unbucketed and bucketed with each plan on this gloo rank.
 
-
-def _rank_groups(rank: int, world: int) -> list[str]:
-    """The world group and two more over every rank, made once per rank process (new_group is
-    collective: every rank runs this in the same order)."""
-    import torch.distributed as dist
-
-    if not _RANK_GROUPS:
-        _RANK_GROUPS.append(dist.group.WORLD.group_name)
-        _RANK_GROUPS.extend(dist.new_group(list(range(world))).group_name for _ in range(2))
-    return list(_RANK_GROUPS)
-
-
-def run_on_rank(rank: int, world: int, program: Program, plans: list[tuple[str, tuple]]) -> dict[str, str]:
-    """Run ``program`` unbucketed and bucketed with each plan's buckets on this gloo rank.
-
-    Returns, per plan label, "" when every output is bitwise equal, else what differed. Each
-    plan is re-fingerprinted for this rank's problem (group names differ from the fake ones;
-    the buckets, by node names, are the same) and verified again by ``apply_plan``."""
+    Returns, per plan's planner, "" when every output is bitwise equal, else what differed. The
+    plans were made for the fake process group's problem; here group names differ, so each plan is
+    re-fingerprinted for this rank's problem (the buckets, by node names, are the same) and
+    verified again by ``apply_plan``."""
     from fxglue.extract import extract_problem
     from fxglue.gloo import bitwise_equal
 
-    groups = _rank_groups(rank, world)
-    gm, info, sched, _ = build(program, groups, world)
+    gm, info, sched, _ = build(program)
+    problem = extract_problem(gm.graph, info, sched, estimator=Estimator())  # same for every fresh trace
     gen = torch.Generator().manual_seed(100 + rank)  # data differs across ranks
     args = [(0.25 * torch.randn(64, 64, generator=gen)).to(torch.bfloat16) for _ in range(program.n_inputs)]
     with torch.no_grad():
         reference = gm(*args)
     report = {}
-    for label, buckets in plans:
-        gm2, info2, sched2, fm2 = build(program, groups, world)
-        problem = extract_problem(gm2.graph, info2, sched2, estimator=Estimator())
-        plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner=label, created="fuzz",
-                            buckets=buckets)
+    for plan in plans:
+        gm2, info2, sched2, fm2 = build(program)
         with fm2:
-            apply_plan(gm2.graph, info2, sched2, plan, problem=problem)
+            apply_plan(gm2.graph, info2, sched2, plan.model_copy(update={"problem_fingerprint": problem.fingerprint}),
+                       problem=problem)
         gm2.recompile()
         with torch.no_grad():
             out = gm2(*args)
         diffs = [k for k, (a, b) in enumerate(zip(reference, out)) if not bitwise_equal(a, b)]
-        report[label] = f"outputs {diffs} differ" if diffs or len(out) != len(reference) else ""
+        report[plan.planner] = f"outputs {diffs} differ" if diffs or len(out) != len(reference) else ""
     return report
 
 
@@ -224,7 +213,8 @@ def gloo_world():
 
 
 def _run_on_gloo(get_world, program: Program, plans: dict[str, planner.Plan]) -> None:
-    merging = [(label, p.buckets) for label, p in plans.items() if any(len(b.members) > 1 for b in p.buckets)]
+    merging = [p.model_copy(update={"planner": label}) for label, p in plans.items()
+               if any(len(b.members) > 1 for b in p.buckets)]
     if not merging:
         event("gloo: sampled, nothing merged")
         return
