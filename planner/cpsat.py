@@ -404,12 +404,17 @@ class TimeTerms:
 
 
 def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str,
-                   lower_bound: float | None, max_count: int | None = None):
+                   lower_bound: float | None, max_count: int | None = None, key_bounds: dict | None = None):
     """count: fewest buckets. time: least total exposed communication in µs under the α-β model
     (see ``TimeTerms``), then fewest buckets (lexicographic: exposure x (n+1) + count).
-    A known valid lower bound (planner.bounds) is stated to the solver: it prunes, never cuts."""
+    Known valid lower bounds (planner.bounds: on the total, and per bucket key on that key's
+    buckets) are stated to the solver: they prune, never cut off a feasible plan."""
     anchors = [c.idx for c in colls if (c.idx, c.idx) in v.x]
     count = sum(v.x[a, a] for a in anchors)
+    for key, need in (key_bounds or {}).items():
+        mine = [v.x[a, a] for a in anchors if colls[a].key == key]
+        if mine and need > 1:
+            m.add(sum(mine) >= need)
     if objective == "count":
         expr = count
     elif objective == "time":
@@ -441,7 +446,7 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
 def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
                 within: Plan | None = None, lower_bound: float | None = None,
                 protect_partly: bool = False, memory_budget_bytes: int | None = None,
-                max_count: int | None = None) -> ModelHandle:
+                max_count: int | None = None, key_bounds: dict | None = None) -> ModelHandle:
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
@@ -449,6 +454,8 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     collectives too (as torch's search does inside a bucket), not only fully hidden ones.
     ``memory_budget_bytes``: extra bytes kept alive by moved starts and waits stay within it.
     ``max_count``: only plans leaving at most that many collectives (used to probe a bound).
+    ``lower_bound`` / ``key_bounds``: valid bounds on the objective / on each bucket key's buckets
+    (``planner.bounds``), stated as redundant constraints.
     """
     colls = _prepare(problem, protect_partly)
     m = cp_model.CpModel()
@@ -461,7 +468,9 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
     if memory_budget_bytes is not None:
         counts["rule10_memory"] = _add_memory_budget(m, v, colls, memory_budget_bytes)
-    _set_objective(m, v, colls, problem, objective, lower_bound if within is None else None, max_count)
+    outside = within is None
+    _set_objective(m, v, colls, problem, objective, lower_bound if outside else None, max_count,
+                   key_bounds if outside else None)
     stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}
     return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import fixed_limits, lower_bound
+from planner.bounds import fixed_limits, key_lower_bounds
 from planner.cpsat import build_model, plan_objective
 from planner.problem import Bucket, Plan, Problem
 from planner.verifier import verify
@@ -136,11 +136,13 @@ def solve(
     auto = window == "auto"
     if auto:
         window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
-    lb = lower_bound(problem, objective, protect_partly=protect_partly)
-    handle = build_model(problem, objective=objective, window=window, within=within, lower_bound=lb, **policy)
+    key_bounds = key_lower_bounds(problem, protect_partly=protect_partly)
+    lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
+    bounds = {"lower_bound": lb, "key_bounds": key_bounds}
+    handle = build_model(problem, objective=objective, window=window, within=within, **bounds, **policy)
     if auto and window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
         window = AUTO_WINDOW
-        handle = build_model(problem, objective=objective, window=window, lower_bound=lb, **policy)
+        handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
     stats = dict(handle.stats)
     stats["relaxation_bound"] = lb
     stats["build_s"] = round(time.perf_counter() - t0, 3)
@@ -203,7 +205,7 @@ def solve(
     if probing and plan is not None and status != "OPTIMAL":
         det_left = time_limit_s - solver.deterministic_time
         plan, obj, bound = _probe(problem, plan, obj, max(bound if bound is not None else lb, lb), t0 + time_limit_s,
-                                  det_left, workers, seed, policy, cb, stats)
+                                  det_left, workers, seed, policy, key_bounds, cb, stats)
     if window is not None or within is not None:
         # the restricted model's bound is not the problem's; report the relaxation bound
         stats["restricted_bound"] = bound
@@ -222,7 +224,8 @@ def solve(
 
 
 def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: float, det_left: float,
-           workers: int, seed: int, policy: dict, cb: "_Progress", stats: dict) -> tuple[Plan, float, float]:
+           workers: int, seed: int, policy: dict, key_bounds: dict, cb: "_Progress",
+           stats: dict) -> tuple[Plan, float, float]:
     """Destructive lower bounding with the time the main search left: ask for a plan with at
     most B = ceil(bound) collectives. Infeasible proves B + 1 is a bound (probe again); a plan
     found there meets the bound, so it is optimal. On these problems the relaxation bound is
@@ -234,7 +237,8 @@ def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: flo
     while target < obj:
         if deadline - time.perf_counter() < 0.5 or det_left < 0.05:
             break
-        handle = build_model(problem, objective="count", lower_bound=target, max_count=target, **policy)
+        handle = build_model(problem, objective="count", lower_bound=target, max_count=target,
+                             key_bounds=key_bounds, **policy)
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
         solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left)
         code = solver.solve(handle.model, cb)
