@@ -32,6 +32,9 @@ AUTO_WINDOW = 16
 # seconds (8-layer models need 20-30 s to reach their optimum: fsdp-8 proved in 22 s); the
 # probe gets the rest. `bucketplan compare`'s 30 s per objective thus leaves no time to probe.
 PROBE_MIN_MAIN_S = 30.0
+# A windowed search that solves its restricted model early widens the window while at least
+# this much time is left (see _widen).
+WIDEN_MIN_S = 5.0
 
 
 @dataclass
@@ -218,11 +221,21 @@ def solve(
                         params={**params, "from_hint": hint.planner}, buckets=hint.buckets)
             obj = hint_obj
             status = "FEASIBLE" if status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else status
+    widened_exact = False
+    if auto and window is not None and within is None and code == cp_model.OPTIMAL and plan is not None:
+        # the restricted model is solved before the time limit: spend the rest on wider windows
+        plan, obj, bound, window, widened_exact = _widen(
+            problem, plan, obj, bound, window, t0 + time_limit_s, time_limit_s - solver.deterministic_time, objective,
+            workers, seed, policy, bounds, params, cb, stats)
+        stats["bound_scope"] = "problem" if widened_exact else \
+            f"problem (relaxation; search in candidate window {window})"
     if probing and plan is not None and status != "OPTIMAL":
         det_left = time_limit_s - solver.deterministic_time
         plan, obj, bound = _probe(problem, plan, obj, max(bound if bound is not None else lb, lb), t0 + time_limit_s,
                                   det_left, workers, seed, policy, key_bounds, cb, stats)
-    if window is not None or within is not None:
+    if widened_exact:
+        bound = max(bound, lb)  # the last window held every candidate: its bound is the problem's
+    elif window is not None or within is not None:
         # the restricted model's bound is not the problem's; report the relaxation bound
         stats["restricted_bound"] = bound
         bound = None if within is not None else lb
@@ -237,6 +250,51 @@ def solve(
     result = SolveResult(plan=plan, status=status, objective=obj, bound=bound, gap=_gap(obj, bound),
                          wall_s=round(time.perf_counter() - t0, 3), stats=stats, progress=cb.points)
     return result
+
+
+def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, deadline: float, det_left: float,
+           objective: str, workers: int, seed: int, policy: dict, bounds: dict, params: dict,
+           cb: "_Progress", stats: dict) -> tuple[Plan, float, float | None, int, bool]:
+    """Window widening: while time is left after a windowed search has solved its restricted
+    model, double the window and search again with the incumbent as hint (it lies inside the
+    wider space). Measured: llama3-8b-fsdp-32 with pre-bucketing, window 16 solved at 136 in 6 s;
+    window 32 reached 134 and window 48 133 within 60-120 s. A window that holds every same-key
+    candidate is the full model, so its proof is a proof for the problem.
+    Returns (plan, objective, restricted bound, last window, whether that window was exact)."""
+    sizes: dict[tuple, int] = {}
+    for c in problem.collectives:
+        sizes[(c.kind, c.pg, c.key)] = sizes.get((c.kind, c.pg, c.key), 0) + 1
+    largest = max(sizes.values())
+    # called after the previous window was solved: if it held every candidate, that was exact
+    stages, exact = [], window >= largest
+    while window < largest:
+        if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S:
+            break
+        window = min(2 * window, largest)
+        handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
+        handle.add_hint(plan)
+        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left)
+        code = solver.solve(handle.model, cb)
+        det_left -= solver.deterministic_time
+        stage = {"window": window, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2),
+                 "x_vars": handle.stats["x_vars"]}
+        stages.append(stage)
+        if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            found = handle.extract(solver, planner="cpsat", params={**params, "window": window},
+                                   created=plan.created)
+            violations = verify(problem, found, **policy)
+            if violations:  # a modelling bug: keep the verified incumbent
+                stats["model_bug"] = [str(v) for v in violations[:5]]
+                break
+            stage["objective"] = plan_objective(problem, found, objective)
+            if stage["objective"] < obj:
+                plan, obj = found, stage["objective"]
+        bound = solver.best_objective_bound  # valid for this window's space (reported as restricted)
+        if code != cp_model.OPTIMAL:
+            break  # the time ran out inside this window
+        exact = window >= largest
+    stats["widened"] = stages
+    return plan, obj, bound, window, exact
 
 
 def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: float, det_left: float,

@@ -115,6 +115,26 @@ def test_windowed_search_reports_a_bound_for_the_whole_problem(problem):
     assert result.bound <= optimum <= result.objective
 
 
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=5, max_compute=4, max_pgs=1, dtypes=("bfloat16",)))
+def test_window_widening_keeps_the_bound_honest_and_ends_exact(problem):
+    """The automatic choice, shrunk to tiny problems: a window of one same-key neighbour, widened
+    while time is left. A widening that reaches every candidate is the full model: optimal."""
+    from unittest import mock
+
+    import planner.solver as solver_module
+
+    optimum = brute_force_optimum(problem)
+    with mock.patch.multiple(solver_module, AUTO_FULL_MODEL_MAX_COLLECTIVES=0, AUTO_WINDOW=1, WIDEN_MIN_S=0.0):
+        result = solve(problem, time_limit_s=20, workers=1)
+    assert verify(problem, result.plan) == []
+    assert result.bound <= optimum <= result.objective
+    widened = result.stats.get("widened", [])
+    assert [s["window"] for s in widened] == sorted(s["window"] for s in widened)
+    if result.stats["bound_scope"] == "problem":
+        assert result.status == "OPTIMAL" and result.objective == optimum
+
+
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=4, max_compute=3, max_pgs=2))
 def test_time_objective_matches_brute_force(problem):
