@@ -271,6 +271,8 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
         if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S:
             break
         window = min(2 * window, largest)
+        if cb.say:
+            cb.say(f"restricted model solved at {obj:g}; widening the window to {window}")
         handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
         handle.add_hint(plan)
         solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left)
