@@ -222,16 +222,19 @@ def solve(
             obj = hint_obj
             status = "FEASIBLE" if status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else status
     widened_exact = False
+    # later stages (wider windows, probes) stop short of the limit by the time it takes to
+    # extract and verify their plan (0.3 s at 32 layers), so that solve() ends within it
+    search_deadline = t0 + time_limit_s - min(1.0, 0.02 * time_limit_s)
     if auto and window is not None and within is None and code == cp_model.OPTIMAL and plan is not None:
         # the restricted model is solved before the time limit: spend the rest on wider windows
         plan, obj, bound, window, widened_exact = _widen(
-            problem, plan, obj, bound, window, t0 + time_limit_s, time_limit_s - solver.deterministic_time, objective,
+            problem, plan, obj, bound, window, search_deadline, time_limit_s - solver.deterministic_time, objective,
             workers, seed, policy, bounds, params, cb, stats)
         stats["bound_scope"] = "problem" if widened_exact else \
             f"problem (relaxation; search in candidate window {window})"
     if probing and plan is not None and status != "OPTIMAL":
         det_left = time_limit_s - solver.deterministic_time
-        plan, obj, bound = _probe(problem, plan, obj, max(bound if bound is not None else lb, lb), t0 + time_limit_s,
+        plan, obj, bound = _probe(problem, plan, obj, max(bound if bound is not None else lb, lb), search_deadline,
                                   det_left, workers, seed, policy, key_bounds, cb, stats)
     if widened_exact:
         bound = max(bound, lb)  # the last window held every candidate: its bound is the problem's
