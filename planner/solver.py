@@ -270,13 +270,17 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
     largest = max(sizes.values())
     # called after the previous window was solved: if it held every candidate, that was exact
     stages, exact = [], window >= largest
+    build_s = stats.get("build_s", 0.0)
     while window < largest:
-        if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S:
+        # a wider model takes longer to build (and presolve): leave room for twice the last build
+        if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S + 2 * build_s:
             break
         window = min(2 * window, largest)
         if cb.say:
             cb.say(f"restricted model solved at {obj:g}; widening the window to {window}")
+        started = time.perf_counter()
         handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
+        build_s = time.perf_counter() - started
         handle.add_hint(plan)
         solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left)
         code = solver.solve(handle.model, cb)
