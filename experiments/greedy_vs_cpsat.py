@@ -103,17 +103,21 @@ REVISION = git_revision()  # the code this run started with (later commits do no
 def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
     cols = ["workload", "pre_bucketing", "nodes", "collectives", "greedy_after", "greedy_violations",
             "greedy_repaired_after", "cpsat_after", "cpsat_status", "bound", "gap", "bound_scope", "applied_after",
-            "hidden_kept", "partly_kept", "greedy_s", "cpsat_s", "apply_s"]
+            "hidden_kept", "partly_kept", "greedy_s", "cpsat_s", "apply_s", "revision"]
+    # a run resumes, so the rows of one folder may come from several invocations and revisions:
+    # each row names its own, the header the invocation that wrote the table last
+    revisions = sorted({r.get("revision", "?") for r in rows})
     lines = ["# Torch's greedy vs CP-SAT", "",
-             f"Command: `python -m experiments.greedy_vs_cpsat {' '.join(argv)}`  ",
-             f"Git revision: `{REVISION}`; machine: {json.dumps(machine())}  ",
+             f"Command (last invocation): `python -m experiments.greedy_vs_cpsat {' '.join(argv)}`  ",
+             f"Git revision of that invocation: `{REVISION}`; of the rows: {', '.join(f'`{r}`' for r in revisions)}; "
+             f"machine: {json.dumps(machine())}  ",
              "CP-SAT: count objective, 2 workers, seed 0, torch's greedy (or its repair) as hint. "
              "Times are wall seconds on this machine, one run.", "", *markdown_table(cols, rows)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     # the extraction view of the same runs (problem sizes and the wall time of each step)
     cols = ["workload", "pre_bucketing", "nodes", "pinned_nodes", "dependency_edges", "by_kind_pg",
             "hidden_partly_exposed", "greedy_after", "trace_s", "schedule_s", "extract_s", "greedy_s"]
-    lines = ["# Extraction", "", f"Same runs as table.md (revision `{REVISION}`). Wall seconds, one run; "
+    lines = ["# Extraction", "", "Same runs as table.md (revision of each row there). Wall seconds, one run; "
              "`extract_s / greedy_s` is extraction's cost relative to torch's greedy search.", "",
              "| " + " | ".join(cols) + " | extract/greedy |", "|" + "---|" * (len(cols) + 1)]
     for r in rows:
@@ -147,6 +151,7 @@ def main() -> None:
             print(json.dumps(row), file=sys.stderr, flush=True)
             write_table(rows, out, sys.argv[1:])
             gc.collect()
+    write_table(rows, out, sys.argv[1:])  # also when every row was already there (rewrites the tables)
 
 
 if __name__ == "__main__":
