@@ -11,13 +11,14 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ortools.sat.python import cp_model
 
 from planner.bounds import fixed_limits, key_lower_bounds
-from planner.cpsat import build_model, plan_objective
+from planner.cpsat import ModelHandle, build_model, plan_objective
 from planner.problem import Bucket, Plan, Problem
 from planner.verifier import verify
 
@@ -80,6 +81,24 @@ class _Progress(cp_model.CpSolverSolutionCallback):
 # 50 s (now 18 s). Windowed searches and the time objective keep the default portfolio (their
 # committed results were measured with it).
 COUNT_SUBSOLVERS = ("core", "default_lp")
+
+
+def _portfolio(objective: str, windowed: bool) -> tuple[str, ...]:
+    """The full-problem workers for a search: focused for count searches on a full model (probes
+    included), CP-SAT's default otherwise (see COUNT_SUBSOLVERS)."""
+    return COUNT_SUBSOLVERS if objective == "count" and not windowed else ()
+
+
+def _verified_plan(handle: ModelHandle, solver: cp_model.CpSolver, problem: Problem, objective: str, policy: dict,
+                   stats: dict, *, params: dict, created: str) -> tuple[Plan | None, float | None]:
+    """The solver's plan with its objective, re-checked by the independent verifier; (None, None)
+    when the verifier rejects it (a modelling bug, recorded in ``stats['model_bug']``)."""
+    plan = handle.extract(solver, planner="cpsat", params=params, created=created)
+    violations = verify(problem, plan, **policy)
+    if violations:
+        stats["model_bug"] = [str(v) for v in violations[:5]]
+        return None, None
+    return plan, plan_objective(problem, plan, objective)
 
 
 def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: float,
@@ -184,7 +203,7 @@ def solve(
     # full count models also probe the bound afterwards (see _probe) with what the main search leaves
     probing = probe and window is None and within is None and objective == "count"
     main_s = max(0.5 * time_limit_s, min(time_limit_s, PROBE_MIN_MAIN_S)) if probing else time_limit_s
-    focused = COUNT_SUBSOLVERS if objective == "count" and window is None else ()
+    focused = _portfolio(objective, windowed=window is not None)
     stats["subsolvers"] = list(focused) or "default"
     solver = _configured_solver(workers, seed, main_s - (time.perf_counter() - t0), main_s, focused)
     p = solver.parameters
@@ -204,13 +223,9 @@ def solve(
     plan = None
     obj = bound = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        plan = handle.extract(solver, planner="cpsat", params=params, created=created)
-        violations = verify(problem, plan, **policy)
-        if violations:  # a modelling bug: never hand out an unverified plan
-            stats["model_bug"] = [str(v) for v in violations[:5]]
-            plan, status = None, "UNKNOWN"
-        else:
-            obj = plan_objective(problem, plan, objective)
+        plan, obj = _verified_plan(handle, solver, problem, objective, policy, stats, params=params, created=created)
+        if plan is None:  # a modelling bug: never hand out an unverified plan
+            status = "UNKNOWN"
         bound = solver.best_objective_bound
     elif code == cp_model.UNKNOWN:
         bound = solver.best_objective_bound
@@ -264,10 +279,7 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
     window 32 reached 134 and window 48 133 within 60-120 s. A window that holds every same-key
     candidate is the full model, so its proof is a proof for the problem.
     Returns (plan, objective, restricted bound, last window, whether that window was exact)."""
-    sizes: dict[tuple, int] = {}
-    for c in problem.collectives:
-        sizes[(c.kind, c.pg, c.key)] = sizes.get((c.kind, c.pg, c.key), 0) + 1
-    largest = max(sizes.values())
+    largest = max(Counter((c.kind, c.pg, c.key) for c in problem.collectives).values())
     # called after the previous window was solved: if it held every candidate, that was exact
     stages, exact = [], window >= largest
     build_s = stats.get("build_s", 0.0)
@@ -282,22 +294,21 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
         handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
         build_s = time.perf_counter() - started
         handle.add_hint(plan)
-        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left)
+        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
+                                    _portfolio(objective, windowed=True))
         code = solver.solve(handle.model, cb)
         det_left -= solver.deterministic_time
         stage = {"window": window, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2),
                  "x_vars": handle.stats["x_vars"]}
         stages.append(stage)
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            found = handle.extract(solver, planner="cpsat", params={**params, "window": window},
-                                   created=plan.created)
-            violations = verify(problem, found, **policy)
-            if violations:  # a modelling bug: keep the verified incumbent
-                stats["model_bug"] = [str(v) for v in violations[:5]]
+            found, value = _verified_plan(handle, solver, problem, objective, policy, stats,
+                                          params={**params, "window": window}, created=plan.created)
+            if found is None:  # a modelling bug: keep the verified incumbent
                 break
-            stage["objective"] = plan_objective(problem, found, objective)
-            if stage["objective"] < obj:
-                plan, obj = found, stage["objective"]
+            stage["objective"] = value
+            if value < obj:
+                plan, obj = found, value
         bound = solver.best_objective_bound  # valid for this window's space (reported as restricted)
         if code != cp_model.OPTIMAL:
             break  # the time ran out inside this window
@@ -323,7 +334,8 @@ def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: flo
         handle = build_model(problem, objective="count", lower_bound=target, max_count=target,
                              key_bounds=key_bounds, **policy)
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
-        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left, COUNT_SUBSOLVERS)
+        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
+                                    _portfolio("count", windowed=False))
         code = solver.solve(handle.model, cb)
         det_left -= solver.deterministic_time
         probes.append({"at_most": target, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2)})
@@ -332,12 +344,10 @@ def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: flo
             target += 1
             continue
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            found = handle.extract(solver, planner="cpsat", params=dict(plan.params), created=plan.created)
-            violations = verify(problem, found, **policy)
-            if violations:  # a modelling bug: keep the verified incumbent
-                stats["model_bug"] = [str(v) for v in violations[:5]]
-            else:
-                plan, obj = found, plan_objective(problem, found, "count")
+            found, value = _verified_plan(handle, solver, problem, "count", policy, stats,
+                                          params=dict(plan.params), created=plan.created)
+            if found is not None:  # else a modelling bug: keep the verified incumbent
+                plan, obj = found, value
         break  # found (it meets the bound) or out of time
     stats["probes"] = probes
     return plan, obj, bound
