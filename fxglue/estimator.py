@@ -1,11 +1,18 @@
-"""Analytical runtime estimates: roofline for compute, α-β for collectives per process group.
+"""Analytical runtime estimates: roofline for compute; for collectives torch's own NCCL-derived
+model on a named cluster (``PRESETS``), or an α-β link per process group.
 
 Why this exists: torch's overlap scheduler decides what hides what from runtime estimates.
-On a CPU-only machine torch's own estimators cannot run (they benchmark on a GPU or ask
-triton for the device's peak numbers), so we supply deterministic analytical ones, with
-hardware figures a user can override.
+On a CPU-only machine torch's own estimators cannot run as they would on the cluster (they
+benchmark on a GPU, ask triton for the device's peak numbers, or detect the GPU generation and
+GPUs per node from this machine), so we supply deterministic ones for a cluster we name.
 
-Defaults model an NVIDIA H100 SXM5 80GB at achievable rather than datasheet rates
+Cluster presets (``PRESETS``; ``bucketplan ... --preset NAME``) fix the world size, the
+tensor-parallel degree of 2-D workloads, the GPUs per node and the GPU generation; collectives
+are then priced by ``torch._inductor.comm_analysis`` for each group's real layout
+(``fxglue.costs``), and merging costs what torch's merge functions add
+(``planner.problem.BucketingCost``). The ``ab-ib8`` preset keeps the original α-β figures below.
+
+The α-β defaults model an NVIDIA H100 SXM5 80GB at achievable rather than datasheet rates
 (800 TFLOP/s bf16/fp16 of the 989 dense peak, 60 TFLOP/s fp32, 3.0 TB/s of the 3.35 TB/s
 HBM3) in a cluster where the data-parallel group crosses nodes over one 400 Gb/s InfiniBand
 NDR NIC per GPU (50 GB/s bus bandwidth, 20 µs per collective) and the tensor-parallel group
@@ -24,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
-from planner.problem import Link
+from planner.problem import BucketingCost, Link
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,12 @@ class Hardware:
     bf16_tflops: float = 800.0
     fp32_tflops: float = 60.0
     hbm_tbps: float = 3.0
+    # Host-side cost of issuing one collective, charged on the compute stream (see
+    # BucketingCost): ProcessGroupNCCL records an event on the compute stream, makes the NCCL
+    # stream wait on it and launches the NCCL kernel. A kernel launch alone is 2-4 µs (NVIDIA,
+    # "Getting Started with CUDA Graphs": 2-3 µs per launch); 5 µs is a round figure for the
+    # launch with its event work. None: merging is free (the original α-β problems).
+    launch_us: float | None = None
     links: dict[str, LinkSpec] = field(default_factory=lambda: {
         "dp": LinkSpec(20.0, 50.0, "InfiniBand NDR 400Gb/s per GPU"),
         "tp": LinkSpec(5.0, 200.0, "NVLink 4"),
@@ -57,7 +70,7 @@ class Hardware:
         """Override defaults from a JSON file: any of the fields above; links as {role: {...}}."""
         data = json.loads(Path(path).read_text())
         base = cls()
-        unknown = set(data) - {"name", "bf16_tflops", "fp32_tflops", "hbm_tbps", "links"}
+        unknown = set(data) - {"name", "bf16_tflops", "fp32_tflops", "hbm_tbps", "links", "launch_us"}
         if unknown:
             raise ValueError(f"{path}: unknown hardware field(s) {sorted(unknown)}")
         links = dict(base.links)
@@ -104,24 +117,107 @@ def wire_bytes(n: fx.Node) -> int:
     return _nbytes(_val(n.args[0]))
 
 
+@dataclass(frozen=True)
+class Preset:
+    """A named cluster: world size, 2-D layout, GPU generation, and how collectives are priced.
+
+    ``comm="nccl"``: torch's NCCL-derived model for each group's layout (``fxglue.costs``);
+    ``"alpha-beta"``: ``hardware.links`` as they are. Ranks fill nodes in order and a 2-D mesh
+    puts tensor parallelism innermost (``rank = dp_rank * tp + tp_rank``), so a TP group of at
+    most ``ranks_per_node`` stays inside one node and the data-parallel group spans the nodes.
+    """
+
+    name: str
+    description: str
+    nodes: int
+    tp: int  # tensor-parallel degree of 2-D workloads
+    ranks_per_node: int = 8
+    gpu: str = "hopper"
+    comm: str = "nccl"
+    hardware: Hardware = field(default_factory=Hardware)
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+# Sources: H100 SXM5 compute and HBM figures as above (the achievable rates of Hardware);
+# NVLink 4 (370 GB/s bus bandwidth in torch's table, from NCCL's topo.h) inside a DGX/HGX H100
+# node of 8 GPUs; one 400 Gb/s NDR InfiniBand NIC per GPU across nodes (50 GB/s in torch's
+# table), with the per-hop latencies and NIC-efficiency corrections of
+# torch._inductor.comm_analysis (NCCL's tuning.cc constants, calibrated there on H100 RoCE).
+_H100 = Hardware(name="H100-SXM5-80GB (achievable rates), NCCL model of torch 2.13", launch_us=5.0)
+PRESETS: dict[str, Preset] = {p.name: p for p in (
+    Preset("h100-1node", "one HGX H100 node: 8 ranks over NVLink; 2-D as TP 2 x FSDP 4", nodes=1, tp=2,
+           hardware=_H100),
+    Preset("h100-8nodes", "8 H100 nodes: 64 ranks, InfiniBand NDR across nodes; 2-D as TP 8 in the node x "
+           "FSDP 8 across nodes", nodes=8, tp=8, hardware=_H100),
+    Preset("h100-64nodes", "64 H100 nodes: 512 ranks, InfiniBand NDR across nodes; 2-D as TP 8 x FSDP 64",
+           nodes=64, tp=8, hardware=_H100),
+    Preset("ab-ib8", "the original α-β model: 8 ranks, every data-parallel group on 400 Gb/s InfiniBand "
+           "(20 µs, 50 GB/s), TP on NVLink (5 µs, 200 GB/s); 2-D as TP 2 x FSDP 4; merging free",
+           nodes=1, tp=2, comm="alpha-beta"),
+)}
+DEFAULT_PRESET = "ab-ib8"
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]
+
+
 class Estimator:
     """``custom_runtime_estimation`` for torch's scheduler, plus the per-PG links it used.
 
-    ``roles`` maps process-group names to hardware link roles (``dp``/``tp``); unlisted
-    groups use ``dp``.
+    ``roles`` maps process-group names to link roles (``dp``/``tp``); unlisted groups use
+    ``dp``. With ``ranks_per_node`` (role -> how many of that group's ranks share a node) and
+    ``gpu``, collectives are priced by torch's NCCL model (``fxglue.costs``); without it by the
+    α-β ``hardware.links``.
     """
 
-    def __init__(self, hardware: Hardware | None = None, roles: dict[str, str] | None = None):
+    def __init__(self, hardware: Hardware | None = None, roles: dict[str, str] | None = None, *,
+                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper"):
         self.hardware = hardware or Hardware()
         self.roles = dict(roles or {})
+        self.ranks_per_node = dict(ranks_per_node) if ranks_per_node else None
+        self.gpu = gpu
+        self._links: dict[str, Link] = {}
 
-    def link(self, pg: str) -> Link:
+    def _group(self, pg: str) -> tuple[int, int]:
+        """(group size, its ranks per node)."""
         from torch.distributed.distributed_c10d import _get_group_size_by_name
 
+        size = _get_group_size_by_name(pg)
+        return size, min(size, self.ranks_per_node[self.roles.get(pg, "dp")])
+
+    def link(self, pg: str) -> Link:
+        if pg in self._links:
+            return self._links[pg]
         role = self.roles.get(pg, "dp")
-        spec = self.hardware.links[role]
-        return Link(pg=pg, group_size=_get_group_size_by_name(pg), latency_ms=spec.latency_us / 1e3,
-                    bandwidth_gbps=spec.bandwidth_gbps, hardware=f"{role}: {spec.name}")
+        if self.ranks_per_node is None:
+            from torch.distributed.distributed_c10d import _get_group_size_by_name
+
+            spec = self.hardware.links[role]
+            link = Link(pg=pg, group_size=_get_group_size_by_name(pg), latency_ms=spec.latency_us / 1e3,
+                        bandwidth_gbps=spec.bandwidth_gbps, hardware=f"{role}: {spec.name}")
+        else:
+            from fxglue.costs import nccl_link
+
+            size, per_node = self._group(pg)
+            link = nccl_link(pg, size, gpu=self.gpu, ranks_per_node=per_node)
+            link = link.model_copy(update={"hardware": f"{role}: {link.hardware}"})
+        self._links[pg] = link
+        return link
+
+    @property
+    def bucketing(self) -> BucketingCost | None:
+        """What merging costs on the compute stream (None: free, as in the original α-β model)."""
+        if self.hardware.launch_us is None:
+            return None
+        return BucketingCost(copy_gbps=self.hardware.hbm_tbps * 1e3, launch_ms=self.hardware.launch_us / 1e3,
+                             source=f"{self.hardware.name}: copies at HBM bandwidth, "
+                                    f"{self.hardware.launch_us:g} µs per collective issued")
 
     def collective_ms(self, n: fx.Node, override_size: int | None = None) -> float | None:
         from torch._inductor.fx_passes.overlap_scheduling import get_group_name
@@ -129,8 +225,18 @@ class Estimator:
         kind = collective_kind(n)
         if kind is None:
             return None
-        size = wire_bytes(n) if override_size is None else override_size
-        return self.link(get_group_name(n)).time_ms(kind, size)
+        pg = get_group_name(n)
+        if self.ranks_per_node is None:
+            size = wire_bytes(n) if override_size is None else override_size
+            return self.link(pg).time_ms(kind, size)
+        # exactly what torch's analytical estimator computes, for the named topology
+        from torch._inductor.comm_analysis import estimate_fx_collective_size
+
+        from fxglue.costs import torch_collective_ms
+
+        size, per_node = self._group(pg)
+        nbytes = estimate_fx_collective_size(n) if override_size is None else override_size
+        return torch_collective_ms(kind, nbytes, size, gpu=self.gpu, ranks_per_node=per_node)
 
     def compute_ms(self, n: fx.Node) -> float:
         """Roofline: max(FLOPs / peak, bytes touched / HBM bandwidth); views cost nothing."""

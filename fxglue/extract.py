@@ -186,7 +186,7 @@ def extract_problem(
     problem = planner.Problem(
         bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
         collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
-        meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
+        bucketing=estimator.bucketing, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
               "extract_s": round(time.perf_counter() - t0, 4), **(meta or {})},
     )
     return problem.with_fingerprint()

@@ -21,7 +21,7 @@ import torch.fx as fx
 
 import planner
 from fxglue.cpu_compat import cpu_compat
-from fxglue.estimator import Estimator, Hardware
+from fxglue.estimator import Estimator, Hardware, Preset, get_preset
 from fxglue.extract import extract_problem
 from fxglue.greedy import TORCH_BUCKETER_DEFAULTS, greedy_plan
 from fxglue.workloads import TracedWorkload, trace
@@ -74,9 +74,18 @@ def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool =
     opb.finalize_overlap_scheduling(inputs.gm, inputs.collective_info, inputs.scheduled, **kwargs)
 
 
-def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None) -> Estimator:
-    roles = {traced.groups.tp: "tp"} if traced.groups.tp else {}
-    return Estimator(hardware, roles)
+def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None, preset: Preset | None = None) -> Estimator:
+    """The estimator for a traced workload: the preset's cost model for its groups' layout
+    (TP innermost: a TP group fills a node first, the data-parallel group strides across nodes),
+    or the α-β ``hardware`` links (the ``ab-ib8`` preset) when no NCCL preset is given."""
+    groups = traced.groups
+    roles = {groups.tp: "tp"} if groups.tp else {}
+    if preset is None or preset.comm == "alpha-beta":
+        return Estimator(hardware or (preset.hardware if preset else None), roles)
+    per_node = preset.ranks_per_node
+    tp = groups.tp_size if groups.tp else 1
+    layout = {"tp": min(tp, per_node), "dp": max(1, per_node // tp)}
+    return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu)
 
 
 def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: bool = False,
@@ -112,6 +121,83 @@ def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
 
 
 @dataclass
+class Prepared:
+    """A workload traced and scheduled by torch, with its problem and torch's greedy plan
+    (recorded; the graph is still unbucketed, in scheduled order)."""
+
+    traced: TracedWorkload
+    inputs: BucketingInputs
+    estimator: Estimator
+    problem: planner.Problem
+    greedy: planner.Plan | None
+    preset: Preset | None
+    timings: dict[str, float] = field(default_factory=dict)
+    max_bucket_memory_gb: float = 2.0
+    bucket_mode: Any = None
+
+    def record_greedy(self) -> planner.Plan:
+        """Torch's greedy bucket search on this schedule, recorded as a plan (graph untouched)."""
+        t0 = time.perf_counter()
+        inputs = self.inputs
+        self.greedy = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
+                                  max_bucket_memory_gb=self.max_bucket_memory_gb, bucket_mode=self.bucket_mode,
+                                  problem_fingerprint=self.problem.fingerprint, estimator=self.estimator,
+                                  **inputs.bucketer_kwargs)
+        self.timings["greedy_s"] = time.perf_counter() - t0
+        return self.greedy
+
+
+def resolve_preset(preset: Preset | str | None) -> Preset | None:
+    if preset is None or isinstance(preset, Preset):
+        return preset
+    return get_preset(preset)
+
+
+def prepare(
+    workload: str | TracedWorkload,
+    *,
+    preset: Preset | str | None = None,
+    pre_bucketing: bool = False,
+    bucket_mode=None,
+    hardware: Hardware | None = None,
+    max_bucket_memory_gb: float = 2.0,
+    progress=None,
+    greedy: bool = True,
+) -> Prepared:
+    """The one way from a workload to a problem: trace (a name, at the preset's world size and
+    TP degree), schedule with torch's overlap scheduler, extract the problem, and record torch's
+    greedy plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2,
+    the α-β ``hardware`` (the ``ab-ib8`` figures)."""
+    say = progress or (lambda msg: None)
+    preset = resolve_preset(preset)
+    timings: dict[str, float] = {}
+    if isinstance(workload, str):
+        world, tp = (preset.world_size, preset.tp) if preset else (8, 2)
+        say(f"tracing {workload} ({world} ranks{f', TP {tp}' if tp > 1 else ''})")
+        traced = trace(workload, world_size=world, tp=tp)
+        timings["trace_s"] = traced.trace_s
+    else:
+        traced = workload
+    estimator = estimator_for(traced, hardware, preset)
+    say("scheduling with torch's overlap scheduler")
+    t0 = time.perf_counter()
+    inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode)
+    timings["schedule_s"] = time.perf_counter() - t0
+    say("extracting the bucketing problem")
+    t0 = time.perf_counter()
+    meta = {**traced.meta, "pre_bucketing": pre_bucketing, "preset": preset.name if preset else None}
+    problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
+                              max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
+                              estimator=estimator, meta=meta)
+    timings["extract_s"] = time.perf_counter() - t0
+    prepared = Prepared(traced, inputs, estimator, problem, None, preset, timings, max_bucket_memory_gb, bucket_mode)
+    if greedy:
+        say("running torch's greedy bucket search")
+        prepared.record_greedy()
+    return prepared
+
+
+@dataclass
 class PipelineResult:
     """A scheduled (and, unless ``apply=False``, bucketed) graph with its problem and plan."""
 
@@ -129,6 +215,7 @@ def run_pipeline(
     workload: str | TracedWorkload,
     *,
     planner_: str | planner.Plan | os.PathLike = "greedy",
+    preset: Preset | str | None = None,
     pre_bucketing: bool = False,
     bucket_mode=None,
     hardware: Hardware | None = None,
@@ -138,45 +225,27 @@ def run_pipeline(
     progress=None,
     solve_kwargs: dict | None = None,
 ) -> PipelineResult:
-    """Trace (if given a name), schedule with torch, extract the problem, plan, and apply.
+    """``prepare``, then plan and apply.
 
     ``planner_``: ``"greedy"`` (torch's own search and apply), ``"none"`` (no bucketing),
     ``"cpsat"``, or a ``Plan`` / path to a plan file (applied with ``apply_plan``).
     """
     say = progress or (lambda msg: None)
-    timings: dict[str, float] = {}
-    if isinstance(workload, str):
-        say(f"tracing {workload}")
-        traced = trace(workload)
-        timings["trace_s"] = traced.trace_s
-    else:
-        traced = workload
+    if isinstance(planner_, str) and planner_ not in PLANNERS and not os.path.exists(planner_):
+        raise ValueError(f"unknown planner {planner_!r}; use one of {PLANNERS}, a Plan or a plan file")
+    prepared = prepare(workload, preset=preset, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
+                       hardware=hardware, max_bucket_memory_gb=max_bucket_memory_gb, progress=progress)
+    traced, inputs, estimator, problem = prepared.traced, prepared.inputs, prepared.estimator, prepared.problem
     before = count_collectives(traced.gm)
-    estimator = estimator_for(traced, hardware)
-    say("scheduling with torch's overlap scheduler")
-    t0 = time.perf_counter()
-    inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode)
-    timings["schedule_s"] = time.perf_counter() - t0
-    say("extracting the bucketing problem")
-    t0 = time.perf_counter()
-    problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
-                              max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
-                              estimator=estimator,
-                              meta={**traced.meta, "pre_bucketing": pre_bucketing})
-    timings["extract_s"] = time.perf_counter() - t0
-
+    timings = dict(prepared.timings)
     plan = None
     solve_result = None
     if isinstance(planner_, str) and planner_ == "greedy":
         # The search runs twice on purpose: once recorded as a plan (graph untouched), once inside
         # torch's own finalize, so the applied graph is exactly torch's -- even where its recorded
         # anchors break rule 9 and apply_plan would refuse them.
-        say("running torch's greedy bucket search")
-        t0 = time.perf_counter()
-        plan = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
-                           max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
-                           problem_fingerprint=problem.fingerprint, estimator=estimator, **inputs.bucketer_kwargs)
-        timings["plan_s"] = time.perf_counter() - t0
+        plan = prepared.greedy
+        timings["plan_s"] = timings["greedy_s"]
         if apply:
             t0 = time.perf_counter()
             with cpu_compat(estimator), traced.fake_mode:
@@ -206,10 +275,8 @@ def run_pipeline(
             plan = solve_result.plan
         elif isinstance(planner_, planner.Plan):
             plan = planner_
-        elif isinstance(planner_, (str, os.PathLike)):
-            plan = planner.load_plan(planner_)
         else:
-            raise ValueError(f"unknown planner {planner_!r}; use one of {PLANNERS}, a Plan or a plan file")
+            plan = planner.load_plan(planner_)
         if apply and plan is not None:
             from fxglue.apply import apply_plan
 

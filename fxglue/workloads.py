@@ -156,14 +156,20 @@ _MESH_CACHE: dict[tuple[int, int, int], Groups] = {}
 
 
 def ensure_fake_world(world_size: int = FAKE_WORLD_SIZE) -> None:
-    """Initialize torch's fake process group (rank 0) once per process."""
+    """Initialize torch's fake process group (rank 0) of ``world_size`` ranks, once per size: a
+    fake world of another size is replaced (a real one is refused)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    if world_size < 1:
+        raise WorkloadError(f"world size must be at least 1, not {world_size}")
     if dist.is_initialized():
-        if dist.get_world_size() != world_size:
+        if dist.get_world_size() == world_size:
+            return
+        if dist.get_backend() != "fake":
             raise WorkloadError(
                 f"a process group of world size {dist.get_world_size()} is already initialized; need {world_size}")
-        return
+        dist.destroy_process_group()
+        _MESH_CACHE.clear()
     dist.init_process_group(backend="fake", rank=0, world_size=world_size, store=FakeStore())
 
 
@@ -228,13 +234,17 @@ def trace_step(step, args, *, fake_mode=None) -> fx.GraphModule:
     return gm
 
 
-def trace(name_or_workload: str | Workload) -> TracedWorkload:
-    """Trace a workload's forward+backward graph under FakeTensorMode on the fake process group."""
+def trace(name_or_workload: str | Workload, *, world_size: int = FAKE_WORLD_SIZE, tp: int = TP_SIZE) -> TracedWorkload:
+    """Trace a workload's forward+backward graph under FakeTensorMode on the fake process group
+    of ``world_size`` ranks (rank 0); 2-D workloads use ``tp`` of them for tensor parallelism."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     wl = get_workload(name_or_workload) if isinstance(name_or_workload, str) else name_or_workload
-    ensure_fake_world()
-    groups = mesh_groups(wl.style)
+    if wl.style == "2d" and (tp < 1 or world_size % tp or world_size == tp):
+        raise WorkloadError(f"{wl.name}: TP degree {tp} must divide the world size {world_size} and leave a "
+                            "data-parallel group of at least 2")
+    ensure_fake_world(world_size)
+    groups = mesh_groups(wl.style, world_size, tp)
     fake_mode = FakeTensorMode()
     t0 = time.perf_counter()
     with fake_mode:
@@ -245,5 +255,6 @@ def trace(name_or_workload: str | Workload) -> TracedWorkload:
     return TracedWorkload(
         name=wl.name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=trace_s,
         meta={"workload": wl.name, "description": wl.description, "style": wl.style, "layers": wl.layers,
-              "world_size": dist.get_world_size(), "groups": {"dp": groups.dp, "tp": groups.tp}},
+              "world_size": dist.get_world_size(), "tp": groups.tp_size,
+              "groups": {"dp": groups.dp, "tp": groups.tp}},
     )

@@ -9,6 +9,7 @@ from planner.io import SchemaError, atomic_write_text, load_plan, load_problem, 
 from planner.problem import (
     SCHEMA_VERSION,
     Bucket,
+    BucketingCost,
     Collective,
     Link,
     Node,
@@ -22,7 +23,7 @@ from planner.solver import SolveResult, repair, solve
 from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
-    "RULES", "SCHEMA_VERSION", "Bucket", "Collective", "Link", "Node", "Plan", "Problem", "Report",
+    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "Link", "Node", "Plan", "Problem", "Report",
     "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text", "check",
     "collectives_after", "load_plan", "load_problem", "lower_bound", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",

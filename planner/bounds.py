@@ -23,7 +23,9 @@ Per bucket key (buckets never mix keys):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.problem import Problem
@@ -157,3 +159,57 @@ def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tup
             need += max(by_interval, bin_packing_bound([c.size_bytes for c in rest], problem.bucket_cap_bytes))
         out[group_key] = need
     return out
+
+
+@dataclass(frozen=True)
+class StepFloor:
+    """A step time no plan can beat (ms), and where it comes from.
+
+    ``compute_ms``: the compute stream's own work plus the launches of the fewest collectives any
+    plan leaves (``key_lower_bounds``); copies can be zero. ``stream_ms``: per process group, the
+    least time its FIFO stream is busy: per bucket key, the cost curve's subadditive minorant at
+    the key's total bytes with that fewest number of buckets (``_key_stream_floor``). The step
+    lasts at least as long as any stream is busy and as the compute stream's work.
+    """
+
+    floor_ms: float
+    compute_ms: float
+    stream_ms: dict[str, float]
+
+
+def _key_stream_floor(link, kind: str, total: int, min_buckets: int) -> float:
+    """Least total stream time of ``min_buckets`` or more buckets of one kind whose bytes add up
+    to ``total``: for any line g(b) = c + s*b with c >= 0 and g <= f on [0, total], a plan's
+    buckets cost at least sum g(B_j) = k*c + s*total >= min_buckets*c + s*total. The best such
+    line is searched over the slopes of the chords from every breakpoint to ``total`` (and 0).
+    For α-β links (f itself a line) this is min_buckets latencies plus the bandwidth time."""
+    if link.table is None:
+        fixed = link.fixed_ms(kind)
+        return min_buckets * fixed + (link.time_ms(kind, total) - fixed)
+    pts = [(b, t) for b, t in link.table[kind] if b < total] + [(total, link.time_ms(kind, total))]
+    bs = np.array([b for b, _ in pts], dtype=float)
+    ts = np.array([t for _, t in pts], dtype=float)
+    t_total = ts[-1]
+    span = total - bs[:-1]
+    slopes = np.concatenate([[0.0], (t_total - ts[:-1]) / np.where(span > 0, span, 1)])
+    # c(s) = min over breakpoints of f(b) - s*b (f is linear between breakpoints, so the
+    # minimum over [0, total] is at one of them)
+    c = (ts[None, :] - slopes[:, None] * bs[None, :]).min(axis=1)
+    value = np.where(c >= 0, min_buckets * c + slopes * total, -np.inf)
+    return float(max(0.0, value.max()))
+
+
+def step_floor(problem: Problem) -> StepFloor:
+    """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``)."""
+    need = key_lower_bounds(problem)
+    totals: dict[tuple, int] = {}
+    for c in problem.collectives:
+        k = (c.kind, c.pg, c.key)
+        totals[k] = totals.get(k, 0) + c.wire_bytes
+    stream: dict[str, float] = {}
+    for (kind, pg, key), total in totals.items():
+        stream[pg] = stream.get(pg, 0.0) + _key_stream_floor(problem.link(pg), kind, total, need[(kind, pg, key)])
+    compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
+    if problem.bucketing is not None:
+        compute += problem.bucketing.launch_ms * sum(need.values())
+    return StepFloor(floor_ms=max([compute, *stream.values()]), compute_ms=compute, stream_ms=stream)

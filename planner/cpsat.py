@@ -372,21 +372,24 @@ def _add_memory_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], b
 class TimeTerms:
     """Integer (µs) pieces of the time objective, shared by the model and ``plan_objective``.
 
-    A bucket's communication costs ``latency[pg] + Σ bandwidth_us[member]`` (α once, β per byte);
+    A bucket's communication costs ``fixed_us[anchor] + Σ bandwidth_us[member]``: the link's
+    cost at 0 bytes once, and each member's cost beyond it (exact for α-β links; for a table
+    link, an overestimate of a concave curve's merged cost). Bucketing copies are not modelled.
     the compute that can hide it is the compute scheduled between its start and its wait,
     ``prefix_us[wait pos] - prefix_us[start pos]``. Its exposed time is the positive part of the
     difference. Stream queuing behind other buckets is not modelled (``planner.simulate`` does).
     """
 
-    latency_us: dict[str, int]
+    fixed_us: dict[str, int]  # by collective name
     bandwidth_us: dict[str, int]  # by collective name
     prefix_us: dict[int, int]  # by position: compute scheduled strictly before it
 
     @staticmethod
     def of(problem: Problem) -> "TimeTerms":
         links = {link.pg: link for link in problem.links}
-        lat = {pg: int(round(link.latency_ms * 1e3)) for pg, link in links.items()}
-        bw = {c.name: int(round((links[c.pg].time_ms(c.kind, c.wire_bytes) - links[c.pg].latency_ms) * 1e3))
+        fixed = {c.name: links[c.pg].fixed_ms(c.kind) for c in problem.collectives}
+        lat = {c.name: int(round(fixed[c.name] * 1e3)) for c in problem.collectives}
+        bw = {c.name: int(round((links[c.pg].time_ms(c.kind, c.wire_bytes) - fixed[c.name]) * 1e3))
               for c in problem.collectives}
         wanted = sorted({c.start_pos for c in problem.collectives} | {c.wait_pos for c in problem.collectives})
         prefix, acc, k = {}, 0.0, 0
@@ -400,8 +403,8 @@ class TimeTerms:
             prefix[p] = int(round(acc * 1e3))
         return TimeTerms(lat, bw, prefix)
 
-    def exposed_us(self, pg: str, members, start_pos: int, wait_pos: int) -> int:
-        comm = self.latency_us[pg] + sum(self.bandwidth_us[m] for m in members)
+    def exposed_us(self, members, start_pos: int, wait_pos: int) -> int:
+        comm = self.fixed_us[members[0]] + sum(self.bandwidth_us[m] for m in members)
         return max(0, comm - (self.prefix_us[wait_pos] - self.prefix_us[start_pos]))
 
 
@@ -428,10 +431,10 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
         for a in anchors:
             ca = colls[a]
             members = [a] + v.joiners[a]
-            comm = terms.latency_us[ca.pg] * v.x[a, a] + sum(
+            comm = terms.fixed_us[ca.name] * v.x[a, a] + sum(
                 terms.bandwidth_us[colls[i].name] * v.x[i, a] for i in members)
             hide = sum(terms.prefix_us[colls[b].w] * v.y[a, b] for b in ys[a]) - terms.prefix_us[ca.s] * v.x[a, a]
-            top = terms.latency_us[ca.pg] + sum(terms.bandwidth_us[colls[i].name] for i in members)
+            top = terms.fixed_us[ca.name] + sum(terms.bandwidth_us[colls[i].name] for i in members)
             e = m.new_int_var(0, top, f"exposed[{ca.name}]")
             m.add(e >= comm - hide)
             exposed.append(e)
@@ -485,8 +488,8 @@ def plan_objective(problem: Problem, plan: Plan, objective: str) -> int:
     terms = TimeTerms.of(problem)
     colls = {c.name: c for c in problem.collectives}
     in_bucket = {m for b in plan.buckets for m in b.members}
-    total = sum(terms.exposed_us(colls[b.start].pg, b.members, colls[b.start].start_pos, colls[b.wait].wait_pos)
+    total = sum(terms.exposed_us(b.members, colls[b.start].start_pos, colls[b.wait].wait_pos)
                 for b in plan.buckets)
-    total += sum(terms.exposed_us(c.pg, [c.name], c.start_pos, c.wait_pos)
+    total += sum(terms.exposed_us([c.name], c.start_pos, c.wait_pos)
                  for c in problem.collectives if c.name not in in_bucket)
     return total * (len(problem.collectives) + 1) + n

@@ -19,8 +19,10 @@ Conventions
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -38,18 +40,46 @@ class _Frozen(BaseModel):
 
 
 class Link(_Frozen):
-    """α-β cost of collectives on one process group.
+    """The cost of one collective on one process group: ``time_ms(kind, wire_bytes)``.
 
-    ``time_ms(kind, bytes) = latency_ms + factor(kind) * bytes / bandwidth`` with the ring
-    factors of nccl-tests' bus bandwidth: (n-1)/n for all_gather / reduce_scatter (bytes = the
-    full, unsharded tensor) and 2(n-1)/n for all_reduce. A bucket pays ``latency_ms`` once.
+    Two models, one of them set:
+    - α-β (``latency_ms``, ``bandwidth_gbps``): ``latency_ms + factor(kind) * bytes /
+      bandwidth`` with the ring factors of nccl-tests' bus bandwidth: (n-1)/n for all_gather /
+      reduce_scatter (bytes = the full, unsharded tensor) and 2(n-1)/n for all_reduce;
+    - ``table``: per kind, breakpoints ``(wire_bytes, ms)`` of any cost curve, interpolated
+      linearly between them and extended past the last one along the last segment.
+      ``fxglue.costs`` samples torch's NCCL-derived model (``torch._inductor.comm_analysis``)
+      this way, so the planner prices any bucket size the way torch does, without torch.
+    ``wire_bytes`` is always the full (unsharded) tensor; a bucket is priced at its members' sum,
+    so it pays the fixed part of the curve once.
     """
 
     pg: str
     group_size: int = Field(ge=1)
-    latency_ms: float = Field(ge=0)
-    bandwidth_gbps: float = Field(gt=0, description="bus bandwidth in GB/s (1e9 bytes)")
+    latency_ms: float | None = Field(default=None, ge=0)
+    bandwidth_gbps: float | None = Field(default=None, gt=0, description="bus bandwidth in GB/s (1e9 bytes)")
+    table: dict[Kind, tuple[tuple[int, float], ...]] | None = Field(
+        default=None, description="per kind: (wire_bytes, ms) breakpoints, bytes strictly increasing from 0")
     hardware: str = ""
+
+    @model_validator(mode="after")
+    def _one_model(self):
+        alpha_beta = self.latency_ms is not None and self.bandwidth_gbps is not None
+        if self.table is None and not alpha_beta:
+            raise ValueError(f"link {self.pg}: needs latency_ms and bandwidth_gbps, or a table")
+        if self.table is not None and (self.latency_ms is not None or self.bandwidth_gbps is not None):
+            raise ValueError(f"link {self.pg}: a table link has no latency_ms / bandwidth_gbps")
+        for kind, points in (self.table or {}).items():
+            where = f"link {self.pg}: table[{kind}]"
+            if len(points) < 2 or points[0][0] != 0:
+                raise ValueError(f"{where}: needs at least two breakpoints, the first at 0 bytes")
+            for (b0, _), (b1, t1) in zip(points, points[1:]):
+                if b1 <= b0:
+                    raise ValueError(f"{where}: bytes must increase ({b0} then {b1})")
+            for b, t in points:
+                if not (math.isfinite(t) and 0 <= t < 1e9) or b < 0:
+                    raise ValueError(f"{where}: breakpoint ({b}, {t}) is not a finite non-negative time")
+        return self
 
     def factor(self, kind: str) -> float:
         n = self.group_size
@@ -58,7 +88,56 @@ class Link(_Frozen):
         return 2 * (n - 1) / n if kind == "all_reduce" else (n - 1) / n
 
     def time_ms(self, kind: str, wire_bytes: int) -> float:
-        return self.latency_ms + self.factor(kind) * wire_bytes / (self.bandwidth_gbps * 1e6)
+        if self.table is None:
+            return self.latency_ms + self.factor(kind) * wire_bytes / (self.bandwidth_gbps * 1e6)
+        points = self.table.get(kind)
+        if points is None:
+            raise ValueError(f"link {self.pg}: its table has no {kind}")
+        k = bisect.bisect_right(points, (wire_bytes, math.inf)) - 1
+        k = min(max(k, 0), len(points) - 2)  # past the last breakpoint: extend the last segment
+        (b0, t0), (b1, t1) = points[k], points[k + 1]
+        return t0 + (t1 - t0) * (wire_bytes - b0) / (b1 - b0)
+
+    def fixed_ms(self, kind: str) -> float:
+        """What a collective of this kind costs at 0 bytes: what merging saves per collective."""
+        return self.time_ms(kind, 0)
+
+
+class BucketingCost(_Frozen):
+    """What a merged bucket costs beyond its collective, as torch's merge functions build it.
+
+    Why this exists: merging is not free. ``torch._inductor.fx_passes.bucketing`` copies the
+    members' inputs into one buffer before the merged collective (``cat``; for all_gather into
+    the rank's slice of the output) and, for all_gather, copies every member's output out of
+    the interleaved buffer afterwards (``split_with_sizes`` on dim 1, then a ``reshape`` that
+    must copy); reduce_scatter and all_reduce outputs are views. ``coalesced`` reduce_scatters
+    copy nothing. These copies run on the compute stream; each is priced by the roofline as
+    bytes read plus bytes written over ``copy_gbps``. Every collective issued (a merged bucket
+    or a lone collective) also costs ``launch_ms`` on the compute stream, so merging n
+    collectives saves n - 1 launches. See ``copy_bytes``.
+    """
+
+    copy_gbps: float = Field(gt=0, description="memory bandwidth for the copies, GB/s (1e9 bytes)")
+    launch_ms: float = Field(ge=0, description="per collective issued, on the compute stream")
+    source: str = ""
+
+    def copy_ms(self, nbytes: int) -> float:
+        return 2 * nbytes / (self.copy_gbps * 1e6)  # read + write
+
+
+def copy_bytes(kind: str, wire_bytes: list[int] | tuple[int, ...], group_size: int,
+               bucket_mode: str) -> tuple[int, int]:
+    """(bytes copied in before the merged start, bytes copied out after its wait) for a bucket
+    of members with these ``wire_bytes``; (0, 0) for a lone collective (torch does not merge it).
+    See ``BucketingCost`` for where each copy comes from."""
+    if len(wire_bytes) < 2:
+        return 0, 0
+    total = sum(wire_bytes)
+    if kind == "all_gather":  # coalesced mode falls back to the default merge for all_gather
+        return sum(b // max(group_size, 1) for b in wire_bytes), total
+    if kind == "reduce_scatter" and bucket_mode == "coalesced":
+        return 0, 0
+    return total, 0
 
 
 class Collective(_Frozen):
@@ -123,10 +202,19 @@ class Problem(_Frozen):
     nodes: tuple[Node, ...]
     timelines: tuple[Timeline, ...]
     links: tuple[Link, ...]
+    bucketing: BucketingCost | None = Field(default=None, description="copies and launches; none: merging is free")
     meta: dict[str, JSONValue] = Field(default_factory=dict, description="provenance; not fingerprinted")
 
     def content_fingerprint(self) -> str:
         data = self.model_dump(mode="json", exclude={"fingerprint", "meta"})
+        # Fields added later are fingerprinted only when set, so problems written before they
+        # existed keep their fingerprints (and their plans stay bound to them).
+        if data["bucketing"] is None:
+            del data["bucketing"]
+        for link in data["links"]:
+            for added in ("table", "latency_ms", "bandwidth_gbps"):
+                if link[added] is None:
+                    del link[added]
         return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
 
     def with_fingerprint(self) -> "Problem":

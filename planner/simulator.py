@@ -13,7 +13,11 @@ The model (see ``planner/README.md`` for the assumptions):
 - a bucket is issued at its start anchor's position: it begins no earlier than the compute
   stream's clock at that moment and no earlier than the end of the previous bucket on its
   stream, and runs for ``link.time_ms(kind, sum of wire_bytes)`` (latency paid once);
-- a bucket's wait, at its wait anchor's position, stalls the compute stream until it is done.
+- a bucket's wait, at its wait anchor's position, stalls the compute stream until it is done;
+- with ``problem.bucketing`` set, what torch's merge adds runs on the compute stream too: every
+  collective issued costs ``launch_ms`` at its start, a merged bucket's input copy runs right
+  before it is issued and an all_gather bucket's output copy right after its wait (see
+  ``planner.problem.BucketingCost``). Without it merging is free, as in earlier problems.
 """
 
 from __future__ import annotations
@@ -23,16 +27,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.problem import Plan, Problem
+from planner.problem import Plan, Problem, copy_bytes
 
 
 @dataclass(frozen=True)
 class ComputeRun:
-    """One compute (or other pinned) node on the compute stream."""
+    """One compute (or other pinned) node on the compute stream, or a bucketing overhead
+    (``kind`` "launch", "copy-in" or "copy-out")."""
 
     name: str
     begin_ms: float
     end_ms: float
+    kind: str = "compute"
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,11 @@ class Simulation:
     """The simulated step: its length, what waits cost per process group, and every run."""
 
     step_ms: float
-    compute_ms: float
+    compute_ms: float  # the graph's own compute and other pinned nodes
     exposed_ms_by_pg: dict[str, float]
     buckets: tuple[BucketRun, ...]  # in issue order
     compute: tuple[ComputeRun, ...]  # in run order
+    overhead_ms: float = 0.0  # launches and bucketing copies on the compute stream
 
     @property
     def exposed_ms(self) -> float:
@@ -111,41 +118,62 @@ def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
     done: dict[int, BucketRun] = {}
     issue_order: list[int] = []
     compute: list[ComputeRun] = []
-    compute_ms = 0.0
+    compute_ms = overhead_ms = 0.0
+    cost = problem.bucketing
+
+    def run_on_compute(name: str, ms: float, kind: str) -> None:
+        nonlocal clock
+        if ms > 0:
+            compute.append(ComputeRun(name, clock, clock + ms, kind))
+            clock += ms
+
     for node in problem.nodes:
         if node.kind in ("compute", "other"):
-            compute.append(ComputeRun(node.name, clock, clock + node.est_ms))
-            clock += node.est_ms
+            run_on_compute(node.name, node.est_ms, "compute")
             compute_ms += node.est_ms
         elif node.kind == "start" and node.name in issue_at:
             b = issue_at[node.name]
             members = buckets[b][0]
             first = colls[members[0]]
-            nbytes = sum(colls[m].wire_bytes for m in members)
+            link = problem.link(first.pg)
+            wires = [colls[m].wire_bytes for m in members]
+            nbytes = sum(wires)
+            copy_out_ms = 0.0
+            if cost is not None:
+                copy_in, copy_out = copy_bytes(first.kind, wires, link.group_size, problem.bucket_mode)
+                label = f"{first.kind} x{len(members)}"
+                before = clock
+                run_on_compute(f"launch: {label}", cost.launch_ms, "launch")
+                run_on_compute(f"copy-in: {label}", cost.copy_ms(copy_in), "copy-in")
+                copy_out_ms = cost.copy_ms(copy_out)
+                overhead_ms += clock - before
             # The comm stream waits on the compute stream at issue (ProcessGroupNCCL syncs the
             # streams), so a collective never runs ahead of the compute issued before it.
             begin = max(clock, stream_free.get(first.pg, 0.0))
-            end = begin + problem.link(first.pg).time_ms(first.kind, nbytes)
+            end = begin + link.time_ms(first.kind, nbytes)
             stream_free[first.pg] = end
             issue_order.append(b)
             issued[b] = dict(members=members, kind=first.kind, pg=first.pg, wire_bytes=nbytes,
-                             issue_ms=clock, begin_ms=begin, end_ms=end)
+                             issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=copy_out_ms)
         elif node.kind == "wait" and node.name in wait_at:
             b = wait_at[node.name]
             if b not in issued:
                 raise ValueError(f"bucket {list(buckets[b][0])}: waited at {node.name} before it is issued")
             run = issued.pop(b)
+            copy_out_ms = run.pop("copy_out_ms")
             blocked = max(0.0, run["end_ms"] - clock)
             exposed[run["pg"]] += blocked
             done[b] = BucketRun(**run, wait_ms=clock, blocked_ms=blocked)
             clock += blocked
+            run_on_compute(f"copy-out: {run['kind']} x{len(run['members'])}", copy_out_ms, "copy-out")
+            overhead_ms += copy_out_ms
     if issued:  # cannot happen for a valid problem: every collective has a wait
         raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
 
     runs = tuple(done[b] for b in issue_order)
     step = max([clock] + [r.end_ms for r in runs])
     return Simulation(step_ms=step, compute_ms=compute_ms, exposed_ms_by_pg=exposed,
-                      buckets=runs, compute=tuple(compute))
+                      buckets=runs, compute=tuple(compute), overhead_ms=overhead_ms)
 
 
 def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
@@ -170,7 +198,7 @@ def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
                 "ts": begin * us, "dur": (end - begin) * us, "args": args or {}}
 
     for c in sim.compute:
-        events.append(span(c.name, "compute", 0, c.begin_ms, c.end_ms))
+        events.append(span(c.name, c.kind, 0, c.begin_ms, c.end_ms))
     for r in sim.buckets:
         args = {"members": list(r.members), "wire_bytes": r.wire_bytes, "issue_ms": r.issue_ms,
                 "queued_ms": r.begin_ms - r.issue_ms, "wait_ms": r.wait_ms, "blocked_ms": r.blocked_ms}
@@ -179,7 +207,8 @@ def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
             events.append(span(f"blocked: {r.label}", "blocked", 0, r.wait_ms, r.wait_ms + r.blocked_ms,
                                {"pg": r.pg}))
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"step_ms": sim.step_ms, "compute_ms": sim.compute_ms, "exposed_ms": sim.exposed_ms,
+            "otherData": {"step_ms": sim.step_ms, "compute_ms": sim.compute_ms, "overhead_ms": sim.overhead_ms,
+                          "exposed_ms": sim.exposed_ms,
                           "exposed_ms_by_pg": dict(sim.exposed_ms_by_pg)}}
 
 

@@ -30,27 +30,24 @@ class Scheduled:
     graph_before_greedy: str
 
 
-def fresh_schedule(name: str, pre_bucketing: bool = False):
-    from fxglue.pipeline import estimator_for, schedule
+def fresh_schedule(name: str, pre_bucketing: bool = False, preset: str | None = None):
+    from fxglue.pipeline import estimator_for, resolve_preset, schedule
     from fxglue.workloads import trace
 
-    traced = trace(name)
-    est = estimator_for(traced)
+    p = resolve_preset(preset)
+    traced = trace(name, world_size=p.world_size, tp=p.tp) if p else trace(name)
+    est = estimator_for(traced, preset=p)
     return traced, schedule(traced, est, pre_bucketing=pre_bucketing), est
 
 
 @functools.lru_cache(maxsize=None)
-def scheduled(name: str, pre_bucketing: bool = False) -> Scheduled:
-    from fxglue.extract import extract_problem
-    from fxglue.greedy import greedy_plan
+def scheduled(name: str, pre_bucketing: bool = False, preset: str | None = None) -> Scheduled:
+    from fxglue.pipeline import prepare
 
-    traced, inputs, est = fresh_schedule(name, pre_bucketing)
-    problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                              meta=traced.meta)
-    before = str(inputs.gm.graph)
-    plan = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                       problem_fingerprint=problem.fingerprint, **inputs.bucketer_kwargs)
-    return Scheduled(name, traced, inputs, est, problem, plan, before)
+    p = prepare(name, pre_bucketing=pre_bucketing, preset=preset, greedy=False)
+    before = str(p.inputs.gm.graph)
+    p.record_greedy()
+    return Scheduled(name, p.traced, p.inputs, p.estimator, p.problem, p.greedy, before)
 
 
 @pytest.fixture

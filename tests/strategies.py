@@ -11,8 +11,11 @@ KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 
 @st.composite
 def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int = 2,
-             dtypes=("bfloat16", "float32")) -> planner.Problem:
+             dtypes=("bfloat16", "float32"), costs: bool = False) -> planner.Problem:
     """A schedule of compute nodes with collectives started and waited around them.
+
+    ``costs``: links priced by random cost tables (any shape, not only concave ones) and a
+    random bucketing cost (copies and launches), instead of α-β links with free merging.
 
     Dependencies only point backwards in the schedule; hiding nodes of a collective are
     compute nodes strictly between its start and wait.
@@ -77,12 +80,27 @@ def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int 
                 idx.append(k)
                 types += tok[0]
         timelines.append(planner.Timeline(pg=pg, nodes=tuple(idx), types=types))
-    links = tuple(planner.Link(pg=pg, group_size=draw(st.sampled_from([2, 4, 8])), latency_ms=0.02,
-                               bandwidth_gbps=50.0) for pg in pgs)
+    if costs:
+        links = tuple(planner.Link(pg=pg, group_size=draw(st.sampled_from([2, 4, 8])),
+                                   table={k: draw(_cost_tables()) for k in KINDS}) for pg in pgs)
+        bucketing = planner.BucketingCost(copy_gbps=draw(st.sampled_from([0.05, 1.0, 100.0])),
+                                          launch_ms=draw(st.sampled_from([0.0, 0.01, 0.5])))
+    else:
+        links = tuple(planner.Link(pg=pg, group_size=draw(st.sampled_from([2, 4, 8])), latency_ms=0.02,
+                                   bandwidth_gbps=50.0) for pg in pgs)
+        bucketing = None
     cap = draw(st.sampled_from([64 * 1024, 128 * 1024, 1 << 30]))
     return planner.Problem(bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=len(seq),
                            collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines),
-                           links=links, meta={"generator": "tests.strategies.problems"}).with_fingerprint()
+                           links=links, bucketing=bucketing,
+                           meta={"generator": "tests.strategies.problems"}).with_fingerprint()
+
+
+@st.composite
+def _cost_tables(draw):
+    """Breakpoints (bytes, ms) from 0 to past any bucket these problems make (6 x 64 KiB)."""
+    sizes = sorted(set(draw(st.lists(st.integers(1, 1 << 19), min_size=1, max_size=5))))
+    return tuple((b, draw(st.floats(0.0, 3.0))) for b in [0, *sizes])
 
 
 @st.composite

@@ -179,3 +179,33 @@ def test_unbucketed_step_is_at_least_the_compute(problem):
     # every collective is waited, so the step is the compute plus the stalls
     assert sim.step_ms == pytest.approx(sim.compute_ms + sim.exposed_ms)
     assert sorted(m for r in sim.buckets for m in r.members) == sorted(c.name for c in problem.collectives)
+
+
+def test_bucketing_costs_run_on_the_compute_stream_as_worked_out_by_hand():
+    # all_reduces a (1 MB) and b (1 MB) merged, anchored at a's start and b's wait; launches
+    # 0.1 ms each issue; copies at 1 GB/s: copy-in reads and writes 2 MB -> 4 ms, no copy-out
+    # (all_reduce outputs are views). mm0 0 -> 1; launch 1 -> 1.1; copy-in 1.1 -> 5.1; the
+    # bucket runs 5.1 -> 7.1; mm1 5.1 -> 6.1; the wait at 6.1 stalls 1.0 to 7.1; mm2 7.1 -> 8.1.
+    p = make([("mm0", 1.0), ("s", "a"), ("s", "b"), ("mm1", 1.0), ("w", "a"), ("w", "b"), ("mm2", 1.0)],
+             {"a": ("pg0", 1 * MB), "b": ("pg0", 1 * MB)})
+    p = p.model_copy(update={"bucketing": planner.BucketingCost(copy_gbps=1.0, launch_ms=0.1)})
+    sim = simulate(p, plan_of(p, (("a", "b"), "a", "b")))
+    ab = run(sim, "a")
+    assert (ab.issue_ms, ab.begin_ms, ab.end_ms, ab.wait_ms, ab.blocked_ms) == pytest.approx((5.1, 5.1, 7.1, 6.1, 1.0))
+    assert sim.step_ms == pytest.approx(8.1)
+    assert sim.overhead_ms == pytest.approx(4.1)
+    assert [c.kind for c in sim.compute] == ["compute", "launch", "copy-in", "compute", "compute"]
+    # unbucketed: two launches, no copies. mm0 0->1; a: launch 1->1.1, runs 1.1->2.1; b: launch
+    # 1.1->1.2, queued behind a 2.1->3.1; mm1 1.2->2.2; wait a at 2.2 (done); wait b stalls to 3.1.
+    sim = simulate(p)
+    assert sim.step_ms == pytest.approx(4.1)
+    assert sim.overhead_ms == pytest.approx(0.2)
+
+
+def test_all_gather_bucket_copies_its_shards_in_and_its_outputs_out():
+    # torch's all_gather merge: copy-in of each rank's shards (wire / group size), copy-out of
+    # every full output (see planner.problem.BucketingCost)
+    assert planner.problem.copy_bytes("all_gather", [800, 400], 4, "default") == (300, 1200)
+    assert planner.problem.copy_bytes("reduce_scatter", [800, 400], 4, "default") == (1200, 0)
+    assert planner.problem.copy_bytes("reduce_scatter", [800, 400], 4, "coalesced") == (0, 0)
+    assert planner.problem.copy_bytes("all_gather", [800], 4, "default") == (0, 0)  # not merged
