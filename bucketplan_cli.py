@@ -44,12 +44,21 @@ def cmd_workloads(args) -> int:
 def _hardware(args):
     if not getattr(args, "hardware", None):
         return None
-    from fxglue.estimator import Hardware
+    from fxglue.presets import Hardware
 
     try:
         return Hardware.from_json(args.hardware)
     except (OSError, ValueError, TypeError) as e:
         raise CLIError(f"{args.hardware}: cannot read hardware figures: {e}") from None
+
+
+def _preset(args):
+    from fxglue.presets import get_preset
+
+    try:
+        return get_preset(args.preset, ranks=args.ranks, tp=args.tp)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def cmd_extract(args) -> int:
@@ -60,7 +69,7 @@ def cmd_extract(args) -> int:
     say = _progress(args.quiet)
     out = Path(args.output)
     try:
-        result = run_pipeline(args.workload, planner_="greedy", pre_bucketing=args.pre_bucketing,
+        result = run_pipeline(args.workload, planner_="greedy", preset=_preset(args), pre_bucketing=args.pre_bucketing,
                               bucket_mode=args.bucket_mode, hardware=_hardware(args), apply=False,
                               max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
     except WorkloadError as e:
@@ -78,6 +87,12 @@ def cmd_extract(args) -> int:
     print(f"hidden/partly/exp.  {status['hidden']} / {status['partly']} / {status['exposed']}")
     print(f"torch greedy        {n} -> {planner.collectives_after(problem, plan)} collectives "
           f"in {len(plan.buckets)} buckets")
+    from planner.bounds import step_floor
+
+    print(f"cluster             {problem.meta.get('preset')}: "
+          + "; ".join(f"pg {link.pg} ({link.group_size} ranks) {link.hardware}" for link in problem.links))
+    print(f"step (simulated)    unbucketed {planner.simulate(problem).step_ms:.3f} ms; "
+          f"floor {step_floor(problem).floor_ms:.3f} ms")
     print("timings (s)         " + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in t.items()))
     print(f"wrote               {out / 'problem.json'}, {out / 'greedy-plan.json'}")
     return 0
@@ -140,7 +155,7 @@ def cmd_apply(args) -> int:
     say = _progress(args.quiet)
     plan = planner.load_plan(args.plan)
     try:
-        result = run_pipeline(args.workload, planner_=plan, pre_bucketing=args.pre_bucketing,
+        result = run_pipeline(args.workload, planner_=plan, preset=_preset(args), pre_bucketing=args.pre_bucketing,
                               bucket_mode=args.bucket_mode, hardware=_hardware(args),
                               max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
     except (PlanError, WorkloadError) as e:
@@ -174,7 +189,7 @@ def cmd_compare(args) -> int:
     targets = args.targets or list(DEFAULT_SUITE)
     out = Path(args.output)
     try:
-        table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say)
+        table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args))
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     print(markdown(table), end="")
@@ -225,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
     s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
     s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
+    _add_cluster_options(s)
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_compare)
 
@@ -251,7 +267,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_cluster_options(s) -> None:
+    from fxglue.presets import DEFAULT_PRESET, PRESETS
+
+    s.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
+                   help="cluster: world size, 2-D TP degree, GPU and how collectives are priced "
+                        f"(default {DEFAULT_PRESET}); " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
+    s.add_argument("--ranks", type=int, help="world size instead of the preset's (a multiple of its ranks per node)")
+    s.add_argument("--tp", type=int, help="tensor-parallel degree of 2-D workloads instead of the preset's")
+
+
 def _add_pipeline_options(s) -> None:
+    _add_cluster_options(s)
     s.add_argument("--pre-bucketing", action="store_true",
                    help="run torch's FSDP pre-bucketing before scheduling (torch's default; off here so the "
                         "bucket search sees every collective)")

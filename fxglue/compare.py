@@ -6,6 +6,8 @@ graph: torch's default pipeline (FSDP pre-bucketing + greedy), torch's greedy al
 CP-SAT (fewest collectives; and least exposed communication with partly hidden
 collectives protected too), verifies every plan, simulates each one
 (``planner.simulate``), and writes one table (CSV and Markdown), plots and Chrome traces.
+Every row is set against the step floor (``planner.bounds.step_floor``): the step no plan can
+beat on that cluster, so "ms above the floor" is what a planner leaves on the table.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import planner
 from planner.io import atomic_write_text
+from planner.bounds import step_floor
 from planner.simulator import simulate, write_chrome_trace
 from planner.solver import repair, solve
 from planner.verifier import check
@@ -52,27 +55,19 @@ class WorkloadRow:
     collectives_before: int
     plans: list[PlanRow] = field(default_factory=list)
     sims: dict = field(default_factory=dict)
+    floor_ms: float | None = None
+    preset: str = ""
 
 
-def _problems_for(name: str, say):
+def _problems_for(name: str, say, preset=None):
     """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it)."""
-    from fxglue.extract import extract_problem
-    from fxglue.greedy import greedy_plan
-    from fxglue.pipeline import estimator_for, schedule
-    from fxglue.workloads import trace
+    from fxglue.pipeline import prepare
 
     out = []
     for pre in (False, True):
         say(f"{name}: trace and schedule (pre-bucketing {'on' if pre else 'off'})")
-        traced = trace(name)
-        est = estimator_for(traced)
-        inputs = schedule(traced, est, pre_bucketing=pre)
-        problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                                  meta={**traced.meta, "pre_bucketing": pre})
-        t0 = time.perf_counter()
-        plan = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                           problem_fingerprint=problem.fingerprint, **inputs.bucketer_kwargs)
-        out.append((problem, plan, time.perf_counter() - t0, traced.gm))
+        p = prepare(name, preset=preset, pre_bucketing=pre)
+        out.append((p.problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
     return out
 
 
@@ -87,9 +82,11 @@ def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
     return row
 
 
-def compare_workload(name: str, *, time_limit_s: float, out: Path, say) -> WorkloadRow:
-    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(name, say)
-    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives))
+def compare_workload(name: str, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True) -> WorkloadRow:
+    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(name, say, preset)
+    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "")
+    # the floor of each problem holds for every plan on it; their minimum holds for every row
+    row.floor_ms = min(step_floor(prob).floor_ms, step_floor(prob_pre).floor_ms)
     row.plans.append(_greedy_row("torch default (pre-bucketing + greedy)", prob_pre, greedy_pre, greedy_pre_s))
     row.plans.append(_greedy_row("torch greedy", prob, greedy, greedy_s))
     for label, objective, partly in CPSAT_VARIANTS:
@@ -103,9 +100,11 @@ def compare_workload(name: str, *, time_limit_s: float, out: Path, say) -> Workl
             continue
         sim = simulate(p.problem, p.plan)
         row.sims[p.planner] = sim
-        write_chrome_trace(sim, p.problem, out / "traces" / f"{_slug(name)}--{_slug(p.planner)}.json")
+        if traces:
+            write_chrome_trace(sim, p.problem, out / "traces" / f"{_slug(name)}--{_slug(p.planner)}.json")
     row.sims["unbucketed"] = simulate(prob, None)
-    write_chrome_trace(row.sims["unbucketed"], prob, out / "traces" / f"{_slug(name)}--unbucketed.json")
+    if traces:
+        write_chrome_trace(row.sims["unbucketed"], prob, out / "traces" / f"{_slug(name)}--unbucketed.json")
     return row
 
 
@@ -117,7 +116,8 @@ def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say) -> 
     """A problem file: torch's greedy from the sibling greedy-plan.json when there is one, CP-SAT."""
     prob = planner.load_problem(path)
     name = str(path)
-    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives))
+    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
+                      floor_ms=step_floor(prob).floor_ms)
     greedy_path = path.parent / "greedy-plan.json"
     hint = None
     if greedy_path.exists():
@@ -137,36 +137,52 @@ def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say) -> 
     return row
 
 
-COLUMNS = ["workload", "nodes", "collectives_before", "planner", "collectives_after", "step_ms", "exposed_ms",
-           "plan_s", "status", "bound", "gap", "note"]
+COLUMNS = ["workload", "preset", "nodes", "collectives_before", "planner", "collectives_after", "step_ms",
+           "floor_ms", "above_floor_ms", "above_floor_pct", "exposed_ms", "overhead_ms", "plan_s", "status",
+           "bound", "gap_pct", "note"]
+
+
+def _bound_text(p: PlanRow):
+    if p.bound is None:
+        return ""
+    if "time" in p.planner:  # decode exposure x (n+1) + count to exposed ms
+        return f"{int(p.bound) // (len(p.problem.collectives) + 1) / 1000:.3f} ms exposed"
+    return p.bound
 
 
 def table_rows(rows: list[WorkloadRow]) -> list[dict]:
     out = []
     for r in rows:
+        def line(planner_name, after, sim, p: PlanRow | None = None):
+            above = None if sim is None or r.floor_ms is None else sim.step_ms - r.floor_ms
+            return {"workload": r.name, "preset": r.preset, "nodes": r.nodes,
+                    "collectives_before": r.collectives_before, "planner": planner_name, "collectives_after": after,
+                    "step_ms": round(sim.step_ms, 3) if sim else None,
+                    "floor_ms": None if r.floor_ms is None else round(r.floor_ms, 3),
+                    "above_floor_ms": None if above is None else round(above, 3),
+                    "above_floor_pct": None if above is None else round(100 * above / r.floor_ms, 2),
+                    "exposed_ms": round(sim.exposed_ms, 3) if sim else None,
+                    "overhead_ms": round(sim.overhead_ms, 3) if sim else None,
+                    "plan_s": None if p is None else round(p.plan_s, 2), "status": "" if p is None else p.status,
+                    "bound": "" if p is None else _bound_text(p),
+                    "gap_pct": None if p is None or p.gap is None else round(100 * p.gap, 2),
+                    "note": "" if p is None else p.note}
+
         base = r.sims["unbucketed"]
-        out.append({"workload": r.name, "nodes": r.nodes, "collectives_before": r.collectives_before,
-                    "planner": "unbucketed", "collectives_after": r.collectives_before,
-                    "step_ms": round(base.step_ms, 3), "exposed_ms": round(base.exposed_ms, 3), "plan_s": "",
-                    "status": "", "bound": "", "gap": "", "note": ""})
+        out.append(line("unbucketed", r.collectives_before, base))
         for p in r.plans:
             sim = r.sims.get(p.planner)
-            bound = p.bound
-            if bound is not None and "time" in p.planner:  # decode exposure x (n+1) + count to exposed ms
-                bound = f"{int(bound) // (len(p.problem.collectives) + 1) / 1000:.3f} ms exposed"
-            out.append({"workload": r.name, "nodes": r.nodes, "collectives_before": r.collectives_before,
-                        "planner": p.planner, "collectives_after": p.after,
-                        "step_ms": round(sim.step_ms, 3) if sim else "", "exposed_ms":
-                        round(sim.exposed_ms, 3) if sim else "", "plan_s": round(p.plan_s, 2), "status": p.status,
-                        "bound": "" if bound is None else bound,
-                        "gap": "" if p.gap is None else f"{p.gap:.1%}", "note": p.note})
+            row = line(p.planner, p.after, sim, p)
+            if sim is not None and sim.step_ms > base.step_ms + 1e-9:
+                row["note"] = "; ".join(x for x in (row["note"], "slower than unbucketed") if x)
+            out.append(row)
     return out
 
 
 def markdown(rows: list[dict]) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for r in rows:
-        lines.append("| " + " | ".join(str(r[c]) for c in COLUMNS) + " |")
+        lines.append("| " + " | ".join("" if r[c] is None else str(r[c]) for c in COLUMNS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -230,14 +246,14 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     return paths
 
 
-def run_compare(workloads, *, out: Path, time_limit_s: float = 30.0, progress=None) -> list[dict]:
+def run_compare(workloads, *, out: Path, time_limit_s: float = 30.0, progress=None, preset=None) -> list[dict]:
     say = progress or (lambda msg: None)
     rows = []
     for target in workloads:
         if str(target).endswith(".json"):
             rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=out, say=say))
         else:
-            rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say))
+            rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say, preset=preset))
     table = table_rows(rows)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=COLUMNS)

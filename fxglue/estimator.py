@@ -12,71 +12,17 @@ are then priced by ``torch._inductor.comm_analysis`` for each group's real layou
 (``fxglue.costs``), and merging costs what torch's merge functions add
 (``planner.problem.BucketingCost``). The ``ab-ib8`` preset keeps the original α-β figures below.
 
-The α-β defaults model an NVIDIA H100 SXM5 80GB at achievable rather than datasheet rates
-(800 TFLOP/s bf16/fp16 of the 989 dense peak, 60 TFLOP/s fp32, 3.0 TB/s of the 3.35 TB/s
-HBM3) in a cluster where the data-parallel group crosses nodes over one 400 Gb/s InfiniBand
-NDR NIC per GPU (50 GB/s bus bandwidth, 20 µs per collective) and the tensor-parallel group
-stays inside a node on NVLink 4 (200 GB/s, 5 µs). They are round, documented figures for a
-realistic ratio of compute to communication, not measurements; ``Hardware.from_json``
-overrides any of them.
+The presets and hardware figures, with their sources, are in ``fxglue.presets``.
 """
 
 from __future__ import annotations
-
-import json
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 
 import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
+from fxglue.presets import DEFAULT_PRESET, PRESETS, Hardware, LinkSpec, Preset, get_preset  # noqa: F401
 from planner.problem import BucketingCost, Link
-
-
-@dataclass(frozen=True)
-class LinkSpec:
-    latency_us: float
-    bandwidth_gbps: float
-    name: str
-
-
-@dataclass(frozen=True)
-class Hardware:
-    """Hardware figures behind the estimates. ``links`` maps a role (``dp``, ``tp``) to a link."""
-
-    name: str = "H100-SXM5-80GB (achievable rates), DP over 400Gb/s IB NDR, TP over NVLink4"
-    bf16_tflops: float = 800.0
-    fp32_tflops: float = 60.0
-    hbm_tbps: float = 3.0
-    # Host-side cost of issuing one collective, charged on the compute stream (see
-    # BucketingCost): ProcessGroupNCCL records an event on the compute stream, makes the NCCL
-    # stream wait on it and launches the NCCL kernel. A kernel launch alone is 2-4 µs (NVIDIA,
-    # "Getting Started with CUDA Graphs": 2-3 µs per launch); 5 µs is a round figure for the
-    # launch with its event work. None: merging is free (the original α-β problems).
-    launch_us: float | None = None
-    links: dict[str, LinkSpec] = field(default_factory=lambda: {
-        "dp": LinkSpec(20.0, 50.0, "InfiniBand NDR 400Gb/s per GPU"),
-        "tp": LinkSpec(5.0, 200.0, "NVLink 4"),
-    })
-
-    def peak_flops(self, dtype: torch.dtype) -> float:
-        if dtype in (torch.bfloat16, torch.float16):
-            return self.bf16_tflops * 1e12
-        return self.fp32_tflops * 1e12
-
-    @classmethod
-    def from_json(cls, path: str | Path) -> "Hardware":
-        """Override defaults from a JSON file: any of the fields above; links as {role: {...}}."""
-        data = json.loads(Path(path).read_text())
-        base = cls()
-        unknown = set(data) - {"name", "bf16_tflops", "fp32_tflops", "hbm_tbps", "links", "launch_us"}
-        if unknown:
-            raise ValueError(f"{path}: unknown hardware field(s) {sorted(unknown)}")
-        links = dict(base.links)
-        for role, spec in data.pop("links", {}).items():
-            links[role] = LinkSpec(**{**asdict(links.get(role, base.links["dp"])), **spec})
-        return replace(base, links=links, **data)
 
 
 _VIEW_TARGETS = {
@@ -115,56 +61,6 @@ def wire_bytes(n: fx.Node) -> int:
     if kind == "all_gather":
         return _nbytes(n.meta["val"])
     return _nbytes(_val(n.args[0]))
-
-
-@dataclass(frozen=True)
-class Preset:
-    """A named cluster: world size, 2-D layout, GPU generation, and how collectives are priced.
-
-    ``comm="nccl"``: torch's NCCL-derived model for each group's layout (``fxglue.costs``);
-    ``"alpha-beta"``: ``hardware.links`` as they are. Ranks fill nodes in order and a 2-D mesh
-    puts tensor parallelism innermost (``rank = dp_rank * tp + tp_rank``), so a TP group of at
-    most ``ranks_per_node`` stays inside one node and the data-parallel group spans the nodes.
-    """
-
-    name: str
-    description: str
-    nodes: int
-    tp: int  # tensor-parallel degree of 2-D workloads
-    ranks_per_node: int = 8
-    gpu: str = "hopper"
-    comm: str = "nccl"
-    hardware: Hardware = field(default_factory=Hardware)
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.ranks_per_node
-
-
-# Sources: H100 SXM5 compute and HBM figures as above (the achievable rates of Hardware);
-# NVLink 4 (370 GB/s bus bandwidth in torch's table, from NCCL's topo.h) inside a DGX/HGX H100
-# node of 8 GPUs; one 400 Gb/s NDR InfiniBand NIC per GPU across nodes (50 GB/s in torch's
-# table), with the per-hop latencies and NIC-efficiency corrections of
-# torch._inductor.comm_analysis (NCCL's tuning.cc constants, calibrated there on H100 RoCE).
-_H100 = Hardware(name="H100-SXM5-80GB (achievable rates), NCCL model of torch 2.13", launch_us=5.0)
-PRESETS: dict[str, Preset] = {p.name: p for p in (
-    Preset("h100-1node", "one HGX H100 node: 8 ranks over NVLink; 2-D as TP 2 x FSDP 4", nodes=1, tp=2,
-           hardware=_H100),
-    Preset("h100-8nodes", "8 H100 nodes: 64 ranks, InfiniBand NDR across nodes; 2-D as TP 8 in the node x "
-           "FSDP 8 across nodes", nodes=8, tp=8, hardware=_H100),
-    Preset("h100-64nodes", "64 H100 nodes: 512 ranks, InfiniBand NDR across nodes; 2-D as TP 8 x FSDP 64",
-           nodes=64, tp=8, hardware=_H100),
-    Preset("ab-ib8", "the original α-β model: 8 ranks, every data-parallel group on 400 Gb/s InfiniBand "
-           "(20 µs, 50 GB/s), TP on NVLink (5 µs, 200 GB/s); 2-D as TP 2 x FSDP 4; merging free",
-           nodes=1, tp=2, comm="alpha-beta"),
-)}
-DEFAULT_PRESET = "ab-ib8"
-
-
-def get_preset(name: str) -> Preset:
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    return PRESETS[name]
 
 
 class Estimator:

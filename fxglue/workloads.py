@@ -5,8 +5,10 @@ name (``llama3-8b-fsdp-32``) and one way to be built. A workload is a module fac
 parallelism style; tracing happens under ``FakeTensorMode`` with torch's fake process group
 (rank 0 of 8), so shapes are real (Llama-3-8B) and no memory or GPU is needed.
 
-Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}`` and, with the ``models`` extra,
-``hf-<arch>-<layers>`` (see ``fxglue.hf_models``).
+Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-70b-{fsdp,2d}-{2,8,80}`` and, with the
+``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.hf_models``). The world size and TP degree
+are chosen when tracing (``trace(..., world_size, tp)``; the cluster presets of
+``fxglue.estimator`` fix both).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fxglue import parallel
-from fxglue.llama import LLAMA3_8B, Llama, LlamaConfig, lm_loss
+from fxglue.llama import LLAMA3_8B, LLAMA3_70B, Llama, LlamaConfig, lm_loss
 
 FAKE_WORLD_SIZE = 8
 TP_SIZE = 2
 LLAMA_LAYERS = (2, 8, 32, 80)
 LLAMA_VARIANTS = ("fsdp", "2d", "ddp")
+LLAMA70B_LAYERS = (2, 8, 80)  # 80 is the real depth; 2 and 8 for quick runs
+LLAMA70B_VARIANTS = ("fsdp", "2d")  # a 70B model does not fit one GPU: no DDP
 
 
 class WorkloadError(ValueError):
@@ -97,21 +101,25 @@ def _llama_builder(cfg: LlamaConfig, variant: str):
 
 def _registry() -> dict[str, Workload]:
     reg: dict[str, Workload] = {}
-    for variant in LLAMA_VARIANTS:
-        for layers in LLAMA_LAYERS:
-            name = f"llama3-8b-{variant}-{layers}"
-            what = {
-                "fsdp": "SimpleFSDP over 8 ranks",
-                "2d": "FSDP over 4 ranks x Megatron TP over 2",
-                "ddp": "DDP over 8 ranks (gradient all_reduce)",
-            }[variant]
-            reg[name] = Workload(
-                name=name,
-                description=f"Llama-3-8B-shaped decoder, {layers} layers, bf16, seq 4096; {what}",
-                style=variant,
-                build=_llama_builder(LLAMA3_8B.with_(n_layers=layers), variant),
-                layers=layers,
-            )
+    what = {
+        "fsdp": "SimpleFSDP over every rank",
+        "2d": "FSDP x Megatron TP (8 ranks: 4 x 2)",
+        "ddp": "DDP over every rank (gradient all_reduce)",
+    }
+    shapes = (("llama3-8b", "Llama-3-8B", LLAMA3_8B, LLAMA_VARIANTS, LLAMA_LAYERS),
+              ("llama3-70b", "Llama-3-70B", LLAMA3_70B, LLAMA70B_VARIANTS, LLAMA70B_LAYERS))
+    for family, title, cfg, variants, depths in shapes:
+        for variant in variants:
+            for layers in depths:
+                name = f"{family}-{variant}-{layers}"
+                reg[name] = Workload(
+                    name=name,
+                    description=f"{title}-shaped decoder, {layers} layers, bf16, seq 4096; {what[variant]}",
+                    style=variant,
+                    build=_llama_builder(cfg.with_(n_layers=layers), variant),
+                    layers=layers,
+                    family=family,
+                )
     try:
         from fxglue import hf_models
     except ImportError:  # the optional `models` extra is not installed
@@ -138,7 +146,7 @@ def get_workload(name: str, *, small: bool = False) -> Workload:
 
 def small_variant(wl: Workload) -> Workload:
     """The same structure (layers, collectives) at shapes small enough to run for real."""
-    if wl.family == "llama3-8b":
+    if wl.family in ("llama3-8b", "llama3-70b"):
         from fxglue.llama import LLAMA_TINY
 
         return Workload(wl.name, wl.description + " (tiny shapes)", wl.style,

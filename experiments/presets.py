@@ -1,0 +1,101 @@
+"""Every planner priced on real cluster shapes: step time against the floor, per preset.
+
+    python -m experiments.presets --workloads llama3-8b-fsdp-2 ... --presets h100-1node h100-8nodes
+        [--time-limit 30] [--out experiments/results/presets]
+
+For each workload and cluster preset this runs ``fxglue.compare.compare_workload`` (the rows of
+``bucketplan compare``: unbucketed, torch's default pipeline, torch's greedy, CP-SAT count and
+time objectives) on problems traced at the preset's world size and priced by torch's NCCL
+model with bucketing's copies and launches, and sets every simulated step against the step
+floor (``planner.bounds.step_floor``). Rows are appended to ``rows.jsonl`` as each workload
+finishes (a run resumes), ``table.md`` and ``above_floor.png`` are rewritten each time, and the
+problem (pre-bucketing off) and every plan are saved gzipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+from pathlib import Path
+
+from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
+from fxglue.compare import COLUMNS, _slug, compare_workload, table_rows
+
+REVISION = git_revision()
+
+
+def run_one(name: str, preset: str, time_limit: float, out: Path) -> list[dict]:
+    say = lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)  # noqa: E731
+    row = compare_workload(name, time_limit_s=time_limit, out=out, say=say, preset=preset, traces=False)
+    tag = out / f"{name}--{preset}"
+    for p in row.plans:
+        if p.plan is not None:
+            save_gz(p.plan, tag / f"{_slug(p.planner)}-plan.json.gz")
+    save_gz(row.plans[1].problem, tag / "problem.json.gz")
+    return [{**r, "revision": REVISION, "time_limit_s": time_limit} for r in table_rows([row])]
+
+
+def plot(rows: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = list(dict.fromkeys((r["workload"], r["preset"]) for r in rows))
+    planners = list(dict.fromkeys(r["planner"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(cases)), 4.8))
+    width = 0.8 / len(planners)
+    for k, label in enumerate(planners):
+        ys = [next((r["above_floor_pct"] for r in rows if (r["workload"], r["preset"]) == c and r["planner"] == label),
+                   0) or 0 for c in cases]
+        ax.bar([i + k * width for i in range(len(cases))], ys, width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], [f"{w}\n{p}" for w, p in cases], rotation=30,
+                  ha="right", fontsize=7)
+    ax.set_ylabel("simulated step above the floor (% of floor)")
+    ax.set_title("Distance to the step floor per workload and cluster preset (lower is better)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "above_floor.png", dpi=110)
+    plt.close(fig)
+
+
+def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
+    revisions = sorted({r.get("revision", "?") for r in rows})
+    lines = ["# Planners on cluster presets: simulated step time against the floor", "",
+             f"Command (last invocation): `python -m experiments.presets {' '.join(argv)}`  ",
+             f"Revisions of the rows: {', '.join(f'`{r}`' for r in revisions)}; machine: {json.dumps(machine())}  ",
+             "CP-SAT: 2 workers, seed 0, torch's greedy (or its repair) as hint; `plan_s` wall seconds, one run. "
+             "`floor_ms`: planner.bounds.step_floor (no plan can beat it).", "",
+             *markdown_table(COLUMNS + ["revision"], rows)]
+    (out / "table.md").write_text("\n".join(lines) + "\n")
+    plot(rows, out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", required=True)
+    ap.add_argument("--presets", nargs="+", required=True)
+    ap.add_argument("--time-limit", type=float, default=30.0)
+    ap.add_argument("--out", default="experiments/results/presets")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows_path = out / "rows.jsonl"
+    rows = read_rows(rows_path)
+    for preset in args.presets:
+        for name in args.workloads:
+            if any(r["workload"] == name and r["preset"] == preset for r in rows):
+                continue  # resume: keep finished rows
+            print(f"{name} on {preset} ...", file=sys.stderr, flush=True)
+            for r in run_one(name, preset, args.time_limit, out):
+                rows.append(r)
+                append_row(rows_path, r)
+            write_table(rows, out, sys.argv[1:])
+            gc.collect()
+    write_table(rows, out, sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
