@@ -125,7 +125,7 @@ def fixed_limits(problem: Problem) -> dict[str, tuple[int, int]]:
 def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool = False) -> float:
     """A lower bound on ``objective`` valid for every feasible plan.
 
-    For ``time`` (exposure x (n+1) + count, see planner.cpsat.TimeTerms) only the count part is
+    For ``exposure`` (exposure x (n+1) + count, see planner.cpsat.TimeTerms) only the count part is
     bounded: exposure can be zero as far as this bound knows.
     """
     return float(sum(key_lower_bounds(problem, protect_partly).values()))

@@ -27,7 +27,9 @@ from ortools.sat.python import cp_model
 
 from planner.problem import Bucket, Plan, Problem
 
-OBJECTIVES = ("count", "time")
+# count: fewest collectives. exposure: least summed exposed communication per bucket (no stream
+# queuing; see TimeTerms). step: the simulated step itself (planner.step, added by the solver).
+OBJECTIVES = ("count", "exposure", "step")
 
 
 @dataclass
@@ -410,7 +412,7 @@ class TimeTerms:
 
 def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], problem: Problem, objective: str,
                    lower_bound: float | None, max_count: int | None = None, key_bounds: dict | None = None):
-    """count: fewest buckets. time: least total exposed communication in µs under the α-β model
+    """count: fewest buckets. exposure: least total exposed communication in µs per bucket
     (see ``TimeTerms``), then fewest buckets (lexicographic: exposure x (n+1) + count).
     Known valid lower bounds (planner.bounds: on the total, and per bucket key on that key's
     buckets) are stated to the solver: they prune, never cut off a feasible plan."""
@@ -422,7 +424,7 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
             m.add(sum(mine) >= need)
     if objective == "count":
         expr = count
-    elif objective == "time":
+    elif objective == "exposure":
         terms = TimeTerms.of(problem)
         ys: dict[int, list[int]] = {}
         for (a, b) in v.y:
@@ -480,11 +482,16 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)
 
 
-def plan_objective(problem: Problem, plan: Plan, objective: str) -> int:
-    """The model's objective value of a plan (to compare hints and results on one scale)."""
+def plan_objective(problem: Problem, plan: Plan, objective: str) -> float:
+    """The objective value of a plan (to compare hints and results on one scale): collectives
+    left, the encoded exposure, or the simulated step in ms."""
     n = len(problem.collectives) - sum(len(b.members) for b in plan.buckets) + len(plan.buckets)
     if objective == "count":
         return n
+    if objective == "step":
+        from planner.simulator import simulate
+
+        return simulate(problem, plan).step_ms
     terms = TimeTerms.of(problem)
     colls = {c.name: c for c in problem.collectives}
     in_bucket = {m for b in plan.buckets for m in b.members}

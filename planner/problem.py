@@ -96,7 +96,7 @@ class Link(_Frozen):
         k = bisect.bisect_right(points, (wire_bytes, math.inf)) - 1
         k = min(max(k, 0), len(points) - 2)  # past the last breakpoint: extend the last segment
         (b0, t0), (b1, t1) = points[k], points[k + 1]
-        return t0 + (t1 - t0) * (wire_bytes - b0) / (b1 - b0)
+        return max(0.0, t0 + (t1 - t0) * (wire_bytes - b0) / (b1 - b0))  # a falling last segment stops at 0
 
     def fixed_ms(self, kind: str) -> float:
         """What a collective of this kind costs at 0 bytes: what merging saves per collective."""

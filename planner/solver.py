@@ -17,9 +17,11 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import fixed_limits, key_lower_bounds
-from planner.cpsat import ModelHandle, build_model, plan_objective
+from planner.bounds import fixed_limits, key_lower_bounds, step_floor
+from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
 from planner.problem import Bucket, Plan, Problem
+from planner.simulator import simulate
+from planner.step import NS_PER_MS, add_step_objective, hint_every_variable
 from planner.verifier import verify
 
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "NOT_RUN")
@@ -36,6 +38,12 @@ PROBE_MIN_MAIN_S = 30.0
 # A windowed search that solves its restricted model early widens the window while at least
 # this much time is left (see _widen).
 WIDEN_MIN_S = 5.0
+# A step plan is reported OPTIMAL when its simulated step is within this of the bound (ms): the
+# model is a relaxation (a table link's curve by a minorant) with integer-ns rounding.
+STEP_OPTIMAL_TOLERANCE_MS = 1e-3
+# Share of a step search's time spent finding a fewest-collectives plan to start from, when the
+# caller gives none (floor_plans).
+STEP_COUNT_SHARE = 0.25
 
 
 @dataclass
@@ -58,18 +66,23 @@ class SolveResult:
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
-    def __init__(self, say: Callable[[str], None] | None, start: float):
+    """Incumbents and bounds as the search finds them, in the objective's units (ms for step;
+    a step model's incumbent is its own estimate, the plan is re-simulated afterwards)."""
+
+    def __init__(self, say: Callable[[str], None] | None, start: float, objective: str = "count"):
         super().__init__()
         self.say = say
         self.start = start
+        self.scale = NS_PER_MS if objective == "step" else 1
+        self.unit = " ms" if objective == "step" else ""
         self.points: list[tuple[float, float, float]] = []
 
     def on_solution_callback(self) -> None:
         t = time.perf_counter() - self.start
-        point = (round(t, 3), self.objective_value, self.best_objective_bound)
+        point = (round(t, 3), self.objective_value / self.scale, self.best_objective_bound / self.scale)
         self.points.append(point)
         if self.say:
-            self.say(f"incumbent {point[1]:g}, bound {point[2]:g} at {t:.1f}s")
+            self.say(f"incumbent {point[1]:g}{self.unit}, bound {point[2]:g}{self.unit} at {t:.1f}s")
 
 
 # The full-problem workers of a count search on a full model. CP-SAT's default portfolio runs
@@ -99,6 +112,26 @@ def _verified_plan(handle: ModelHandle, solver: cp_model.CpSolver, problem: Prob
         stats["model_bug"] = [str(v) for v in violations[:5]]
         return None, None
     return plan, plan_objective(problem, plan, objective)
+
+
+def _build(problem: Problem, objective: str, window: int | None, within: Plan | None, bounds: dict,
+           policy: dict, floor_ms: float | None) -> ModelHandle:
+    """The rule model with its objective; ``step`` adds the step variables of planner.step."""
+    if objective != "step":
+        return build_model(problem, objective=objective, window=window, within=within, **bounds, **policy)
+    handle = build_model(problem, objective="count", window=window, within=within, **bounds, **policy)
+    step = add_step_objective(handle, problem, floor_ms=floor_ms or 0.0)
+    handle.objective = "step"
+    handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
+    return handle
+
+
+def _problem_bound(handle: ModelHandle, solver_bound: float) -> float:
+    """The solver's bound in the objective's units: a step model's ns less its rounding slack
+    (one ns per event and per duration) in ms."""
+    if handle.objective != "step":
+        return solver_bound
+    return (solver_bound - handle.stats["step_slack_ns"]) / NS_PER_MS
 
 
 def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: float,
@@ -143,6 +176,7 @@ def solve(
     protect_partly: bool = False,
     memory_budget_bytes: int | None = None,
     probe: bool = True,
+    floor_plans: tuple[Plan, ...] = (),
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
     """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md.
@@ -163,10 +197,17 @@ def solve(
     if it has not proved optimality, the rest probes the best bound B (is there a plan with at most B collectives?
     with the incumbent as hint): infeasible raises the bound by one and probes again, a plan found
     there is optimal.
+    ``objective="step"`` minimizes ``planner.simulate``'s step (planner.step): the objective is
+    the returned plan's simulated step in ms, the bound holds for the whole problem (the step
+    floor when the search was windowed), and the result is never slower than the unbucketed
+    schedule, a feasible hint, or any feasible plan of ``floor_plans`` (e.g. the count plan).
     """
     policy = {"protect_partly": protect_partly, "memory_budget_bytes": memory_budget_bytes}
     if time_limit_s <= 0:
         raise ValueError("time_limit_s must be positive")
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
+    step = objective == "step"
     t0 = time.perf_counter()
     workers = workers or 2
     auto = window == "auto"
@@ -175,10 +216,13 @@ def solve(
     key_bounds = key_lower_bounds(problem, protect_partly=protect_partly)
     lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
     bounds = {"lower_bound": lb, "key_bounds": key_bounds}
-    handle = build_model(problem, objective=objective, window=window, within=within, **bounds, **policy)
+    floor_ms = step_floor(problem).floor_ms if step else None
+    if step:
+        lb = floor_ms  # the step's relaxation bound, valid for the whole problem
+    handle = _build(problem, objective, window, within, bounds, policy, floor_ms)
     if auto and window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
         window = AUTO_WINDOW
-        handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
+        handle = _build(problem, objective, window, None, bounds, policy, floor_ms)
     stats = dict(handle.stats)
     stats["relaxation_bound"] = lb
     stats["build_s"] = round(time.perf_counter() - t0, 3)
@@ -191,15 +235,36 @@ def solve(
         stats["hint_repaired"] = repaired.plan is not None
         if repaired.plan is not None:
             hint, hint_ok = repaired.plan, True
+    if step and not floor_plans and within is None:
+        # Without a count plan given, a share of the time finds one: on multi-node presets the
+        # step search started from greedy or unbucketed stayed near them (h100-8nodes fsdp-2:
+        # 129.7 ms after 20 s) while the fewest-collectives plan is 114.7 ms.
+        share = STEP_COUNT_SHARE * time_limit_s
+        count = solve(problem, time_limit_s=share, objective="count", workers=workers, seed=seed, hint=hint,
+                      window=window if not auto else "auto", **policy)
+        if count.plan is not None:
+            floor_plans = (count.plan,)
+        stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
+    if step:
+        # the step search starts from the fastest feasible plan it is given; none of them, nor
+        # the unbucketed schedule, is ever beaten by the result (floors of the result)
+        unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
+        starts = [unbucketed] + ([hint] if hint_ok else [])
+        starts += [p for p in floor_plans if not verify(problem, p, **policy)]
+        hint, hint_ok = min(starts, key=lambda p: simulate(problem, p).step_ms), True
     if hint is not None:
         stats["hint_feasible"] = hint_ok
         # Measured (experiments/results/greedy_vs_cpsat_80): in a windowed search the hint
         # confines CP-SAT to its neighbourhood -- llama3-8b-ddp-80 stayed at greedy's 250 for
         # 600 s with it and reached 42 in 402 s without it; on the other 80-layer runs both end
         # at the same plan. There the hint is only the floor of the result; a full model gets it.
-        stats["hint_fed_to_search"] = window is None
-        if window is None:
+        stats["hint_fed_to_search"] = window is None or step
+        if window is None or step:
             stats["hint_buckets_fitted"] = handle.add_hint(hint)
+        if step:
+            twin = _build(problem, objective, window, within, bounds, policy, floor_ms)
+            stats["hint_every_variable"] = hint_every_variable(handle, twin, hint,
+                                                               time_limit_s=min(10.0, time_limit_s / 6))
     # full count models also probe the bound afterwards (see _probe) with what the main search leaves
     probing = probe and window is None and within is None and objective == "count"
     main_s = max(0.5 * time_limit_s, min(time_limit_s, PROBE_MIN_MAIN_S)) if probing else time_limit_s
@@ -207,7 +272,7 @@ def solve(
     stats["subsolvers"] = list(focused) or "default"
     solver = _configured_solver(workers, seed, main_s - (time.perf_counter() - t0), main_s, focused)
     p = solver.parameters
-    cb = _Progress(progress, t0)
+    cb = _Progress(progress, t0, objective)
     code = solver.solve(handle.model, cb)
     status = solver.status_name(code)
     stats.update(solve_wall_s=round(solver.wall_time, 3),
@@ -226,9 +291,9 @@ def solve(
         plan, obj = _verified_plan(handle, solver, problem, objective, policy, stats, params=params, created=created)
         if plan is None:  # a modelling bug: never hand out an unverified plan
             status = "UNKNOWN"
-        bound = solver.best_objective_bound
+        bound = _problem_bound(handle, solver.best_objective_bound)
     elif code == cp_model.UNKNOWN:
-        bound = solver.best_objective_bound
+        bound = _problem_bound(handle, solver.best_objective_bound)
     if hint_ok:
         hint_obj = plan_objective(problem, hint, objective)
         if obj is None or hint_obj < obj:
@@ -244,7 +309,8 @@ def solve(
         # the restricted model is solved before the time limit: spend the rest on wider windows
         plan, obj, bound, window, widened_exact = _widen(
             problem, plan, obj, bound, window, search_deadline, time_limit_s - solver.deterministic_time, objective,
-            workers, seed, policy, bounds, params, cb, stats)
+            workers, seed, policy, lambda w: _build(problem, objective, w, None, bounds, policy, floor_ms), params, cb,
+            stats)
         stats["bound_scope"] = "problem" if widened_exact else \
             f"problem (relaxation; search in candidate window {window})"
     if probing and plan is not None and status != "OPTIMAL":
@@ -263,15 +329,18 @@ def solve(
         bound = max(bound, lb)
     if bound is not None:
         bound = float(round(bound, 6))
-        if obj is not None and obj <= bound + 1e-9:
+        tolerance = STEP_OPTIMAL_TOLERANCE_MS if step else 1e-9
+        if obj is not None and obj <= bound + tolerance:
             status = "OPTIMAL"  # the incumbent meets a bound valid for the whole problem
+        elif step and status == "OPTIMAL":
+            status = "FEASIBLE"  # the relaxation is solved; the simulated step is above its bound
     result = SolveResult(plan=plan, status=status, objective=obj, bound=bound, gap=_gap(obj, bound),
                          wall_s=round(time.perf_counter() - t0, 3), stats=stats, progress=cb.points)
     return result
 
 
 def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, deadline: float, det_left: float,
-           objective: str, workers: int, seed: int, policy: dict, bounds: dict, params: dict,
+           objective: str, workers: int, seed: int, policy: dict, build: Callable[[int], ModelHandle], params: dict,
            cb: "_Progress", stats: dict) -> tuple[Plan, float, float | None, int, bool]:
     """Window widening: while time is left after a windowed search has solved its restricted
     model, double the window and search again with the incumbent as hint (it lies inside the
@@ -291,7 +360,7 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
         if cb.say:
             cb.say(f"restricted model solved at {obj:g}; widening the window to {window}")
         started = time.perf_counter()
-        handle = build_model(problem, objective=objective, window=window, **bounds, **policy)
+        handle = build(window)
         build_s = time.perf_counter() - started
         handle.add_hint(plan)
         solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
@@ -309,7 +378,7 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
             stage["objective"] = value
             if value < obj:
                 plan, obj = found, value
-        bound = solver.best_objective_bound  # valid for this window's space (reported as restricted)
+        bound = _problem_bound(handle, solver.best_objective_bound)  # valid for this window's space only
         if code != cp_model.OPTIMAL:
             break  # the time ran out inside this window
         exact = window >= largest

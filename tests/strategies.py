@@ -99,7 +99,7 @@ def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int 
 @st.composite
 def _cost_tables(draw):
     """Breakpoints (bytes, ms) from 0 to past any bucket these problems make (6 x 64 KiB)."""
-    sizes = sorted(set(draw(st.lists(st.integers(1, 1 << 19), min_size=1, max_size=5))))
+    sizes = sorted(set(draw(st.lists(st.integers(1, 1 << 19), min_size=0, max_size=4))) | {1 << 20})
     return tuple((b, draw(st.floats(0.0, 3.0))) for b in [0, *sizes])
 
 

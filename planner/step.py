@@ -1,0 +1,286 @@
+"""The step-time objective: CP-SAT minimizes ``planner.simulate``'s step, with a bound in ms.
+
+Why this exists: users pay for step time, not for collectives. With the anchors fixed, the
+final order is fixed, so the simulator is a max-plus recurrence over the start and wait
+positions, which CP-SAT states directly on top of the rule model of ``planner.cpsat`` (its
+``x``/``y`` assignment, every rule, the candidate pruning). Times are integer nanoseconds
+(rounding each term to 1 µs drifted 27 µs at 8 layers in a prototype; ns keep the drift under
+a microsecond).
+
+Walking the positions in order, one variable per event (``StepModel``):
+- a start at position s: ``Q = Q_prev + C(prev, s) + launch·x[a,a] + copy_in(a)``; the bucket it
+  anchors is issued at ``Q`` and ends ``E[a] >= max(Q, E[previous start on its group]) +
+  dur(a)`` (FIFO stream that waits on compute at issue; ``dur``, launch and copies are 0 when
+  ``a`` anchors nothing, so no enforcement literal is needed: a prototype measured that these
+  literals kept a 2-layer model from being proved);
+- a wait at position w: ``S >= Q_prev + C(prev, w)`` and ``S >= E[a]`` if bucket ``a`` is
+  waited here (``y[a, b]``), then its copy-out: ``Q = S + K``, ``K >= copy_out(a)`` if so;
+- the step is ``Q_last + C(last, end)``.
+With ``>=`` and minimization the optimum for a fixed plan is the simulator's step.
+
+Durations. A bucket's time is the link's curve at its bytes ``B[a] = Σ wire·x[i,a]``. An α-β
+link is one line (exact). A table link is replaced by a concave minorant on the bytes the
+bucket can have: the minimum of chords between geometrically spaced points of the curve,
+lowered by the most it exceeds the curve at any breakpoint (torch's tree all_reduce is not
+concave). So the model is a relaxation: its bound is valid for the true step, and every plan it
+returns is scored by ``planner.simulate`` itself (``SolveResult.objective`` is that score).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+from ortools.sat.python import cp_model
+
+from planner.cpsat import ModelHandle
+from planner.problem import Link, Plan, Problem, copy_bytes
+
+NS_PER_MS = 1_000_000
+# Durations are lines in bytes counted in units of BYTE_UNIT (each member's bytes rounded down,
+# so the line stays below the curve), in fixed point ns x 2**k: NVLink moves ~370 bytes per ns,
+# so a slope needs fractional bits. CP-SAT refuses a model whose variable domains could add up
+# past int64, so k is the largest that keeps every bucket's line values under
+# 2**(61 - log2(buckets) - 2): at 32 layers about 2**19, a rounding under 0.2 µs for a 16 GiB
+# bucket.
+BYTE_UNIT = 64
+# Chord points per duration curve (geometric between a bucket's least and largest bytes).
+CHORD_POINTS = 24
+
+
+def _ns(ms: float) -> int:
+    return int(round(ms * NS_PER_MS))
+
+
+def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int = 50) -> tuple[int, list[tuple[int, int]]]:
+    """``(scale, lines)``: lines ``(c, s)`` in ns x scale, ``s`` per BYTE_UNIT bytes, with
+    ``min_j (c_j + s_j * u) <= time(b)`` for every ``b`` in ``[lo, hi]`` and ``u <= b /
+    BYTE_UNIT`` (a concave minorant of the link's curve; exact for an α-β link up to rounding)."""
+    def f_ns(b: int) -> float:
+        return link.time_ms(kind, b) * NS_PER_MS
+
+    if link.table is None or hi <= lo:
+        c = f_ns(0) if link.table is None else f_ns(lo)
+        s = (f_ns(1 << 30) - f_ns(0)) / (1 << 30) if link.table is None else 0.0
+        return _scaled([(c, s)], hi, magnitude_log2)
+    ratio = (hi / max(lo, 1)) ** (1 / (CHORD_POINTS - 1))
+    pts = sorted({lo, hi, *(min(hi, int(lo * ratio**k)) for k in range(CHORD_POINTS))})
+    lines = []
+    for b0, b1 in zip(pts, pts[1:]):
+        s = (f_ns(b1) - f_ns(b0)) / (b1 - b0)
+        lines.append((f_ns(b0) - s * b0, s))
+    # how far the minimum of the chords rises above the curve, at every breakpoint in range
+    checks = [lo, hi] + [b for b, _ in link.table[kind] if lo < b < hi]
+    excess = max(0.0, max(min(c + s * b for c, s in lines) - f_ns(b) for b in checks))
+    return _scaled([(c - excess - 1, s) for c, s in lines], hi, magnitude_log2)
+
+
+def _scaled(lines: list[tuple[float, float]], hi: int, magnitude_log2: int) -> tuple[int, list[tuple[int, int]]]:
+    """Integer lines in BYTE_UNIT bytes at the largest power-of-two scale whose values on
+    [0, hi] stay under 2**magnitude_log2 (rounded down: the minorant stays below the curve)."""
+    largest = max(abs(c) + abs(s) * hi for c, s in lines) + 1
+    scale = 1 << max(0, magnitude_log2 - math.ceil(math.log2(largest)))
+    # a slope s with s <= 0 loses nothing by the unit's rounding only if it is not negative;
+    # negative slopes (a curve that falls) are taken per unit at the unit's far end
+    return scale, [(math.floor(c * scale) + (math.floor(s * BYTE_UNIT * scale) if s < 0 else 0),
+                    math.floor(s * BYTE_UNIT * scale)) for c, s in lines]
+
+
+@dataclass
+class StepModel:
+    """The step variables added to a rule model; ``final`` is the step in ns."""
+
+    handle: ModelHandle
+    final: cp_model.LinearExpr
+    floor_ns: int
+    stats: dict = field(default_factory=dict)
+
+
+def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0) -> StepModel:
+    """Make ``handle``'s model minimize the simulated step (ns); see the module docstring.
+    ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated."""
+    m, colls, x, y = handle.model, handle.colls, handle.x, handle.y
+    cost = problem.bucketing
+    members: dict[int, list[int]] = {}
+    for (i, a) in x:
+        members.setdefault(a, []).append(i)
+    anchors = sorted((a for a in members if (a, a) in x), key=lambda a: colls[a].s)
+    waited_at: dict[int, list[tuple[int, int]]] = {}  # wait position -> (bucket anchor, wait anchor)
+    for (a, b) in y:
+        waited_at.setdefault(colls[b].w, []).append((a, b))
+    by_name = {c.name: c for c in problem.collectives}
+
+    # compute between positions: prefix sums over the pinned compute nodes, rounded once
+    positions = [n.pos for n in problem.nodes]
+    prefix, acc = [], 0.0
+    for n in problem.nodes:
+        prefix.append(_ns(acc))
+        if n.kind in ("compute", "other"):
+            acc += n.est_ms
+    total = _ns(acc)
+
+    def compute_before(pos: int) -> int:
+        return prefix[bisect.bisect_left(positions, pos)]
+
+    horizon = total + sum(_ns(problem.link(c.pg).time_ms(c.kind, c.wire_bytes)) for c in problem.collectives)
+    if cost is not None:
+        horizon += len(colls) * _ns(cost.launch_ms) + sum(
+            _ns(cost.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
+    horizon = 2 * horizon + 1
+
+    launch, copy_in, copy_out, dur = {}, {}, {}, {}
+    magnitude = 61 - math.ceil(math.log2(len(anchors) + 1)) - 2
+    for a in anchors:
+        ca = by_name[colls[a].name]
+        link = problem.link(ca.pg)
+        joiners = [i for i in members[a] if i != a]
+        wires = {i: by_name[colls[i].name].wire_bytes for i in members[a]}
+        launch[a] = copy_in[a] = copy_out[a] = 0
+        if cost is not None and joiners:
+            launch[a] = _ns(cost.launch_ms) * x[a, a]
+            merged = m.new_bool_var(f"merged[{ca.name}]")  # a has a joiner: torch's merge copies
+            for i in joiners:
+                m.add_implication(x[i, a], merged)
+            m.add_implication(merged, x[a, a])
+            cin, cout = {}, {}
+            for i in members[a]:
+                pair = copy_bytes(ca.kind, [wires[i], 0], link.group_size, problem.bucket_mode)
+                cin[i], cout[i] = _ns(cost.copy_ms(pair[0])), _ns(cost.copy_ms(pair[1]))
+            copy_in[a] = sum(cin[i] * x[i, a] for i in joiners) + cin[a] * merged
+            copy_out[a] = sum(cout[i] * x[i, a] for i in joiners) + cout[a] * merged
+        elif cost is not None:
+            launch[a] = _ns(cost.launch_ms) * x[a, a]
+        if link.table is None:
+            # an α-β link is a line: its fixed part once, each member's bytes (exact up to ns)
+            fixed = link.fixed_ms(ca.kind)
+            dur[a] = _ns(fixed) * x[a, a] + sum(
+                _ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members[a])
+            continue
+        # a table link: a concave minorant of its curve at the bucket's bytes
+        hi = sum(wires.values())
+        units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
+        m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members[a]))
+        scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
+        top = max(abs(c) + abs(s) * (hi // BYTE_UNIT) for c, s in lines) + 1
+        scaled = m.new_int_var(-top, top, f"dur_scaled[{ca.name}]")
+        m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
+        d = m.new_int_var(0, top // scale + 1, f"dur[{ca.name}]")  # the least it needs to be
+        m.add(scale * d >= scaled)
+        dur[a] = d
+
+    # the walk over starts and waits in position order
+    events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
+    q_prev: cp_model.LinearExprT = 0
+    prev_compute = 0
+    stream_end: dict[str, cp_model.LinearExprT] = {}
+    ends: dict[int, cp_model.IntVar] = {}
+    clock_at_wait: dict[int, cp_model.IntVar] = {}
+    n_events = 0
+    for pos, what, ref in events:
+        here = compute_before(pos)
+        gap = here - prev_compute
+        prev_compute = here
+        n_events += 1
+        if what == "s":
+            a = ref
+            q = m.new_int_var(0, horizon, f"issue[{colls[a].name}]")
+            m.add(q == q_prev + gap + launch[a] + copy_in[a])
+            e = m.new_int_var(0, horizon, f"end[{colls[a].name}]")
+            m.add(e >= q + dur[a])
+            pg = colls[a].pg
+            if pg in stream_end:
+                m.add(e >= stream_end[pg] + dur[a])
+            stream_end[pg] = e
+            ends[a] = e
+            q_prev = q
+        else:
+            s = m.new_int_var(0, horizon, f"stalled[{pos}]")
+            m.add(s >= q_prev + gap)
+            k = m.new_int_var(0, horizon, f"copy_out[{pos}]")
+            for a, b in waited_at[pos]:
+                if a not in ends:  # waited before it could be issued: the rules forbid it anyway
+                    m.add(y[a, b] == 0)
+                    continue
+                # y[a, a] is also set for a collective that anchors nothing (its wait is its own
+                # and vanishes): only an anchor's wait acts
+                active = [y[a, b]] if a != b else [y[a, b], x[a, a]]
+                m.add(s >= ends[a]).only_enforce_if(active)
+                m.add(k >= copy_out[a]).only_enforce_if(active)
+            t = m.new_int_var(0, horizon, f"clock[{pos}]")
+            m.add(t == s + k)
+            clock_at_wait[pos] = t
+            q_prev = t
+    redundant = _latest_wait_cuts(m, handle, anchors, ends, clock_at_wait)
+    final = q_prev + (total - prev_compute)
+    floor_ns = max(0, _ns(floor_ms) - n_events)  # minus the rounding of one ns per event
+    m.add(final >= floor_ns)
+    m.minimize(final)
+    stats = {"step_events": n_events, "step_anchors": len(anchors), "step_redundant": redundant}
+    return StepModel(handle, final, floor_ns, stats)
+
+
+def _latest_wait_cuts(m: cp_model.CpModel, handle: ModelHandle, anchors: list[int], ends: dict,
+                      clock_at_wait: dict) -> int:
+    """Redundant cuts: with P_k the latest position at which any of the first k buckets of a
+    group can be waited, the clock after P_k is at least the k-th end (each of those buckets is
+    waited by then and the stream is FIFO; the k-th start lies before P_k). They tie the stream
+    to the compute clock in the LP (a prototype measured them helping its proofs)."""
+    colls = handle.colls
+    latest: dict[int, int] = {}
+    for (a, b) in handle.y:
+        latest[a] = max(latest.get(a, -1), colls[b].w)
+    added = 0
+    by_pg: dict[str, list[int]] = {}
+    for a in anchors:
+        by_pg.setdefault(colls[a].pg, []).append(a)
+    for chain in by_pg.values():
+        horizon = -1
+        for k, a in enumerate(chain):
+            horizon = max(horizon, latest.get(a, -1))
+            following = max(horizon, latest.get(chain[k + 1], -1)) if k + 1 < len(chain) else None
+            if following != horizon and horizon in clock_at_wait:  # only the last end before P grows
+                m.add(clock_at_wait[horizon] >= ends[a])
+                added += 1
+    return added
+
+
+
+def hint_every_variable(handle: ModelHandle, twin: ModelHandle, plan: Plan, *, time_limit_s: float = 10.0) -> bool:
+    """Hint ``plan`` with every variable of ``handle``'s model set, times included: ``twin`` (the
+    same model, built the same way) is solved with the plan's assignment fixed and its values
+    become the hints. A prototype measured full hints finding better plans sooner than x/y hints.
+    False (and nothing hinted) when the plan does not fit the model's candidates."""
+    if not _fix(twin, plan):
+        return False
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = time_limit_s
+    if solver.solve(twin.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return False
+    model, fixed = handle.model, twin.model
+    model.clear_hints()
+    for k in range(len(model.proto.variables)):  # both built alike: same variables, same order
+        var = model.get_int_var_from_proto_index(k)
+        model.add_hint(var, solver.value(fixed.get_int_var_from_proto_index(k)))
+    return True
+
+
+def _fix(handle: ModelHandle, plan: Plan) -> bool:
+    """Fix the assignment variables to ``plan`` (False if one of its choices is not a candidate)."""
+    by_name = {c.name: c.idx for c in handle.colls}
+    anchor_of = {i: i for i in range(len(handle.colls))}
+    wait_of = dict(anchor_of)
+    for b in plan.buckets:
+        for name in b.members:
+            anchor_of[by_name[name]] = by_name[b.start]
+        wait_of[by_name[b.start]] = by_name[b.wait]
+    if any((i, a) not in handle.x for i, a in anchor_of.items()) or \
+            any((a, w) not in handle.y for a, w in wait_of.items() if anchor_of[a] == a):
+        return False
+    for (i, a), var in handle.x.items():
+        handle.model.add(var == int(anchor_of[i] == a))
+    for (a, b), var in handle.y.items():
+        if anchor_of[a] == a:
+            handle.model.add(var == int(wait_of[a] == b))
+    return True
