@@ -3,8 +3,9 @@
 Why this exists: users come to learn how far torch's greedy bucketing is from optimal on their
 models and what the difference is worth. For each workload this runs, on the same traced
 graph: torch's default pipeline (FSDP pre-bucketing + greedy), torch's greedy alone, and
-CP-SAT (fewest collectives; and least exposed communication with partly hidden
-collectives protected too), verifies every plan, simulates each one
+torch's manual bucketing of one bucket per transformer block (``fxglue.manual``), and
+CP-SAT (fewest collectives; and the simulated step itself, started from that plan), verifies
+every plan, simulates each one
 (``planner.simulate``), and writes one table (CSV and Markdown), plots and Chrome traces.
 Every row is set against the step floor (``planner.bounds.step_floor``): the step no plan can
 beat on that cluster, so "ms above the floor" is what a planner leaves on the table.
@@ -28,8 +29,9 @@ from planner.solver import repair, solve
 from planner.verifier import check
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
-# (label, objective, protect partly hidden collectives too)
-CPSAT_VARIANTS = (("cpsat (count)", "count", False), ("cpsat (exposure, partly protected)", "exposure", True))
+# (label, objective): the step search starts from the count plan, which it never loses to
+CPSAT_VARIANTS = (("cpsat (count)", "count"), ("cpsat (step)", "step"))
+MANUAL_LABEL = "torch manual (a bucket per block)"
 
 
 @dataclass
@@ -89,12 +91,11 @@ def compare_workload(name: str, *, time_limit_s: float, out: Path, say, preset=N
     row.floor_ms = min(step_floor(prob).floor_ms, step_floor(prob_pre).floor_ms)
     row.plans.append(_greedy_row("torch default (pre-bucketing + greedy)", prob_pre, greedy_pre, greedy_pre_s))
     row.plans.append(_greedy_row("torch greedy", prob, greedy, greedy_s))
-    for label, objective, partly in CPSAT_VARIANTS:
-        say(f"{name}: {label}")
-        hint = row.plans[1].plan
-        res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2,
-                    protect_partly=partly)
-        row.plans.append(PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap))
+    manual = _manual_row(name, preset, say)
+    if manual is not None:
+        row.plans.append(manual)
+        row.floor_ms = min(row.floor_ms, step_floor(manual.problem).floor_ms)
+    _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say)
     for p in row.plans:
         if p.plan is None:
             continue
@@ -106,6 +107,39 @@ def compare_workload(name: str, *, time_limit_s: float, out: Path, say, preset=N
     if traces:
         write_chrome_trace(row.sims["unbucketed"], prob, out / "traces" / f"{_slug(name)}--unbucketed.json")
     return row
+
+
+def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say) -> None:
+    """CP-SAT's rows: fewest collectives, then the step objective started from that plan."""
+    floor_plans: tuple = ()
+    for label, objective in CPSAT_VARIANTS:
+        say(f"{row.name}: {label}")
+        res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2,
+                    floor_plans=floor_plans, progress=lambda msg: say(f"{row.name}: {label}: {msg}"))
+        note = "stopped by the wall clock" if res.stats.get("wall_limit_hit") else ""
+        row.plans.append(PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note))
+        if res.plan is not None:
+            floor_plans = (res.plan,)
+
+
+def _manual_row(name: str, preset, say) -> PlanRow | None:
+    """Torch's manual per-block bucketing on a fresh trace (the pass replaces the scheduler),
+    simulated as it leaves the graph; None for a workload whose blocks it cannot name."""
+    from fxglue.manual import manual_bucketing_problem
+    from fxglue.pipeline import estimator_for, resolve_preset
+    from fxglue.workloads import trace
+
+    say(f"{name}: torch's manual per-block bucketing")
+    p = resolve_preset(preset)
+    traced = trace(name, world_size=p.world_size, tp=p.tp) if p else trace(name)
+    t0 = time.perf_counter()
+    problem, info = manual_bucketing_problem(traced, estimator_for(traced, preset=p),
+                                             meta={**traced.meta, "preset": p.name if p else None})
+    plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="torch-manual", created="",
+                        buckets=())  # torch merged its buckets in the graph: the problem is the plan
+    return PlanRow(MANUAL_LABEL, problem, plan, time.perf_counter() - t0,
+                   note="all_reduce never bucketed by this pass" if any(
+                       c.kind == "all_reduce" for c in problem.collectives) else "")
 
 
 def _slug(text: str) -> str:
@@ -124,11 +158,7 @@ def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say) -> 
         g = planner.load_plan(greedy_path)
         row.plans.append(_greedy_row("torch greedy", prob, g, float(g.params.get("wall_s", 0.0))))
         hint = row.plans[-1].plan
-    for label, objective, partly in CPSAT_VARIANTS:
-        say(f"{name}: {label}")
-        res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2,
-                    protect_partly=partly)
-        row.plans.append(PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap))
+    _cpsat_rows(row, prob, hint, time_limit_s, say)
     for p in row.plans:
         if p.plan is not None:
             row.sims[p.planner] = simulate(prob, p.plan)
@@ -215,7 +245,7 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
 
     # a timeline window of the largest workload (about one layer in the middle of the step)
     r = max(rows, key=lambda row: row.nodes)
-    shown = [lbl for lbl in ("torch greedy", "cpsat (count)", "cpsat (time, partly protected)") if lbl in r.sims]
+    shown = [lbl for lbl in ("torch greedy", "cpsat (count)", "cpsat (step)") if lbl in r.sims]
     fig, axes = plt.subplots(len(shown), 1, figsize=(13, 2.2 * len(shown)), sharex=True)
     axes = axes if len(shown) > 1 else [axes]
     horizon = r.sims[shown[0]].step_ms

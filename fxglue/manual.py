@@ -1,0 +1,540 @@
+"""Torch's manual per-module bucketing (one bucket per transformer block) as a baseline.
+
+Why this exists: besides its greedy search, torch 2.13 ships a *manual* bucketing pass,
+``torch/_inductor/fx_passes/overlap_manual_scheduling.py: manual_overlap_bucketing(gm,
+module_bucket_plans, ...)``. SimpleFSDP users turn it on in torchtitan with
+``compile.graph_passes = "transformer_block_bucketing"``; torchtitan then passes
+``get_transformer_block_buckets(model)`` = ``[tok_embeddings, [norm, output], layers.0, ...,
+layers.N-1]`` and runs the pass on the forward graph and on the backward graph separately
+(``fw_compiler`` / ``bw_compiler`` of AOT autograd), *instead of* the overlap scheduler. One
+bucket per block per collective kind is also what FSDP2's ``fully_shard`` per block amounts
+to. This module runs that pass, unchanged, on our traced graph and extracts a ``Problem``
+from the result, so ``planner.simulate(problem, None)`` is the step time of torch's manual
+plan, priced by the same simulator as every other row of ``bucketplan compare`` (with the
+caveat on merge nodes below).
+
+What torch's pass does (read from the torch 2.13 source):
+
+1. ``_manual_bucket_collectives``: for each entry of ``module_bucket_plans`` it takes the
+   graph nodes whose module stack lies under that FQN (``graph_view.make_graph_view``), keeps
+   the collectives that are FSDP all_gathers (``is_fsdp_all_gather``: derived from exactly one
+   placeholder) or FSDP reduce_scatters (``is_fsdp_reduce_scatter``: flowing to the output
+   through unary ops), groups them by ``get_full_bucket_key(node, "custom_ops")`` and merges
+   each group into one collective (``merge_all_gather_bucket`` right after the first member,
+   waited at the earliest member wait; ``merge_reduce_scatter_bucket`` right after the last
+   member). **all_reduce is never bucketed** (DDP gradients, TP activations stay as they are).
+2. ``_manual_reorder_graph``: prefetches the next module's all_gather bucket before the
+   current one's wait, and defers each reduce_scatter bucket's wait past the next bucket's
+   start (``_move_overlap_nodes`` moves nodes in the graph). No runtime estimates are used.
+
+How we run it here, and each adaptation:
+
+- **Module names.** ``make_fx`` records no ``nn_module_stack`` (measured: the traced nodes
+  carry only ``val``, ``tensor_meta`` and ``eager_input_vals``), and backward nodes would not
+  have it anyway outside AOT autograd. Torch's pass takes a ``module_stack_fn`` for exactly
+  this case; ours maps each collective to the parameter it moves: an all_gather to the one
+  placeholder it derives from (torch's own FSDP criterion), a reduce_scatter / all_reduce to
+  the gradient output it flows to, and the parameter to its owning module's FQN (parameter
+  ``i`` of the module is placeholder ``i`` and gradient output ``1 + i``, by
+  ``parallel.make_train_step``). Every other node gets no module, which only matters for
+  collectives: compute nodes are never bucketed.
+- **Forward and backward separately.** Our graph is the joint forward+backward step. Run
+  once on it, the pass would merge a block's forward all_gathers with its backward
+  re-gathers into one bucket (same key), i.e. keep the gathered block alive from forward to
+  backward -- not what torchtitan does. So the pass runs twice, as torchtitan runs it on its two
+  graphs: first with only forward collectives labelled (the ancestors of the loss), then with
+  only backward ones. Each run has its own bucketer, so its reordering sees only its own
+  buckets (torch keeps ``bucketed_node_types`` per instance for this very case).
+  One line of the reordering assumes a graph of one phase: the first all_gather bucket of the
+  graph is made a dependency of the graph's *first compute node* (``last_compute`` in the
+  reverse walk), hoisting it to the top of the graph. In the backward run on a joint graph
+  that node is the first *forward* compute, so the backward's first gather would be issued
+  before the forward even starts. While the backward run is active, ``is_compute_node`` as
+  seen by ``overlap_manual_scheduling`` is therefore restricted to backward nodes (and to
+  forward nodes in the forward run) -- the only patch, undone on exit. ``phase_local=False``
+  skips it (torch's code as is on the joint graph).
+- **Final order.** In torchtitan the pass replaces the overlap scheduler; with inductor,
+  ``insert_overlap_deps=True`` pins the graph order. We run with ``insert_overlap_deps=False``
+  (no control-dependency nodes in the graph) and take the resulting graph order as the final
+  schedule, which is what those dependencies enforce.
+- **Extraction.** ``extract_problem`` needs what torch's bucketer receives:
+  ``collective_info`` (estimates, exposed time, hiding nodes) and the schedule. The manual
+  pass computes none of that (its estimates are zero). We build torch's ``OverlapScheduler``
+  on the bucketed graph with our estimator (as ``fxglue.pipeline.schedule`` does) and, instead
+  of letting it reorder, replay the fixed graph order through its own bookkeeping
+  (``_handle_collective_start`` / ``_handle_compute_or_other`` / ``_handle_wait``, with its
+  pulling of further collectives disabled). So hiding nodes and exposed times are torch's
+  accounting of *this* order. ``planner.simulate`` does not use them (it prices positions,
+  sizes and compute estimates); they matter only if a planner is run on this problem.
+
+Since the pass replaces the overlap scheduler, a collective it does not bucket keeps its
+traced position: the wait right after the start. So on DDP (nothing bucketed) the problem is the
+traced graph in traced order, every all_reduce exposed -- what the pass gives a DDP graph, not
+what torch's overlap scheduler would.
+
+The problem's collectives are the buckets torch built, so ``simulate(problem, None)`` prices
+torch's manual plan, and ``planner.simulate(problem, plan)`` with any other plan would price a
+*further* bucketing on top of it. The copies torch's merge inserts (``_pre_bucket_*``,
+``split``/``cat``) are ordinary graph nodes: like the rest of non-compute work (and like the
+pre-bucketed default pipeline's row) they are not pinned and cost nothing in the simulator.
+
+For a problem that needs no torch pass (e.g. to plan DDP's all_reduces per block, which torch's
+pass leaves alone), ``per_block_plan`` builds the equivalent plan on our own scheduled
+problem: one bucket per (block, phase, bucket key), verified and repaired if it breaks a rule.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch.fx as fx
+import torch.nn as nn
+
+import planner
+from fxglue.cpu_compat import cpu_compat
+from fxglue.estimator import Estimator, collective_kind
+
+MANUAL_BUCKET_MODE = "custom_ops"  # ManualOverlapScheduler's default ("historically custom_ops")
+_MAX_BACKWARD_WALK = 4096  # nodes visited looking for a collective's parameter (bounds odd graphs)
+
+
+# ---------------------------------------------------------------------------------------
+# Which module owns each collective
+# ---------------------------------------------------------------------------------------
+
+
+def parameter_names(traced) -> list[str]:
+    """The module's parameter FQNs in the order the traced step takes them (placeholders).
+
+    Rebuilds the workload's module under a fresh ``FakeTensorMode`` (no memory, about a
+    second) and reads ``named_parameters()``, the order ``parallel.wrap`` stores them in.
+    """
+    return [n for n, _ in _module_of(traced).named_parameters()]
+
+
+def _module_of(traced) -> nn.Module:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxglue.workloads import get_workload
+
+    wl = get_workload(traced.name)
+    with FakeTensorMode():
+        module, _, _ = wl.build(traced.groups)
+    return module
+
+
+def transformer_block_plans(module: nn.Module) -> list[list[str] | str]:
+    """torchtitan's ``get_transformer_block_buckets`` for any decoder: one entry per block.
+
+    torchtitan returns ``[tok_embeddings, [norm, output], layers.0, ..., layers.N-1]``. Here the
+    blocks are the children of the ``ModuleList``/``ModuleDict`` holding the most parameters;
+    the modules owning parameters registered before the first block form the first entry
+    (the embedding), those after the last block the second (final norm and output head).
+    An entry of one module is its FQN, of several a list, as in torchtitan.
+    """
+    containers = [(name, m) for name, m in module.named_modules()
+                  if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m) > 0]
+    if not containers:
+        raise ValueError("no ModuleList/ModuleDict of blocks in the module")
+    name, blocks = max(containers, key=lambda c: sum(p.numel() for p in c[1].parameters()))
+    prefix = f"{name}." if name else ""
+    block_fqns = [f"{prefix}{k}" for k, _ in blocks.named_children()]
+    pre: list[str] = []
+    post: list[str] = []
+    seen_block = False
+    for pname, _ in module.named_parameters():
+        owner = pname.rpartition(".")[0]
+        if any(owner == b or owner.startswith(b + ".") for b in block_fqns):
+            seen_block = True
+            continue
+        side = post if seen_block else pre
+        if owner not in side:
+            side.append(owner)
+    plans: list[list[str] | str] = []
+    for side in (pre, post):
+        if side:
+            plans.append(side[0] if len(side) == 1 else list(side))
+    return plans + block_fqns
+
+
+def _loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
+    loss = graph.output_node().args[0][0]
+    seen: set[fx.Node] = set()
+    stack = [loss]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.extend(n.all_input_nodes)
+    return seen
+
+
+def _placeholder_ancestors(start: fx.Node) -> set[fx.Node] | None:
+    seen: set[fx.Node] = set()
+    found: set[fx.Node] = set()
+    stack = list(start.all_input_nodes)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if len(seen) > _MAX_BACKWARD_WALK:
+            return None
+        if n.op == "placeholder":
+            found.add(n)
+        else:
+            stack.extend(n.all_input_nodes)
+    return found
+
+
+def _grad_outputs(start: fx.Node, grad_index: dict[fx.Node, list[int]]) -> set[int]:
+    """Gradient outputs reached from ``start`` through single-input chains (torch's FSDP test)."""
+    out: set[int] = set()
+    seen: set[fx.Node] = set()
+    stack = [start]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        out.update(grad_index.get(n, ()))
+        for u in n.users:
+            if u.op != "output" and len(u.all_input_nodes) == 1:
+                stack.append(u)
+    return out
+
+
+def collective_params(graph: fx.Graph, param_names: list[str]) -> dict[fx.Node, tuple[str, ...]]:
+    """Each collective start -> the parameters it moves (FQNs), () when it moves none.
+
+    all_gather: the parameter placeholders it derives from (one for SimpleFSDP's gather, all
+    members for a merged one). reduce_scatter / all_reduce: the gradient outputs it flows to
+    through single-input chains. A TP all_reduce of activations moves no parameter.
+    """
+    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait, _schedulable_wait_node
+
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    ph_param = {placeholders[i]: param_names[i] for i in range(min(len(param_names), len(placeholders)))}
+    outs = graph.output_node().args[0]
+    grad_index: dict[fx.Node, list[int]] = defaultdict(list)
+    for i, o in enumerate(outs[1:1 + len(param_names)]):
+        if isinstance(o, fx.Node):
+            grad_index[o].append(i)
+    result: dict[fx.Node, tuple[str, ...]] = {}
+    for n in graph.nodes:
+        if not (n.op == "call_function" and _schedulable_wait_node(n)):
+            continue
+        start = _get_collective_node_from_wait(n)
+        if start is None or start in result:
+            continue
+        params: tuple[str, ...] = ()
+        if collective_kind(start) == "all_gather":
+            phs = _placeholder_ancestors(start)
+            if phs and all(p in ph_param for p in phs):
+                params = tuple(sorted(ph_param[p] for p in phs))
+        else:
+            idx = _grad_outputs(start, grad_index)
+            params = tuple(sorted(param_names[i] for i in idx))
+        result[start] = params
+    return result
+
+
+def _owner(param: str) -> str:
+    return param.rpartition(".")[0]
+
+
+def _plan_index(owner: str, plans: list[list[str] | str]) -> int | None:
+    for i, entry in enumerate(plans):
+        for fqn in ([entry] if isinstance(entry, str) else entry):
+            if owner == fqn or owner.startswith(fqn + "."):
+                return i
+    return None
+
+
+# ---------------------------------------------------------------------------------------
+# Running torch's pass
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class ManualBucket:
+    """One collective of the graph after torch's pass (a merged bucket or a lone collective)."""
+
+    name: str  # start node
+    kind: str
+    phase: str  # "forward" | "backward"
+    plan: int | None  # index into module_bucket_plans, None: in no plan
+    params: tuple[str, ...]  # parameters it moves (all members' for a bucket)
+
+    @property
+    def merged(self) -> bool:
+        return len(self.params) > 1
+
+
+@dataclass
+class ManualInfo:
+    """What torch's manual pass did and what the problem was extracted from."""
+
+    module_bucket_plans: list[list[str] | str]
+    phase_local: bool
+    collectives_before: dict[str, int]
+    collectives_after: dict[str, int]
+    buckets: list[ManualBucket]
+    replay_forced_waits: int  # waits torch's FIFO bookkeeping had to bring forward (0 expected)
+    merge_nodes: set[str] = field(default_factory=set)  # nodes torch's merges added (copies, views)
+    merge_nodes_pinned_ms: float = 0.0  # their estimates on the problem's compute stream
+    merge_nodes_free: bool = False  # whether the problem prices them at 0
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def count(self, *, kind: str | None = None, phase: str | None = None, plan: int | None = None,
+              merged: bool | None = None) -> int:
+        return sum(1 for b in self.buckets if (kind is None or b.kind == kind) and (phase is None or b.phase == phase)
+                   and (plan is None or b.plan == plan) and (merged is None or b.merged == merged))
+
+    def summary(self) -> dict[str, Any]:
+        by = Counter((b.phase, b.kind, "merged" if b.merged else "alone") for b in self.buckets)
+        return {"plans": len(self.module_bucket_plans), "before": sum(self.collectives_before.values()),
+                "after": sum(self.collectives_after.values()),
+                "by_phase_kind": {"/".join(k): v for k, v in sorted(by.items())},
+                "replay_forced_waits": self.replay_forced_waits,
+                "merge_nodes_pinned_ms": round(self.merge_nodes_pinned_ms, 3),
+                "merge_nodes_free": self.merge_nodes_free, **self.timings}
+
+
+@contextlib.contextmanager
+def _compute_nodes_restricted_to(nodes: set[fx.Node] | None):
+    """``is_compute_node`` as seen by the manual pass, limited to one phase's nodes."""
+    import torch._inductor.fx_passes.overlap_manual_scheduling as oms
+
+    if nodes is None:
+        yield
+        return
+    original = oms.is_compute_node
+    oms.is_compute_node = lambda n: n in nodes and original(n)
+    try:
+        yield
+    finally:
+        oms.is_compute_node = original
+
+
+def run_manual_pass(traced, plans: list[list[str] | str] | None = None, *, estimator: Estimator | None = None,
+                    param_names: list[str] | None = None, phase_local: bool = True) -> ManualInfo:
+    """Run torch's ``manual_overlap_bucketing`` on ``traced.gm`` in place, forward then backward.
+
+    ``plans``: module FQN entries as torchtitan passes them (default: ``transformer_block_plans``
+    of the workload's module). Returns what it did; ``traced.gm`` is left bucketed and reordered.
+    """
+    from torch._inductor.fx_passes.bucketing import _schedulable_wait_node
+    from torch._inductor.fx_passes.overlap_manual_scheduling import manual_overlap_bucketing
+
+    from fxglue.pipeline import count_collectives, estimator_for
+
+    t0 = time.perf_counter()
+    estimator = estimator or estimator_for(traced)
+    if param_names is None or plans is None:
+        module = _module_of(traced)
+        param_names = param_names or [n for n, _ in module.named_parameters()]
+        plans = plans if plans is not None else transformer_block_plans(module)
+    gm = traced.gm
+    before = count_collectives(gm)
+    names_before = {n.name for n in gm.graph.nodes}
+    timings = {"prepare_s": time.perf_counter() - t0}
+
+    for phase in ("forward", "backward"):
+        t0 = time.perf_counter()
+        graph = gm.graph
+        fwd = _loss_ancestors(graph)
+        phase_nodes = fwd if phase == "forward" else set(graph.nodes) - fwd
+        owners = {s: _owner(p[0]) for s, p in collective_params(graph, param_names).items()
+                  if len(p) == 1 and s in phase_nodes}
+
+        def module_stack_fn(node: fx.Node, owners=owners) -> list[tuple[str, type]]:
+            owner = owners.get(node)
+            return [(owner, nn.Module)] if owner else []
+
+        with cpu_compat(estimator), traced.fake_mode, \
+                _compute_nodes_restricted_to(phase_nodes if phase_local else None):
+            manual_overlap_bucketing(gm, plans, insert_overlap_deps=False, module_stack_fn=module_stack_fn,
+                                     bucket_mode=MANUAL_BUCKET_MODE)
+        timings[f"{phase}_pass_s"] = time.perf_counter() - t0
+
+    graph = gm.graph
+    fwd = _loss_ancestors(graph)
+    buckets = []
+    for start, params in collective_params(graph, param_names).items():
+        idx = {_plan_index(_owner(p), plans) for p in params}
+        buckets.append(ManualBucket(name=start.name, kind=collective_kind(start) or str(start.target),
+                                    phase="forward" if start in fwd else "backward",
+                                    plan=idx.pop() if len(idx) == 1 else None, params=params))
+    merged = {b.name for b in buckets}
+    merge_nodes = {n.name for n in graph.nodes if n.name not in names_before and n.name not in merged
+                   and not (n.op == "call_function" and _schedulable_wait_node(n))}
+    return ManualInfo(module_bucket_plans=plans, phase_local=phase_local, collectives_before=before,
+                      collectives_after=count_collectives(gm), buckets=buckets, replay_forced_waits=0,
+                      merge_nodes=merge_nodes, timings=timings)
+
+
+# ---------------------------------------------------------------------------------------
+# The fixed order as torch's bucketer would see it
+# ---------------------------------------------------------------------------------------
+
+
+def fixed_order_inputs(traced, estimator: Estimator, *, bucket_mode=MANUAL_BUCKET_MODE):
+    """``(collective_info, scheduled, forced_waits)`` for ``traced.gm`` in its current order.
+
+    Builds torch's ``OverlapScheduler`` with the knobs ``fxglue.pipeline.schedule`` uses and
+    replays the graph order through its bookkeeping without reordering anything.
+    ``forced_waits`` counts waits torch's one-FIFO-stream-per-group rule would have brought
+    forward (a wait reached while an earlier collective of its group is still in flight).
+    """
+    import torch._inductor.fx_passes.overlap_scheduling as os_
+    from torch._inductor.fx_passes.bucketing import _schedulable_wait_node
+
+    class _Replay(os_.OverlapScheduler):
+        def _add_to_ready_queue(self, node):  # no ready queues: the order is given
+            pass
+
+        def _schedule_collectives_for_overlap(self, *args, **kwargs):  # nothing is pulled forward
+            pass
+
+    with cpu_compat(estimator), traced.fake_mode:
+        order = list(traced.gm.graph.nodes)
+        s = _Replay(traced.gm, max_in_flight_gb=5, max_compute_pre_fetch=200, collective_bucketing=True,
+                    insert_overlap_deps=False, compute_overlap_multipler=1.0, max_coll_distance=200,
+                    custom_runtime_estimation=estimator, collective_estimator="analytical",
+                    compute_estimator="analytical", bucket_mode=bucket_mode)
+        if list(s.graph.nodes) != order:
+            raise RuntimeError("torch's topological sort changed the manual pass's order")
+        s._align_compute_nodes_runtime_estimations_across_all_distributed_ranks()
+        forced = 0
+        for node in order:
+            if node in s.scheduled:
+                forced += 1
+                continue
+            if node.op == "placeholder":
+                s._schedule(node)
+            elif node in s.collective_info:
+                s._handle_collective_start(node)
+            elif _schedulable_wait_node(node):
+                s._handle_wait(node)
+            else:
+                s._handle_compute_or_other(node)
+    return s.collective_info, order, forced
+
+
+def manual_bucketing_problem(traced, estimator: Estimator | None = None, *,
+                             plans: list[list[str] | str] | None = None, phase_local: bool = True,
+                             max_bucket_memory_gb: float = 2.0, free_merge_nodes: bool = False,
+                             meta: dict | None = None) -> tuple[planner.Problem, ManualInfo]:
+    """Torch's manual per-block bucketing on ``traced.gm`` (in place) and its ``Problem``.
+
+    ``planner.simulate(problem, None)`` is the step of torch's manual plan; ``info`` says what
+    was bucketed (``info.buckets``) and how many collectives there were before and after.
+    ``traced`` must be freshly traced (not scheduled): the pass replaces torch's scheduler.
+
+    ``free_merge_nodes``: the nodes torch's merges add (``_pre_bucket_*`` copies, the ``split``
+    ``getitem``s and dtype views of custom_ops mode) are pinned, and so charged by the simulator,
+    only where torch's bookkeeping made them hiding nodes -- the same as in the pre-bucketed
+    default pipeline's problem. With ``True`` they cost 0, as merging is free for every plan
+    priced on a problem without ``problem.bucketing``. ``info.merge_nodes_pinned_ms`` says how
+    much they add either way.
+    """
+    from fxglue.extract import extract_problem
+    from fxglue.pipeline import estimator_for
+
+    estimator = estimator or estimator_for(traced)
+    info = run_manual_pass(traced, plans, estimator=estimator, phase_local=phase_local)
+    t0 = time.perf_counter()
+    collective_info, order, forced = fixed_order_inputs(traced, estimator)
+    info.replay_forced_waits = forced
+    info.timings["replay_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    problem = extract_problem(traced.gm.graph, collective_info, order, max_bucket_memory_gb=max_bucket_memory_gb,
+                              bucket_mode=MANUAL_BUCKET_MODE, estimator=estimator,
+                              meta={**traced.meta, "pre_bucketing": False,
+                                    "manual_bucketing": {"module_bucket_plans": info.module_bucket_plans,
+                                                         "phase_local": phase_local}, **(meta or {})})
+    info.timings["extract_s"] = time.perf_counter() - t0
+    info.merge_nodes_pinned_ms = sum(n.est_ms for n in problem.nodes
+                                     if n.name in info.merge_nodes and n.kind in ("compute", "other"))
+    if free_merge_nodes:
+        problem = problem.model_copy(update={"nodes": tuple(
+            n.model_copy(update={"est_ms": 0.0}) if n.name in info.merge_nodes and n.kind in ("compute", "other")
+            else n for n in problem.nodes)}).with_fingerprint()
+        info.merge_nodes_free = True
+    return problem, info
+
+
+# ---------------------------------------------------------------------------------------
+# The same idea as a plan on our own problem (no torch pass)
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class PerBlockPlan:
+    plan: planner.Plan
+    feasible_as_built: bool
+    broken_rules: list[str]
+    repaired: bool
+    groups: dict[str, list[str]]  # "plan-index/phase/key" -> members
+
+
+def per_block_plan(problem: planner.Problem, gm: fx.GraphModule, param_names: list[str],
+                   plans: list[list[str] | str], *, kinds: tuple[str, ...] = ("all_gather", "reduce_scatter",
+                                                                              "all_reduce"),
+                   repair_time_limit_s: float = 20.0) -> PerBlockPlan:
+    """One bucket per (module plan entry, phase, bucket key) on a scheduled problem.
+
+    ``gm`` is the scheduled graph the problem was extracted from (its collectives' names are the
+    problem's). Unlike torch's pass this covers all_reduce too (DDP gradients), keeps torch's
+    scheduled order instead of torch's manual reordering, and anchors each bucket like torch's
+    merge: an all_gather bucket starts at its first member's start and is waited at its first
+    member's wait; reduce_scatter and all_reduce buckets start at their last member's start
+    and are waited at their last member's wait. The plan is checked with
+    ``planner.verifier.check``; if it breaks a rule it is repaired with ``planner.solver.repair``
+    (the best plan whose buckets lie inside these).
+    """
+    from planner.solver import repair
+    from planner.verifier import check
+
+    colls = {c.name: c for c in problem.collectives}
+    fwd = {n.name for n in _loss_ancestors(gm.graph)}
+    groups: dict[str, list[str]] = defaultdict(list)
+    for start, params in collective_params(gm.graph, param_names).items():
+        c = colls.get(start.name)
+        if c is None or c.kind not in kinds or len(params) != 1:
+            continue
+        idx = _plan_index(_owner(params[0]), plans)
+        if idx is None:
+            continue
+        phase = "forward" if start.name in fwd else "backward"
+        groups[f"{idx}/{phase}/{c.key}"].append(start.name)
+    buckets = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        ms = sorted(members, key=lambda m: colls[m].start_pos)
+        if colls[ms[0]].kind == "all_gather":
+            start = ms[0]
+            wait = min(ms, key=lambda m: colls[m].wait_pos)
+        else:
+            start = ms[-1]
+            wait = max(ms, key=lambda m: colls[m].wait_pos)
+        buckets.append(planner.Bucket(members=tuple(ms), start=start, wait=wait))
+    created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="per-block (torch manual, emulated)",
+                        params={"kinds": list(kinds), "plans": plans}, created=created, buckets=tuple(buckets))
+    report = check(problem, plan)
+    broken = sorted(report.by_rule()) if not report.feasible else []
+    repaired = False
+    if not report.feasible:
+        plan = repair(problem, plan, time_limit_s=repair_time_limit_s).plan
+        repaired = True
+    return PerBlockPlan(plan=plan, feasible_as_built=report.feasible, broken_rules=broken, repaired=repaired,
+                        groups=dict(groups))
