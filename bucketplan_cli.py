@@ -297,6 +297,11 @@ def _add_pipeline_options(s) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import logging
+
+    # torch's inductor passes log at INFO on their own loggers (pre-bucketing summaries): the
+    # command line reports what matters itself
+    logging.getLogger("torch._inductor").setLevel(logging.WARNING)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

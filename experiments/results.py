@@ -77,8 +77,84 @@ def render(rows: list[dict], sources: list[str]) -> str:
             f"{_f(r['base_exposed_ms'])} / {_f(r['greedy_exposed_ms'])} / {_f(r.get('cpsat_exposed_ms'))}",
             _f(r.get("greedy_s"), 2), _f(r.get("cpsat_s"), 1)]) + " |")
     lines += ["", "## Runs", ""] + sources + ["", "## Reading", ""] + reading(rows)
-    lines += first_plan_section(rows) + gloo_section()
+    lines += presets_section() + first_plan_section(rows) + gloo_section()
     return "\n".join(lines) + "\n"
+
+
+PRESET_PLANNERS = ("unbucketed", "torch default (pre-bucketing + greedy)", "torch greedy",
+                   "torch manual (a bucket per block)", "cpsat (count)", "cpsat (step)")
+
+
+def presets_section() -> list[str]:
+    """Every planner on the cluster presets (``experiments.presets`` output): simulated step
+    against the floor, with a reading computed from the rows."""
+    run = ROOT / "results" / "presets"
+    rows = read_rows(run / "rows.jsonl")
+    if not rows:
+        return []
+    cases: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        cases.setdefault((r["workload"], r["preset"]), {})[r["planner"]] = r
+    short = ["none", "torch default", "torch greedy", "torch manual", "count", "step"]
+    out = ["", "## Cluster presets: simulated step against the floor", "",
+           "`python -m experiments.presets` (command, revisions and machine in `results/presets/table.md`; plot "
+           "`results/presets/above_floor.png`). Problems traced at the preset's world size and priced by torch "
+           "2.13's NCCL model with bucketing's copies and launches (README, *Estimates and cluster presets*). "
+           "Each cell: simulated step ms (ms above the floor). *floor*: `planner.bounds.step_floor`, no plan "
+           "beats it. *step status*: CP-SAT's step objective (started from the count plan), its bound and gap. "
+           "Torch's default and manual rows are simulated on their own graphs (pre-bucketing, or the manual "
+           "pass's reordering); every other row on torch's overlap schedule.", "",
+           "| workload | preset | floor | " + " | ".join(short) + " | step status | step bound | gap |",
+           "|" + "---|" * (len(short) + 6)]
+    for (w, preset), by in cases.items():
+        floor = next(iter(by.values()))["floor_ms"]
+        cells = []
+        for k in PRESET_PLANNERS:
+            r = by.get(k)
+            cells.append("" if r is None or r.get("step_ms") is None else
+                         f"{r['step_ms']:.1f} ({r['above_floor_ms']:.1f})" + (" *" if "slower than unbucketed"
+                                                                               in (r.get("note") or "") else ""))
+        st = by.get("cpsat (step)", {})
+        bound = _f(st["bound"], 1) if isinstance(st.get("bound"), float) else ""
+        gap = "" if st.get("gap_pct") is None else f"{st['gap_pct']:.1f}%"
+        out.append(f"| {w} | {preset} | {floor:.1f} | " + " | ".join(cells)
+                   + f" | {st.get('status', '')} | {bound} | {gap} |")
+    out += ["", "`*`: slower in simulation than the unbucketed step.", "", "Reading (computed from these rows):", ""]
+    out += _presets_reading(cases)
+    return out
+
+
+def _presets_reading(cases: dict) -> list[str]:
+    lines = []
+    full = {c: by for c, by in cases.items() if all(k in by and by[k].get("step_ms") is not None
+                                                     for k in ("unbucketed", "torch greedy", "cpsat (step)"))}
+    if not full:
+        return ["- No complete rows yet."]
+    step_best = sum(1 for by in full.values() if by["cpsat (step)"]["step_ms"] <= min(
+        by[k]["step_ms"] for k in ("unbucketed", "torch greedy", "cpsat (count)") if k in by) + 1e-9)
+    lines.append(f"- The step plan is no slower than the unbucketed step, torch's greedy and the count plan in "
+                 f"{step_best} of {len(full)} workload x preset rows.")
+    others = ("torch default (pre-bucketing + greedy)", "torch manual (a bucket per block)")
+    beaten = [(c, k) for c, by in full.items() for k in others
+              if k in by and by[k].get("step_ms") is not None and by[k]["step_ms"] < by["cpsat (step)"]["step_ms"] - 1e-9]
+    if beaten:
+        lines.append("- Faster than the step plan (their own graphs: torch's default pipeline pre-buckets before "
+                     "scheduling; the manual pass reorders the graph, prefetching a whole block ahead, which our "
+                     "search, confined to torch's overlap schedule, cannot do): "
+                     + "; ".join(f"{k.split(' (')[0]} on {w} @ {p} ({full[(w, p)][k]['step_ms']:.1f} vs "
+                                 f"{full[(w, p)]['cpsat (step)']['step_ms']:.1f} ms)" for (w, p), k in beaten) + ".")
+    for preset in dict.fromkeys(p for _, p in full):
+        mine = [(w, by) for (w, p), by in full.items() if p == preset]
+        gains = [(by["torch greedy"]["step_ms"] - by["cpsat (step)"]["step_ms"]) / by["torch greedy"]["step_ms"]
+                 for _, by in mine]
+        room = [by["unbucketed"]["above_floor_pct"] for _, by in mine]
+        closed = [(by["torch greedy"]["above_floor_ms"] - by["cpsat (step)"]["above_floor_ms"])
+                  / by["torch greedy"]["above_floor_ms"] for _, by in mine if by["torch greedy"]["above_floor_ms"] > 0]
+        lines.append(f"- {preset}: the unbucketed step is {min(room):.0f}-{max(room):.0f}% above the floor; the step "
+                     f"plan is {min(gains):.1%} to {max(gains):.1%} faster than torch's greedy (mean "
+                     f"{sum(gains) / len(gains):.1%}) and closes {sum(closed) / max(1, len(closed)):.0%} of greedy's "
+                     f"distance to the floor on average ({len(mine)} workloads).")
+    return lines
 
 
 def first_plan_section(rows: list[dict]) -> list[str]:
@@ -159,8 +235,7 @@ def reading(rows: list[dict]) -> list[str]:
         f"{len(faster)} runs and slower in {len(slower)}. Merging moves starts later and waits earlier and a big "
         "bucket holds its FIFO stream, so on communication-bound steps (2-layer models with 128k-vocabulary "
         "embeddings, DDP) fewer, larger collectives expose more. When step time is the goal use "
-        "`bucketplan solve --objective time --protect-partly` and compare plans with `bucketplan compare` (on the "
-        "default suite it leaves fewer collectives than greedy at equal or better simulated step time).",
+        "`bucketplan solve --objective step` (the section on cluster presets below).",
         f"- Pre-bucketing: CP-SAT leaves on average {mean_fewer(False)} fewer collectives than greedy without torch's "
         f"FSDP pre-bucketing and {mean_fewer(True)} fewer with it (the pre-bucketed problem has fewer, larger "
         "collectives to start from).",

@@ -109,6 +109,18 @@ class Estimator:
         self._links[pg] = link
         return link
 
+    def torch_topology(self):
+        """A context in which torch's own topology-dependent decisions (its FSDP pre-bucketing cap
+        from ``comm_analysis.compute_min_saturation_bytes``) see the named cluster as the
+        data-parallel group lives on it, not this CPU machine (8 GPUs a node, Ampere)."""
+        import contextlib
+
+        if self.ranks_per_node is None:
+            return contextlib.nullcontext()
+        from fxglue.costs import torch_topology
+
+        return torch_topology(self.gpu, self.ranks_per_node["dp"])
+
     @property
     def bucketing(self) -> BucketingCost | None:
         """What merging costs on the compute stream (None: free, as in the original α-β model)."""

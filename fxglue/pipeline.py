@@ -93,7 +93,7 @@ def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: boo
     """Run torch's overlap scheduler on ``traced.gm`` (in place) up to the bucketing step."""
     import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
 
-    with cpu_compat(estimator), capture_bucketing_inputs() as captured, traced.fake_mode:
+    with cpu_compat(estimator), estimator.torch_topology(), capture_bucketing_inputs() as captured, traced.fake_mode:
         overlap_scheduling.schedule_overlap_bucketing(
             traced.gm, collective_bucketing=True, compute_estimator="analytical",
             collective_estimator="analytical", custom_runtime_estimation=estimator,

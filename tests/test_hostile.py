@@ -124,3 +124,17 @@ def test_problem_files_are_data_not_code(tmp_path, capsys):
     path.write_bytes(pickle.dumps({"schema_version": 1}))
     assert cli(["verify", str(path), str(path)]) == 2
     assert "cannot read problem" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, named", [
+    (["--ranks", "12"], "--ranks 12"),
+    (["--ranks", "0"], "--ranks 0"),
+    (["--tp", "3"], "--tp 3"),
+    (["--preset", "h100-8nodes", "--tp", "64"], None),  # TP = world: no data-parallel group left
+])
+def test_bad_cluster_flags_are_one_line_errors(tmp_path, capsys, flags, named):
+    code = cli(["extract", "llama3-8b-2d-2", "-o", str(tmp_path / "x"), "-q", *flags])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert named is None or named in err
+    assert not (tmp_path / "x").exists()
