@@ -132,12 +132,13 @@ def cmd_solve(args) -> int:
     result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
                    seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
                    memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1024**3),
-                   progress=say)
+                   deterministic=args.deterministic, progress=say)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
-        return 1
+        return 130 if result.stats.get("interrupted") else 1
     planner.save(result.plan, args.output)
-    print(f"status              {result.status}")
+    print(f"status              {result.status}" + (" (interrupted: the best verified plan so far)"
+                                                   if result.stats.get("interrupted") else ""))
     print(f"collectives         {len(problem.collectives)} -> {planner.collectives_after(problem, result.plan)}")
     if args.objective == "step":
         print(f"step / bound        {result.objective:.3f} ms (simulated) / {result.bound:.3f} ms "
@@ -149,7 +150,7 @@ def cmd_solve(args) -> int:
                                                            "one: another run may differ)"
                                                            if result.stats.get("wall_limit_hit") else ""))
     print(f"wrote               {args.output}")
-    return 0
+    return 130 if result.stats.get("interrupted") else 0
 
 
 def cmd_apply(args) -> int:
@@ -230,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--objective", choices=["count", "exposure", "step"], default="count")
     s.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--deterministic", action="store_true",
+                   help="--time-limit counts CP-SAT's deterministic time, not wall seconds: the same seed and workers "
+                        "give the same plan on any machine, even when not proved optimal (runs take longer)")
     s.add_argument("--hint", help="a plan to start from (e.g. greedy-plan.json)")
     s.add_argument("--window", default="auto",
                    help="'auto' (full model up to 320 collectives, else 16), 'none' (full model), or N: limit "

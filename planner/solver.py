@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ WIDEN_MIN_S = 5.0
 # A step plan is reported OPTIMAL when its simulated step is within this of the bound (ms): the
 # model is a relaxation (a table link's curve by a minorant) with integer-ns rounding.
 STEP_OPTIMAL_TOLERANCE_MS = 1e-3
+# With deterministic=True the wall-clock limit is this multiple of the time limit, a guard only:
+# CP-SAT's deterministic time accrued at about 0.7x wall time on this 2-core machine when idle
+# (issue #14) and at 0.2x while a second job shared it (fsdp-2 step search, measured).
+DETERMINISTIC_WALL_FACTOR = 20.0
 # Share of a step search's time spent finding a fewest-collectives plan to start from, when the
 # caller gives none (floor_plans).
 STEP_COUNT_SHARE = 0.25
@@ -73,6 +78,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.say = say
         self.start = start
+        self.interrupted = False  # Ctrl-C stopped a search (see _run_search): no later stage runs
         self.scale = NS_PER_MS if objective == "step" else 1
         self.unit = " ms" if objective == "step" else ""
         self.points: list[tuple[float, float, float]] = []
@@ -114,6 +120,43 @@ def _verified_plan(handle: ModelHandle, solver: cp_model.CpSolver, problem: Prob
     return plan, plan_objective(problem, plan, objective)
 
 
+def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progress") -> int:
+    """``solver.solve`` that a Ctrl-C stops within a moment, keeping what it found.
+
+    CP-SAT's own SIGINT handling stops the search but says nothing, so the caller went on to
+    its next stage and exited 0. Here the search runs in a thread while this one waits, so
+    Python's KeyboardInterrupt arrives at once: the search is stopped, its incumbent kept, and
+    ``cb.interrupted`` tells every later stage not to start."""
+    if cb.interrupted:
+        return cp_model.UNKNOWN
+    solver.parameters.catch_sigint_signal = False
+    if threading.current_thread() is not threading.main_thread():
+        return solver.solve(model, cb)
+    outcome: list = []
+    done = threading.Event()  # not Thread.join: an interrupted join can report a live thread done
+
+    def search() -> None:
+        try:
+            outcome.append(solver.solve(model, cb))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=search, daemon=True).start()
+    while True:
+        try:
+            while not done.wait(0.1):
+                pass
+            break
+        except KeyboardInterrupt:
+            cb.interrupted = True
+            solver.stop_search()  # then wait for the search to hand back its incumbent
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
+
+
 def _build(problem: Problem, objective: str, window: int | None, within: Plan | None, bounds: dict,
            policy: dict, floor_ms: float | None) -> ModelHandle:
     """The rule model with its objective; ``step`` adds the step variables of planner.step."""
@@ -139,6 +182,7 @@ def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: 
     """CP-SAT with this package's search settings (deterministic for a fixed seed and workers);
     ``subsolvers`` replaces CP-SAT's default full-problem portfolio."""
     solver = cp_model.CpSolver()
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
     p = solver.parameters
     p.subsolvers.extend(subsolvers)
     p.num_workers = workers
@@ -177,11 +221,13 @@ def solve(
     memory_budget_bytes: int | None = None,
     probe: bool = True,
     floor_plans: tuple[Plan, ...] = (),
+    deterministic: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
     """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md.
 
-    ``time_limit_s`` is wall-clock time for the search. Deterministic for a fixed ``seed`` and
+    ``time_limit_s`` is wall-clock time for the search (with ``deterministic``, CP-SAT's
+    deterministic time instead: the wall clock is then only a guard at 20x). Deterministic for a fixed ``seed`` and
     ``workers``: the search is interleaved and also limited by CP-SAT's deterministic time (the
     same number); a run that ends on proof or on the deterministic limit is reproducible, one
     cut by the wall clock first (a slower or busier machine) is reported in
@@ -208,6 +254,9 @@ def solve(
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
     step = objective == "step"
+    # deterministic: the wall clock only guards against a stuck run; CP-SAT's deterministic time
+    # (the same number) ends every stage, so unproved runs are reproducible too
+    wall_factor = DETERMINISTIC_WALL_FACTOR if deterministic else 1.0
     t0 = time.perf_counter()
     workers = workers or 2
     auto = window == "auto"
@@ -226,6 +275,7 @@ def solve(
     stats = dict(handle.stats)
     stats["relaxation_bound"] = lb
     stats["build_s"] = round(time.perf_counter() - t0, 3)
+    cb = _Progress(progress, t0, objective)
     hint_ok = hint is not None and not verify(problem, hint, **policy)
     if hint is not None and not hint_ok and within is None:
         # an infeasible hint (torch's greedy often breaks rule 9) misleads the search: hint its
@@ -241,9 +291,10 @@ def solve(
         # 129.7 ms after 20 s) while the fewest-collectives plan is 114.7 ms.
         share = STEP_COUNT_SHARE * time_limit_s
         count = solve(problem, time_limit_s=share, objective="count", workers=workers, seed=seed, hint=hint,
-                      window=window if not auto else "auto", **policy)
+                      window=window if not auto else "auto", deterministic=deterministic, **policy)
         if count.plan is not None:
             floor_plans = (count.plan,)
+        cb.interrupted = bool(count.stats.get("interrupted"))
         stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     if step:
         # the step search starts from the fastest feasible plan it is given; none of them, nor
@@ -261,7 +312,7 @@ def solve(
         stats["hint_fed_to_search"] = window is None or step
         if window is None or step:
             stats["hint_buckets_fitted"] = handle.add_hint(hint)
-        if step:
+        if step and not cb.interrupted:
             twin = _build(problem, objective, window, within, bounds, policy, floor_ms)
             stats["hint_every_variable"] = hint_every_variable(handle, twin, hint,
                                                                time_limit_s=min(10.0, time_limit_s / 6))
@@ -270,10 +321,9 @@ def solve(
     main_s = max(0.5 * time_limit_s, min(time_limit_s, PROBE_MIN_MAIN_S)) if probing else time_limit_s
     focused = _portfolio(objective, windowed=window is not None)
     stats["subsolvers"] = list(focused) or "default"
-    solver = _configured_solver(workers, seed, main_s - (time.perf_counter() - t0), main_s, focused)
+    solver = _configured_solver(workers, seed, wall_factor * main_s - (time.perf_counter() - t0), main_s, focused)
     p = solver.parameters
-    cb = _Progress(progress, t0, objective)
-    code = solver.solve(handle.model, cb)
+    code = _run_search(solver, handle.model, cb)
     status = solver.status_name(code)
     stats.update(solve_wall_s=round(solver.wall_time, 3),
                  deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,
@@ -304,7 +354,7 @@ def solve(
     widened_exact = False
     # later stages (wider windows, probes) stop short of the limit by the time it takes to
     # extract and verify their plan (0.3 s at 32 layers), so that solve() ends within it
-    search_deadline = t0 + time_limit_s - min(1.0, 0.02 * time_limit_s)
+    search_deadline = t0 + wall_factor * time_limit_s - min(1.0, 0.02 * time_limit_s)
     if auto and window is not None and within is None and code == cp_model.OPTIMAL and plan is not None:
         # the restricted model is solved before the time limit: spend the rest on wider windows
         plan, obj, bound, window, widened_exact = _widen(
@@ -334,6 +384,10 @@ def solve(
             status = "OPTIMAL"  # the incumbent meets a bound valid for the whole problem
         elif step and status == "OPTIMAL":
             status = "FEASIBLE"  # the relaxation is solved; the simulated step is above its bound
+    stats["interrupted"] = cb.interrupted
+    if plan is not None:  # how the search ended travels with the plan
+        plan = plan.model_copy(update={"params": {**plan.params, "interrupted": cb.interrupted,
+                                                  "wall_limit_hit": bool(stats.get("wall_limit_hit"))}})
     result = SolveResult(plan=plan, status=status, objective=obj, bound=bound, gap=_gap(obj, bound),
                          wall_s=round(time.perf_counter() - t0, 3), stats=stats, progress=cb.points)
     return result
@@ -365,7 +419,7 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
         handle.add_hint(plan)
         solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
                                     _portfolio(objective, windowed=True))
-        code = solver.solve(handle.model, cb)
+        code = _run_search(solver, handle.model, cb)
         det_left -= solver.deterministic_time
         stage = {"window": window, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2),
                  "x_vars": handle.stats["x_vars"]}
@@ -405,7 +459,7 @@ def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: flo
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
         solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
                                     _portfolio("count", windowed=False))
-        code = solver.solve(handle.model, cb)
+        code = _run_search(solver, handle.model, cb)
         det_left -= solver.deterministic_time
         probes.append({"at_most": target, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2)})
         if code == cp_model.INFEASIBLE:

@@ -254,6 +254,7 @@ def hint_every_variable(handle: ModelHandle, twin: ModelHandle, plan: Plan, *, t
     if not _fix(twin, plan):
         return False
     solver = cp_model.CpSolver()
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = time_limit_s
     if solver.solve(twin.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -1,0 +1,55 @@
+"""`planner.solve` as a user drives it: interrupted, and reproducible when not proved."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import planner
+from planner.solver import solve
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "experiments" / "results" / "greedy_vs_cpsat_small"
+FSDP8 = SMALL / "llama3-8b-fsdp-8" / "problem.json.gz"
+
+
+def test_unproved_deterministic_runs_give_the_same_plan():
+    # fsdp-2's step search is not proved in 3 deterministic seconds (it takes about a minute)
+    problem = planner.Problem.model_validate(json.loads(gzip.decompress(
+        (SMALL / "llama3-8b-fsdp-2" / "problem.json.gz").read_bytes())))
+    runs = [solve(problem, objective="step", time_limit_s=3, workers=2, seed=0, deterministic=True)
+            for _ in range(2)]
+    assert all(r.status != "OPTIMAL" and not r.stats["wall_limit_hit"] for r in runs)
+    assert runs[0].plan.buckets == runs[1].plan.buckets
+    assert runs[0].objective == runs[1].objective
+
+
+@pytest.mark.slow
+def test_ctrl_c_keeps_the_best_verified_plan_and_exits_130(tmp_path):
+    problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
+    problem_path.write_bytes(gzip.decompress(FSDP8.read_bytes()))
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve", str(problem_path), "-o", str(plan_path),
+                             "--objective", "step", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # interrupt once the search has an incumbent
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            break
+        line = proc.stderr.readline()
+        if "incumbent" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)  # far below the 300 s it was asked to run
+    assert proc.returncode == 130, err[-500:]
+    assert "interrupted" in out and "Traceback" not in err
+    plan = planner.load_plan(plan_path)
+    assert plan.params["interrupted"] is True
+    assert not planner.verify(planner.load_problem(problem_path), plan)
