@@ -61,6 +61,30 @@ def _preset(args):
         raise CLIError(str(e)) from None
 
 
+def _workload(args, *, required: bool = True):
+    """The workload the flags name: a built-in name, --model, --hf-config or --hf (one of them)."""
+    from fxglue.custom import factory_workload, hf_config_workload
+    from fxglue.workloads import WorkloadError
+
+    given = [x for x in (args.workload, args.model, args.hf_config, args.hf) if x]
+    if len(given) > 1:
+        raise CLIError("give one workload: a built-in name, --model, --hf-config or --hf")
+    if not given:
+        if required:
+            raise CLIError("no workload: give a built-in name (`bucketplan workloads`), --model, --hf-config or --hf")
+        return None
+    try:
+        if args.model:
+            return factory_workload(args.model, args.parallel, args.layers)
+        if args.hf_config or args.hf:
+            return hf_config_workload(args.hf_config, model_id=args.hf, parallel=args.parallel, layers=args.layers)
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    if args.layers is not None:
+        raise CLIError("--layers applies to --model, --hf-config and --hf (built-in names carry their depth)")
+    return args.workload
+
+
 def cmd_extract(args) -> int:
     import planner
     from fxglue.pipeline import run_pipeline
@@ -69,7 +93,7 @@ def cmd_extract(args) -> int:
     say = _progress(args.quiet)
     out = Path(args.output)
     try:
-        result = run_pipeline(args.workload, planner_="greedy", preset=_preset(args), pre_bucketing=args.pre_bucketing,
+        result = run_pipeline(_workload(args), planner_="greedy", preset=_preset(args), pre_bucketing=args.pre_bucketing,
                               bucket_mode=args.bucket_mode, hardware=_hardware(args), apply=False,
                               max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
     except WorkloadError as e:
@@ -162,7 +186,7 @@ def cmd_apply(args) -> int:
     say = _progress(args.quiet)
     plan = planner.load_plan(args.plan)
     try:
-        result = run_pipeline(args.workload, planner_=plan, preset=_preset(args), pre_bucketing=args.pre_bucketing,
+        result = run_pipeline(_workload(args), planner_=plan, preset=_preset(args), pre_bucketing=args.pre_bucketing,
                               bucket_mode=args.bucket_mode, hardware=_hardware(args),
                               max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
     except (PlanError, WorkloadError) as e:
@@ -193,7 +217,9 @@ def cmd_compare(args) -> int:
     from fxglue.workloads import WorkloadError
 
     say = _progress(args.quiet)
-    targets = args.targets or list(DEFAULT_SUITE)
+    mine = _workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False)
+    targets = list(args.targets) + ([mine] if mine is not None else [])
+    targets = targets or list(DEFAULT_SUITE)
     out = Path(args.output)
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args))
@@ -213,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_workloads)
 
     s = sub.add_parser("extract", help="trace and schedule a workload; write problem.json and torch's greedy plan")
-    s.add_argument("workload")
+    s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
+    _add_model_options(s)
     s.add_argument("-o", "--output", required=True, help="output directory")
     _add_pipeline_options(s)
     s.set_defaults(func=cmd_extract)
@@ -250,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
     s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
     s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
+    _add_model_options(s)
     _add_cluster_options(s)
     s.add_argument("-q", "--quiet", action="store_true")
     s.set_defaults(func=cmd_compare)
@@ -270,11 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("apply", help="schedule a workload and apply a plan file to it")
-    s.add_argument("workload")
+    s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
     s.add_argument("plan")
+    _add_model_options(s)
     _add_pipeline_options(s)
     s.set_defaults(func=cmd_apply)
     return p
+
+
+def _add_model_options(s) -> None:
+    s.add_argument("--model", help="your model: MODULE:FACTORY or FILE.py:FACTORY, where factory(groups) returns "
+                                   "(module, example_inputs, loss_fn) (README, 'Plan your own model')")
+    s.add_argument("--hf-config", help="a Hugging Face causal-LM config.json, built from the config alone")
+    s.add_argument("--hf", help="a Hugging Face model id whose config is in the local cache (nothing is downloaded)")
+    s.add_argument("--parallel", choices=["fsdp", "ddp", "2d"], default="fsdp",
+                   help="how --model / --hf-config / --hf is parallelized (default fsdp)")
+    s.add_argument("--layers", type=int, help="decoder layers of --hf-config / --hf, or factory(groups, layers=N)")
 
 
 def _add_cluster_options(s) -> None:

@@ -61,13 +61,13 @@ class WorkloadRow:
     preset: str = ""
 
 
-def _problems_for(name: str, say, preset=None):
+def _problems_for(name, say, preset=None):
     """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it)."""
     from fxglue.pipeline import prepare
 
     out = []
     for pre in (False, True):
-        say(f"{name}: trace and schedule (pre-bucketing {'on' if pre else 'off'})")
+        say(f"{getattr(name, 'name', name)}: trace and schedule (pre-bucketing {'on' if pre else 'off'})")
         p = prepare(name, preset=preset, pre_bucketing=pre)
         out.append((p.problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
     return out
@@ -84,14 +84,17 @@ def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
     return row
 
 
-def compare_workload(name: str, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True) -> WorkloadRow:
-    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(name, say, preset)
+def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True) -> WorkloadRow:
+    """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model)."""
+    name = workload if isinstance(workload, str) else workload.name
+    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, say, preset)
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "")
     # the floor of each problem holds for every plan on it; their minimum holds for every row
     row.floor_ms = min(step_floor(prob).floor_ms, step_floor(prob_pre).floor_ms)
     row.plans.append(_greedy_row("torch default (pre-bucketing + greedy)", prob_pre, greedy_pre, greedy_pre_s))
     row.plans.append(_greedy_row("torch greedy", prob, greedy, greedy_s))
-    manual = _manual_row(name, preset, say)
+    # torch's manual pass needs the module's block names: built-in workloads only
+    manual = _manual_row(name, preset, say) if isinstance(workload, str) else None
     if manual is not None:
         row.plans.append(manual)
         row.floor_ms = min(row.floor_ms, step_floor(manual.problem).floor_ms)
@@ -280,7 +283,9 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = 30.0, progress=No
     say = progress or (lambda msg: None)
     rows = []
     for target in workloads:
-        if str(target).endswith(".json"):
+        if not isinstance(target, str):
+            rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say, preset=preset))
+        elif str(target).endswith(".json"):
             rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=out, say=say))
         else:
             rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say, preset=preset))

@@ -24,7 +24,7 @@ from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator, Hardware, Preset, get_preset
 from fxglue.extract import extract_problem
 from fxglue.greedy import TORCH_BUCKETER_DEFAULTS, greedy_plan
-from fxglue.workloads import TracedWorkload, trace
+from fxglue.workloads import TracedWorkload, Workload, trace
 
 PLANNERS = ("greedy", "none", "cpsat")
 
@@ -154,7 +154,7 @@ def resolve_preset(preset: Preset | str | None) -> Preset | None:
 
 
 def prepare(
-    workload: str | TracedWorkload,
+    workload: str | Workload | TracedWorkload,
     *,
     preset: Preset | str | None = None,
     pre_bucketing: bool = False,
@@ -171,9 +171,10 @@ def prepare(
     say = progress or (lambda msg: None)
     preset = resolve_preset(preset)
     timings: dict[str, float] = {}
-    if isinstance(workload, str):
+    if isinstance(workload, (str, Workload)):
         world, tp = (preset.world_size, preset.tp) if preset else (8, 2)
-        say(f"tracing {workload} ({world} ranks{f', TP {tp}' if tp > 1 else ''})")
+        label = workload if isinstance(workload, str) else workload.name
+        say(f"tracing {label} ({world} ranks{f', TP {tp}' if tp > 1 else ''})")
         traced = trace(workload, world_size=world, tp=tp)
         timings["trace_s"] = traced.trace_s
     else:
@@ -212,7 +213,7 @@ class PipelineResult:
 
 
 def run_pipeline(
-    workload: str | TracedWorkload,
+    workload: str | Workload | TracedWorkload,
     *,
     planner_: str | planner.Plan | os.PathLike = "greedy",
     preset: Preset | str | None = None,
