@@ -26,9 +26,10 @@ from fxglue.compare import COLUMNS, _slug, compare_workload, table_rows
 REVISION = git_revision()
 
 
-def run_one(name: str, preset: str, time_limit: float, out: Path) -> list[dict]:
+def run_one(name: str, preset: str, time_limit: float, out: Path, manual: bool = True) -> list[dict]:
     say = lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    row = compare_workload(name, time_limit_s=time_limit, out=out, say=say, preset=preset, traces=False)
+    row = compare_workload(name, time_limit_s=time_limit, out=out, say=say, preset=preset, traces=False,
+                           manual=manual)
     tag = out / f"{name}--{preset}"
     for p in row.plans:
         if p.plan is not None:
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--presets", nargs="+", required=True)
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--out", default="experiments/results/presets")
+    ap.add_argument("--no-manual", action="store_true", help="skip torch's manual per-block pass (slow at 80 layers)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,7 +91,7 @@ def main() -> None:
             if any(r["workload"] == name and r["preset"] == preset for r in rows):
                 continue  # resume: keep finished rows
             print(f"{name} on {preset} ...", file=sys.stderr, flush=True)
-            for r in run_one(name, preset, args.time_limit, out):
+            for r in run_one(name, preset, args.time_limit, out, manual=not args.no_manual):
                 rows.append(r)
                 append_row(rows_path, r)
             write_table(rows, out, sys.argv[1:])

@@ -84,7 +84,8 @@ def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
     return row
 
 
-def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True) -> WorkloadRow:
+def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True,
+                     manual: bool = True) -> WorkloadRow:
     """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model)."""
     name = workload if isinstance(workload, str) else workload.name
     (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, say, preset)
@@ -94,10 +95,10 @@ def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=No
     row.plans.append(_greedy_row("torch default (pre-bucketing + greedy)", prob_pre, greedy_pre, greedy_pre_s))
     row.plans.append(_greedy_row("torch greedy", prob, greedy, greedy_s))
     # torch's manual pass needs the module's block names: built-in workloads only
-    manual = _manual_row(name, preset, say) if isinstance(workload, str) else None
-    if manual is not None:
-        row.plans.append(manual)
-        row.floor_ms = min(row.floor_ms, step_floor(manual.problem).floor_ms)
+    manual_row = _manual_row(name, preset, say) if manual and isinstance(workload, str) else None
+    if manual_row is not None:
+        row.plans.append(manual_row)
+        row.floor_ms = min(row.floor_ms, step_floor(manual_row.problem).floor_ms)
     _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say)
     for p in row.plans:
         if p.plan is None:
