@@ -217,6 +217,16 @@ def cmd_compare(args) -> int:
     from fxglue.workloads import WorkloadError
 
     say = _progress(args.quiet)
+    from fxglue.workloads import get_workload
+
+    for target in args.targets:  # every name is checked before anything is traced
+        if not target.endswith(".json"):
+            try:
+                get_workload(target)
+            except WorkloadError as e:
+                raise CLIError(str(e)) from None
+        elif not Path(target).is_file():
+            raise CLIError(f"{target}: no such problem file")
     mine = _workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False)
     targets = list(args.targets) + ([mine] if mine is not None else [])
     targets = targets or list(DEFAULT_SUITE)
@@ -233,6 +243,13 @@ def cmd_compare(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bucketplan", description=__doc__.splitlines()[0] + " "
                                 "Plans bucketing of collectives in PyTorch training graphs.")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        mine = version("bucketplan")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        mine = "unknown (not installed)"
+    p.add_argument("--version", action="version", version=f"bucketplan {mine}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("workloads", help="list built-in workloads, one a line, name first")

@@ -138,3 +138,15 @@ def test_bad_cluster_flags_are_one_line_errors(tmp_path, capsys, flags, named):
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err
     assert named is None or named in err
     assert not (tmp_path / "x").exists()
+
+
+def test_compare_checks_every_name_before_tracing_any(capsys):
+    # the first name is valid: were it traced first, this would take seconds and then fail
+    assert cli(["compare", "llama3-8b-fsdp-80", "no-such-workload-3", "-q"]) == 2
+    assert "unknown workload 'no-such-workload-3'" in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("bucketplan ")
