@@ -162,52 +162,36 @@ def transformer_block_plans(module: nn.Module) -> list[list[str] | str]:
     return plans + block_fqns
 
 
-def _loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
-    loss = graph.output_node().args[0][0]
+def _walk(starts, step, limit: int | None = None) -> set[fx.Node] | None:
+    """Nodes reachable from ``starts`` by ``step(node) -> next nodes`` (None past ``limit``)."""
     seen: set[fx.Node] = set()
-    stack = [loss]
+    stack = list(starts)
     while stack:
         n = stack.pop()
         if n in seen:
             continue
         seen.add(n)
-        stack.extend(n.all_input_nodes)
+        if limit is not None and len(seen) > limit:
+            return None
+        stack.extend(step(n))
     return seen
 
 
+def _loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
+    return _walk([graph.output_node().args[0][0]], lambda n: n.all_input_nodes)
+
+
 def _placeholder_ancestors(start: fx.Node) -> set[fx.Node] | None:
-    seen: set[fx.Node] = set()
-    found: set[fx.Node] = set()
-    stack = list(start.all_input_nodes)
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if len(seen) > _MAX_BACKWARD_WALK:
-            return None
-        if n.op == "placeholder":
-            found.add(n)
-        else:
-            stack.extend(n.all_input_nodes)
-    return found
+    """The placeholders ``start`` derives from (None: more than _MAX_BACKWARD_WALK nodes away)."""
+    seen = _walk(start.all_input_nodes, lambda n: () if n.op == "placeholder" else n.all_input_nodes,
+                 _MAX_BACKWARD_WALK)
+    return None if seen is None else {n for n in seen if n.op == "placeholder"}
 
 
 def _grad_outputs(start: fx.Node, grad_index: dict[fx.Node, list[int]]) -> set[int]:
     """Gradient outputs reached from ``start`` through single-input chains (torch's FSDP test)."""
-    out: set[int] = set()
-    seen: set[fx.Node] = set()
-    stack = [start]
-    while stack:
-        n = stack.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        out.update(grad_index.get(n, ()))
-        for u in n.users:
-            if u.op != "output" and len(u.all_input_nodes) == 1:
-                stack.append(u)
-    return out
+    reached = _walk([start], lambda n: [u for u in n.users if u.op != "output" and len(u.all_input_nodes) == 1])
+    return {i for n in reached for i in grad_index.get(n, ())}
 
 
 def collective_params(graph: fx.Graph, param_names: list[str]) -> dict[fx.Node, tuple[str, ...]]:

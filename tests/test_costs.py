@@ -18,7 +18,7 @@ from fxglue.estimator import PRESETS
 from planner.bounds import step_floor
 from planner.problem import copy_bytes
 from tests.strategies import problems
-from tests.test_cpsat import _partitions
+from tests.brute import feasible_plans
 
 
 def _groups_of(preset):
@@ -67,15 +67,7 @@ def test_step_floor_on_alpha_beta_is_bandwidth_time_plus_latencies():
 @given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",), costs=True))
 def test_step_floor_never_exceeds_any_feasible_plans_simulated_step(problem):
     floor = step_floor(problem).floor_ms
-    names = [c.name for c in problem.collectives]
-    best = planner.simulate(problem).step_ms
-    for part in _partitions(names):
-        multi = [b for b in part if len(b) > 1]
-        plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
-                            buckets=tuple(planner.Bucket(members=tuple(b), start=b[0], wait=b[-1]) for b in multi))
-        if planner.verify(problem, plan):
-            continue
-        best = min(best, planner.simulate(problem, plan).step_ms)
+    best = min(planner.simulate(problem, plan).step_ms for plan in feasible_plans(problem))
     assert floor <= best + 1e-9
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,36 +10,15 @@ import planner
 from planner.cpsat import build_model, plan_objective
 from planner.solver import solve
 from planner.verifier import verify
+from tests.brute import _partitions, feasible_plans
 from tests.strategies import problems
-
-
-def _partitions(items):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in _partitions(rest):
-        for k in range(len(part)):
-            yield part[:k] + [[first] + part[k]] + part[k + 1:]
-        yield [[first]] + part
 
 
 def brute_force_optimum(problem: planner.Problem, objective: str = "count", protect_partly: bool = False,
                         memory_budget_bytes: int | None = None) -> int:
     """Smallest objective over every partition and every anchor choice that the verifier accepts."""
-    names = [c.name for c in problem.collectives]
-    best = None
-    for part in _partitions(names):
-        multi = [b for b in part if len(b) > 1]
-        for anchors in itertools.product(*[[(s, w) for s in b for w in b] for b in multi]):
-            plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
-                                buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w)
-                                              for b, (s, w) in zip(multi, anchors)))
-            if verify(problem, plan, protect_partly=protect_partly, memory_budget_bytes=memory_budget_bytes):
-                continue
-            value = plan_objective(problem, plan, objective)
-            best = value if best is None else min(best, value)
-    return best
+    return min(plan_objective(problem, plan, objective) for plan in
+               feasible_plans(problem, protect_partly=protect_partly, memory_budget_bytes=memory_budget_bytes))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -246,9 +223,11 @@ def test_constraint_family_feasible_and_infeasible_pair(case):
 def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status():
     from tests.conftest import scheduled
 
+    from planner.solver import repair
+
     s = scheduled("llama3-8b-fsdp-2")
-    hint = s.greedy if not verify(s.problem, s.greedy) else None
-    assert hint is not None
+    hint = s.greedy if not verify(s.problem, s.greedy) else repair(s.problem, s.greedy).plan
+    assert hint is not None and not verify(s.problem, hint)
     result = solve(s.problem, time_limit_s=0.001, workers=1, hint=hint)
     assert result.plan is not None and verify(s.problem, result.plan) == []
     assert result.objective <= planner.collectives_after(s.problem, hint)

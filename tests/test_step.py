@@ -6,8 +6,6 @@ brute force over every partition and anchor choice, scored by ``planner.simulate
 
 from __future__ import annotations
 
-import itertools
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ortools.sat.python import cp_model
@@ -17,22 +15,12 @@ from planner.cpsat import build_model
 from planner.solver import solve
 from planner.step import NS_PER_MS, _fix, add_step_objective
 from tests.strategies import plans, problems
-from tests.test_cpsat import _partitions
+from tests.brute import feasible_plans
 
 
 def _brute_force_step(problem: planner.Problem) -> float:
-    """Least simulated step over every feasible plan (anchors included)."""
-    names = [c.name for c in problem.collectives]
-    best = planner.simulate(problem).step_ms
-    for part in _partitions(names):
-        multi = [b for b in part if len(b) > 1]
-        for anchors in itertools.product(*[[(s, w) for s in b for w in b] for b in multi]):
-            plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
-                                buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w)
-                                              for b, (s, w) in zip(multi, anchors)))
-            if not planner.verify(problem, plan):
-                best = min(best, planner.simulate(problem, plan).step_ms)
-    return best
+    """Least simulated step over every feasible plan (anchors included; the empty plan too)."""
+    return min(planner.simulate(problem, plan).step_ms for plan in feasible_plans(problem))
 
 
 def _alpha_beta(problem: planner.Problem) -> planner.Problem:
