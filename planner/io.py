@@ -60,21 +60,44 @@ def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
     except (OSError, UnicodeDecodeError) as e:
         raise SchemaError(f"{p}: cannot read {what}: {e}") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
         raise SchemaError(f"{p}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
                           f"truncated or not a {what} file?") from None
+    except _DuplicateKey as e:
+        raise SchemaError(f"{p}: key {e.args[0]!r} appears twice in one object (which one counts is ambiguous)") from None
+    except RecursionError:
+        raise SchemaError(f"{p}: JSON nested too deeply for a {what} file") from None
     if not isinstance(data, dict):
         raise SchemaError(f"{p}: a {what} file holds a JSON object, found {type(data).__name__}")
     if "schema_version" not in data:
         raise SchemaError(f"{p}: schema_version: missing field")
-    if data["schema_version"] != SCHEMA_VERSION:
-        raise SchemaError(f"{p}: schema_version: {data['schema_version']!r} is not supported "
+    version = data["schema_version"]
+    if type(version) is not int or version != SCHEMA_VERSION:  # true == 1 and 1.0 == 1 in Python
+        raise SchemaError(f"{p}: schema_version: {version!r} is not supported "
                           f"(this bucketplan reads version {SCHEMA_VERSION})")
+    key = "fingerprint" if model is Problem else "problem_fingerprint"
+    if not data.get(key):
+        raise SchemaError(f"{p}: {key}: must be the problem's content fingerprint, not empty "
+                          "(an empty one would switch the integrity check off)")
     try:
-        return model.model_validate(data)
+        # strict: "12" or true is not a number here, as in JSON; arrays are tuples
+        return model.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise SchemaError(f"{p}: invalid {what}: {_describe(e)}") from None
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
 
 
 def load_problem(path: str | os.PathLike) -> Problem:

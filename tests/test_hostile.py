@@ -150,3 +150,32 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("bucketplan ")
+
+
+def _problem_text(**edit) -> str:
+    data = json.loads(planner.io.dumps(P))
+    data.update(edit)
+    return json.dumps(data)
+
+
+PROBLEM_CASES = {
+    # case: (problem file content, message fragment)
+    "duplicate key": (_problem_text()[:-1] + ', "bucket_mode": "default"}', "key 'bucket_mode' appears twice"),
+    "schema version true": (_problem_text(schema_version=True), "schema_version: True is not supported"),
+    "schema version 1.0": (_problem_text(schema_version=1.0), "schema_version: 1.0 is not supported"),
+    "empty fingerprint": (_problem_text(fingerprint=""), "fingerprint: must be the problem's content fingerprint"),
+    "deep nesting": ('{"schema_version": 1, "meta": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
+    "bytes as a string": (_problem_text().replace('"size_bytes": 10', '"size_bytes": "10"', 1), "size_bytes"),
+    "bytes as a boolean": (_problem_text().replace('"size_bytes": 10', '"size_bytes": true', 1), "size_bytes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PROBLEM_CASES))
+def test_hostile_problem_file(tmp_path, capsys, case):
+    content, fragment = PROBLEM_CASES[case]
+    problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
+    problem_path.write_text(content)
+    _write(plan_path, _plan(P, []))
+    assert cli(["verify", str(problem_path), str(plan_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert fragment in err and str(problem_path) in err and len(err.splitlines()) == 1 and "Traceback" not in err
