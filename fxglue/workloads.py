@@ -234,7 +234,9 @@ def trace_step(step, args, *, fake_mode=None) -> fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if fake_mode is None:
-        gm = make_fx(step, tracing_mode="fake")(*args)
+        # a real module (the gloo runner's) may hold real buffers that are not inputs, such as
+        # Hugging Face's rotary inv_freq: they are constants of the graph, not fake inputs
+        gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
     else:
         with fake_mode:
             gm = make_fx(step, tracing_mode="real")(*args)
