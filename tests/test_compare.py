@@ -15,7 +15,8 @@ def test_compare_writes_table_plots_and_traces(tmp_path, capsys):
     rows = list(csv.DictReader((out / "compare.csv").open()))
     planners = [r["planner"] for r in rows]
     assert planners == ["unbucketed", "torch default (pre-bucketing + greedy)", "torch greedy",
-                        "torch manual (a bucket per block)", "cpsat (count)", "cpsat (step)"]
+                        "torch manual (a bucket per block)", "cpsat (count)", "cpsat (step)",
+                        "cpsat (step, pre-bucketed)"]
     assert all(r["workload"] in printed for r in rows)
     by = {r["planner"]: r for r in rows}
     assert int(by["cpsat (count)"]["collectives_after"]) <= int(by["torch greedy"]["collectives_after"])
@@ -24,13 +25,15 @@ def test_compare_writes_table_plots_and_traces(tmp_path, capsys):
     step = float(by["cpsat (step)"]["step_ms"])
     assert step <= min(float(by[k]["step_ms"]) for k in ("unbucketed", "torch greedy", "cpsat (count)"))
     assert all(float(r["step_ms"]) >= float(r["floor_ms"]) for r in rows)
+    pre = float(by["cpsat (step, pre-bucketed)"]["step_ms"])
+    assert pre <= float(by["torch default (pre-bucketing + greedy)"]["step_ms"])
     import matplotlib.image
 
     for png in ("collectives_and_exposed.png", "timeline.png"):
         img = matplotlib.image.imread(out / png)
         assert img.shape[0] > 100 and img.shape[1] > 100
     traces = sorted((out / "traces").glob("*.json"))
-    assert len(traces) == 6
+    assert len(traces) == 7
     for t in traces:
         events = json.loads(t.read_text())["traceEvents"]
         assert any(e.get("ph") == "X" for e in events)
