@@ -88,8 +88,7 @@ PRESET_PLANNERS = ("unbucketed", "torch default (pre-bucketing + greedy)", "torc
 def presets_section() -> list[str]:
     """Every planner on the cluster presets (``experiments.presets`` output): simulated step
     against the floor, with a reading computed from the rows."""
-    run = ROOT / "results" / "presets"
-    rows = read_rows(run / "rows.jsonl")
+    rows = [r for run in ("presets", "presets_70b") for r in read_rows(ROOT / "results" / run / "rows.jsonl")]
     if not rows:
         return []
     cases: dict[tuple, dict[str, dict]] = {}
@@ -97,8 +96,9 @@ def presets_section() -> list[str]:
         cases.setdefault((r["workload"], r["preset"]), {})[r["planner"]] = r
     short = ["none", "torch default", "torch greedy", "torch manual", "count", "step", "step (pre)"]
     out = ["", "## Cluster presets: simulated step against the floor", "",
-           "`python -m experiments.presets` (command, revisions and machine in `results/presets/table.md`; plot "
-           "`results/presets/above_floor.png`). Problems traced at the preset's world size and priced by torch "
+           "`python -m experiments.presets` (command, revisions and machine in `results/presets/table.md` and, for "
+           "the 80-layer Llama-3-70B shape, `results/presets_70b/table.md`; plot `results/presets/above_floor.png`). "
+           "Problems traced at the preset's world size and priced by torch "
            "2.13's NCCL model with bucketing's copies and launches (README, *Estimates and cluster presets*). "
            "Each cell: simulated step ms (ms above the floor). *floor*: `planner.bounds.step_floor`, no plan "
            "beats it. *step status*: CP-SAT's step objective (started from the count plan), its bound and gap. "
