@@ -97,6 +97,59 @@ class StepModel:
     stats: dict = field(default_factory=dict)
 
 
+def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
+    """(positions of the pinned nodes, compute scheduled strictly before each, total) in ns,
+    the running sum rounded once so that differences telescope."""
+    positions = [n.pos for n in problem.nodes]
+    prefix, acc = [], 0.0
+    for n in problem.nodes:
+        prefix.append(_ns(acc))
+        if n.kind in ("compute", "other"):
+            acc += n.est_ms
+    return positions, prefix, _ns(acc)
+
+
+def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a: int, members: list[int],
+                  magnitude: int):
+    """(launch, copy_in, copy_out, duration) in ns of the bucket ``a`` may anchor: 0 when it
+    anchors nothing; copies only when something joins it (torch merges nothing alone)."""
+    x, colls, cost = handle.x, handle.colls, problem.bucketing
+    ca = problem.collectives[colls[a].idx]
+    link = problem.link(ca.pg)
+    joiners = [i for i in members if i != a]
+    wires = {i: problem.collectives[colls[i].idx].wire_bytes for i in members}
+    launch = copy_in = copy_out = 0
+    if cost is not None:
+        launch = _ns(cost.launch_ms) * x[a, a]
+    if cost is not None and joiners:
+        merged = m.new_bool_var(f"merged[{ca.name}]")  # a has a joiner: torch's merge copies
+        for i in joiners:
+            m.add_implication(x[i, a], merged)
+        m.add_implication(merged, x[a, a])
+        cin, cout = {}, {}
+        for i in members:
+            pair = copy_bytes(ca.kind, [wires[i], 0], link.group_size, problem.bucket_mode)
+            cin[i], cout[i] = _ns(cost.copy_ms(pair[0])), _ns(cost.copy_ms(pair[1]))
+        copy_in = sum(cin[i] * x[i, a] for i in joiners) + cin[a] * merged
+        copy_out = sum(cout[i] * x[i, a] for i in joiners) + cout[a] * merged
+    if link.table is None:
+        # an α-β link is a line: its fixed part once, each member's bytes (exact up to ns)
+        fixed = link.fixed_ms(ca.kind)
+        dur = _ns(fixed) * x[a, a] + sum(_ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members)
+        return launch, copy_in, copy_out, dur
+    # a table link: a concave minorant of its curve at the bucket's bytes
+    hi = sum(wires.values())
+    units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
+    m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members))
+    scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
+    top = max(abs(c) + abs(s) * (hi // BYTE_UNIT) for c, s in lines) + 1
+    scaled = m.new_int_var(-top, top, f"dur_scaled[{ca.name}]")
+    m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
+    dur = m.new_int_var(0, top // scale + 1, f"dur[{ca.name}]")  # the least it needs to be
+    m.add(scale * dur >= scaled)
+    return launch, copy_in, copy_out, dur
+
+
 def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0) -> StepModel:
     """Make ``handle``'s model minimize the simulated step (ns); see the module docstring.
     ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated."""
@@ -109,16 +162,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     waited_at: dict[int, list[tuple[int, int]]] = {}  # wait position -> (bucket anchor, wait anchor)
     for (a, b) in y:
         waited_at.setdefault(colls[b].w, []).append((a, b))
-    by_name = {c.name: c for c in problem.collectives}
-
-    # compute between positions: prefix sums over the pinned compute nodes, rounded once
-    positions = [n.pos for n in problem.nodes]
-    prefix, acc = [], 0.0
-    for n in problem.nodes:
-        prefix.append(_ns(acc))
-        if n.kind in ("compute", "other"):
-            acc += n.est_ms
-    total = _ns(acc)
+    positions, prefix, total = _compute_prefix(problem)
 
     def compute_before(pos: int) -> int:
         return prefix[bisect.bisect_left(positions, pos)]
@@ -128,46 +172,8 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
         horizon += len(colls) * _ns(cost.launch_ms) + sum(
             _ns(cost.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
     horizon = 2 * horizon + 1
-
-    launch, copy_in, copy_out, dur = {}, {}, {}, {}
     magnitude = 61 - math.ceil(math.log2(len(anchors) + 1)) - 2
-    for a in anchors:
-        ca = by_name[colls[a].name]
-        link = problem.link(ca.pg)
-        joiners = [i for i in members[a] if i != a]
-        wires = {i: by_name[colls[i].name].wire_bytes for i in members[a]}
-        launch[a] = copy_in[a] = copy_out[a] = 0
-        if cost is not None and joiners:
-            launch[a] = _ns(cost.launch_ms) * x[a, a]
-            merged = m.new_bool_var(f"merged[{ca.name}]")  # a has a joiner: torch's merge copies
-            for i in joiners:
-                m.add_implication(x[i, a], merged)
-            m.add_implication(merged, x[a, a])
-            cin, cout = {}, {}
-            for i in members[a]:
-                pair = copy_bytes(ca.kind, [wires[i], 0], link.group_size, problem.bucket_mode)
-                cin[i], cout[i] = _ns(cost.copy_ms(pair[0])), _ns(cost.copy_ms(pair[1]))
-            copy_in[a] = sum(cin[i] * x[i, a] for i in joiners) + cin[a] * merged
-            copy_out[a] = sum(cout[i] * x[i, a] for i in joiners) + cout[a] * merged
-        elif cost is not None:
-            launch[a] = _ns(cost.launch_ms) * x[a, a]
-        if link.table is None:
-            # an α-β link is a line: its fixed part once, each member's bytes (exact up to ns)
-            fixed = link.fixed_ms(ca.kind)
-            dur[a] = _ns(fixed) * x[a, a] + sum(
-                _ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members[a])
-            continue
-        # a table link: a concave minorant of its curve at the bucket's bytes
-        hi = sum(wires.values())
-        units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
-        m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members[a]))
-        scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
-        top = max(abs(c) + abs(s) * (hi // BYTE_UNIT) for c, s in lines) + 1
-        scaled = m.new_int_var(-top, top, f"dur_scaled[{ca.name}]")
-        m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
-        d = m.new_int_var(0, top // scale + 1, f"dur[{ca.name}]")  # the least it needs to be
-        m.add(scale * d >= scaled)
-        dur[a] = d
+    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude) for a in anchors}
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
@@ -184,13 +190,14 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
         n_events += 1
         if what == "s":
             a = ref
+            launch, copy_in, _, dur = terms[a]
             q = m.new_int_var(0, horizon, f"issue[{colls[a].name}]")
-            m.add(q == q_prev + gap + launch[a] + copy_in[a])
+            m.add(q == q_prev + gap + launch + copy_in)
             e = m.new_int_var(0, horizon, f"end[{colls[a].name}]")
-            m.add(e >= q + dur[a])
+            m.add(e >= q + dur)
             pg = colls[a].pg
             if pg in stream_end:
-                m.add(e >= stream_end[pg] + dur[a])
+                m.add(e >= stream_end[pg] + dur)
             stream_end[pg] = e
             ends[a] = e
             q_prev = q
@@ -206,7 +213,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
                 # and vanishes): only an anchor's wait acts
                 active = [y[a, b]] if a != b else [y[a, b], x[a, a]]
                 m.add(s >= ends[a]).only_enforce_if(active)
-                m.add(k >= copy_out[a]).only_enforce_if(active)
+                m.add(k >= terms[a][2]).only_enforce_if(active)
             t = m.new_int_var(0, horizon, f"clock[{pos}]")
             m.add(t == s + k)
             clock_at_wait[pos] = t
