@@ -169,6 +169,25 @@ def _build(problem: Problem, objective: str, window: int | None, within: Plan | 
     return handle
 
 
+def _step_start(problem: Problem, hint: Plan | None, floor_plans: tuple[Plan, ...], policy: dict, cb: "_Progress",
+                stats: dict, count_search: dict | None) -> Plan:
+    """The fastest feasible plan a step search starts from: the unbucketed schedule, the hint
+    and ``floor_plans``; none of them is ever beaten by the result. With ``count_search`` and
+    no floor plans, a fewest-collectives plan is searched first: on multi-node presets the step
+    search started from greedy or unbucketed stayed near them (h100-8nodes fsdp-2: 129.7 ms
+    after 20 s) while the fewest-collectives plan is 114.7 ms."""
+    if count_search is not None:
+        count = solve(problem, objective="count", hint=hint, **count_search, **policy)
+        if count.plan is not None:
+            floor_plans = (count.plan,)
+        cb.interrupted = bool(count.stats.get("interrupted"))
+        stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
+    unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
+    starts = [unbucketed] + ([hint] if hint is not None else [])
+    starts += [p for p in floor_plans if not verify(problem, p, **policy)]
+    return min(starts, key=lambda p: simulate(problem, p).step_ms)
+
+
 def _problem_bound(handle: ModelHandle, solver_bound: float) -> float:
     """The solver's bound in the objective's units: a step model's ns less its rounding slack
     (one ns per event and per duration) in ms."""
@@ -285,24 +304,12 @@ def solve(
         stats["hint_repaired"] = repaired.plan is not None
         if repaired.plan is not None:
             hint, hint_ok = repaired.plan, True
-    if step and not floor_plans and within is None:
-        # Without a count plan given, a share of the time finds one: on multi-node presets the
-        # step search started from greedy or unbucketed stayed near them (h100-8nodes fsdp-2:
-        # 129.7 ms after 20 s) while the fewest-collectives plan is 114.7 ms.
-        share = STEP_COUNT_SHARE * time_limit_s
-        count = solve(problem, time_limit_s=share, objective="count", workers=workers, seed=seed, hint=hint,
-                      window=window if not auto else "auto", deterministic=deterministic, **policy)
-        if count.plan is not None:
-            floor_plans = (count.plan,)
-        cb.interrupted = bool(count.stats.get("interrupted"))
-        stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     if step:
-        # the step search starts from the fastest feasible plan it is given; none of them, nor
-        # the unbucketed schedule, is ever beaten by the result (floors of the result)
-        unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
-        starts = [unbucketed] + ([hint] if hint_ok else [])
-        starts += [p for p in floor_plans if not verify(problem, p, **policy)]
-        hint, hint_ok = min(starts, key=lambda p: simulate(problem, p).step_ms), True
+        hint, hint_ok = _step_start(problem, hint if hint_ok else None, floor_plans, policy, cb, stats,
+                                    count_search=dict(time_limit_s=STEP_COUNT_SHARE * time_limit_s, workers=workers,
+                                                      seed=seed, window=window if not auto else "auto",
+                                                      deterministic=deterministic)
+                                    if not floor_plans and within is None else None), True
     if hint is not None:
         stats["hint_feasible"] = hint_ok
         # Measured (experiments/results/greedy_vs_cpsat_80): in a windowed search the hint
