@@ -19,12 +19,12 @@ from planner.problem import (
     collectives_after,
 )
 from planner.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
-from planner.solver import SolveResult, repair, solve
+from planner.solver import PlanMismatchError, SolveResult, repair, solve
 from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
-    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "Link", "Node", "Plan", "Problem", "Report",
-    "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text", "check",
-    "collectives_after", "load_plan", "load_problem", "lower_bound", "repair", "save", "simulate", "solve",
+    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "Link", "Node", "Plan", "PlanMismatchError",
+    "Problem", "Report", "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text",
+    "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",
 ]

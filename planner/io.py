@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import TypeVar, Union
@@ -40,6 +41,11 @@ def _describe(err: ValidationError, limit: int = 5) -> str:
             msg = "unknown field"
         elif e["type"] == "missing":
             msg = "missing field"
+        elif e["type"] == "value_error" and "error" in e.get("ctx", {}):
+            msg = str(e["ctx"]["error"])  # our validators' own words name the item; no "Value error, " prefix
+            if not e["loc"]:  # a whole-model check: its message starts with the item's path
+                lines.append(msg)
+                continue
         lines.append(f"{_loc(e['loc'])}: {msg}")
     more = len(err.errors()) - limit
     if more > 0:
@@ -50,9 +56,14 @@ def _describe(err: ValidationError, limit: int = 5) -> str:
 def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
     p = Path(path)
     try:
-        size = p.stat().st_size
+        st = p.stat()
     except OSError as e:
         raise SchemaError(f"{p}: cannot read {what}: {e.strerror}") from None
+    # stat, not open: /dev/zero reads forever (MemoryError) and opening a FIFO blocks until a
+    # writer comes; a directory or device is no problem or plan file either
+    if not stat.S_ISREG(st.st_mode):
+        raise SchemaError(f"{p}: not a regular file (a {what} file is a JSON file)")
+    size = st.st_size
     if size > MAX_FILE_BYTES:
         raise SchemaError(f"{p}: {size} bytes is too large for a {what} file (limit {MAX_FILE_BYTES})")
     try:

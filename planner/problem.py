@@ -34,6 +34,30 @@ NodeKind = Literal["start", "wait", "compute", "other"]
 Status = Literal["hidden", "partly", "exposed"]
 JSONValue = Any
 
+# Sane bounds for the numbers of a problem file. A value beyond them is a corrupt or hostile
+# file, not a cluster: NaN or Infinity poisons every comparison, 1e308 ms overflows the step
+# model's integer nanoseconds and 1e30 bytes CP-SAT's int64 arithmetic, and a bandwidth of
+# 1e-300 GB/s prices a collective at Infinity. The largest values in committed problems are
+# 2.1e9 bytes, 14,000 ms (a table's last breakpoint) and 50 GB/s.
+MAX_BYTES = 2**62
+MAX_MS = 1e9
+MIN_GBPS = 1e-9
+
+
+def _ms(**kw):
+    """A time in ms: finite, non-negative, below MAX_MS."""
+    return Field(ge=0, lt=MAX_MS, allow_inf_nan=False, **kw)
+
+
+def _bytes(**kw):
+    """A byte count: non-negative, below MAX_BYTES."""
+    return Field(ge=0, lt=MAX_BYTES, **kw)
+
+
+def _gbps(**kw):
+    """A bandwidth in GB/s: finite, above MIN_GBPS."""
+    return Field(gt=MIN_GBPS, allow_inf_nan=False, **kw)
+
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
@@ -56,8 +80,8 @@ class Link(_Frozen):
 
     pg: str
     group_size: int = Field(ge=1)
-    latency_ms: float | None = Field(default=None, ge=0)
-    bandwidth_gbps: float | None = Field(default=None, gt=0, description="bus bandwidth in GB/s (1e9 bytes)")
+    latency_ms: float | None = _ms(default=None)
+    bandwidth_gbps: float | None = _gbps(default=None, description="bus bandwidth in GB/s (1e9 bytes)")
     table: dict[Kind, tuple[tuple[int, float], ...]] | None = Field(
         default=None, description="per kind: (wire_bytes, ms) breakpoints, bytes strictly increasing from 0")
     hardware: str = ""
@@ -77,8 +101,9 @@ class Link(_Frozen):
                 if b1 <= b0:
                     raise ValueError(f"{where}: bytes must increase ({b0} then {b1})")
             for b, t in points:
-                if not (math.isfinite(t) and 0 <= t < 1e9) or b < 0:
-                    raise ValueError(f"{where}: breakpoint ({b}, {t}) is not a finite non-negative time")
+                if not (math.isfinite(t) and 0 <= t < MAX_MS) or not 0 <= b < MAX_BYTES:
+                    raise ValueError(f"{where}: breakpoint ({b}, {t}) needs 0 <= bytes < 2**62 and a finite "
+                                     f"time 0 <= ms < {MAX_MS:g}")
         return self
 
     def factor(self, kind: str) -> float:
@@ -117,8 +142,8 @@ class BucketingCost(_Frozen):
     collectives saves n - 1 launches. See ``copy_bytes``.
     """
 
-    copy_gbps: float = Field(gt=0, description="memory bandwidth for the copies, GB/s (1e9 bytes)")
-    launch_ms: float = Field(ge=0, description="per collective issued, on the compute stream")
+    copy_gbps: float = _gbps(description="memory bandwidth for the copies, GB/s (1e9 bytes)")
+    launch_ms: float = _ms(description="per collective issued, on the compute stream")
     source: str = ""
 
     def copy_ms(self, nbytes: int) -> float:
@@ -149,10 +174,10 @@ class Collective(_Frozen):
     pg: str
     key: str = Field(description="torch's full bucket key under the problem's bucket mode")
     dtype: str
-    size_bytes: int = Field(ge=0, description="torch's memory footprint; what the bucket cap counts")
-    wire_bytes: int = Field(ge=0, description="bytes the cost model charges (full tensor)")
-    est_ms: float = Field(ge=0)
-    exposed_ms: float = Field(ge=0)
+    size_bytes: int = _bytes(description="torch's memory footprint; what the bucket cap counts")
+    wire_bytes: int = _bytes(description="bytes the cost model charges (full tensor)")
+    est_ms: float = _ms()
+    exposed_ms: float = _ms()
     start_pos: int = Field(ge=0)
     wait_pos: int = Field(ge=0)
     hiding: tuple[str, ...] = ()
@@ -166,7 +191,7 @@ class Node(_Frozen):
     name: str
     kind: NodeKind
     pos: int = Field(ge=0)
-    est_ms: float = Field(ge=0)
+    est_ms: float = _ms()
     deps: tuple[int, ...] = ()
 
 
@@ -196,7 +221,7 @@ class Problem(_Frozen):
     schema_version: Literal[1] = SCHEMA_VERSION
     fingerprint: str = ""
     bucket_mode: Literal["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
-    bucket_cap_bytes: int = Field(gt=0)
+    bucket_cap_bytes: int = Field(gt=0, lt=MAX_BYTES)
     n_scheduled: int = Field(ge=0)
     collectives: tuple[Collective, ...]
     nodes: tuple[Node, ...]
@@ -249,6 +274,11 @@ class Problem(_Frozen):
             for h in c.hiding:
                 if h not in names:
                     raise ValueError(f"{where}: hiding node {h!r} is not among nodes")
+                # a node hides a collective only while it is in flight; one outside that interval
+                # (a corrupt file) would leave the model's rule-7 window empty (IndexError later)
+                if not c.start_pos < self.nodes[names[h]].pos < c.wait_pos:
+                    raise ValueError(f"{where}: hiding node {h!r} at position {self.nodes[names[h]].pos} is not "
+                                     f"between its start ({c.start_pos}) and its wait ({c.wait_pos})")
         # The structure of functional collectives: a start's only user is its wait, and a wait's
         # only input is its start. Planners rely on it, so it is part of a valid problem.
         start_of_wait = {c.wait: c.name for c in self.collectives}

@@ -51,6 +51,28 @@ DETERMINISTIC_WALL_FACTOR = 20.0
 STEP_COUNT_SHARE = 0.25
 
 
+class PlanMismatchError(ValueError):
+    """A plan handed to ``solve`` (``hint``) or ``repair`` that cannot belong to the problem: it
+    was made for another problem, or names collectives the problem does not have."""
+
+
+def check_plan_matches(problem: Problem, plan: Plan) -> None:
+    """Raise ``PlanMismatchError`` unless ``plan`` can be a plan of ``problem``.
+
+    Why here: the model and the repair index the problem's collectives by a plan's member names
+    (a KeyError deep in ``repair`` otherwise), and a plan of another problem would silently steer
+    the search. Fingerprints are compared when both are set (a problem built in code without
+    ``with_fingerprint`` has none; files always have one)."""
+    if plan.problem_fingerprint and problem.fingerprint and plan.problem_fingerprint != problem.fingerprint:
+        raise PlanMismatchError(f"plan is for another problem (its problem_fingerprint "
+                                f"{plan.problem_fingerprint[:19]}..., the problem's {problem.fingerprint[:19]}...)")
+    names = {c.name for c in problem.collectives}
+    unknown = sorted({m for b in plan.buckets for m in b.members} - names)
+    if unknown:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise PlanMismatchError(f"plan names collective(s) {unknown[:5]}{more} that the problem does not have")
+
+
 @dataclass
 class SolveResult:
     """One result type for every planner: status, objective, bound, gap, wall time, plan."""
@@ -253,7 +275,8 @@ def solve(
     ``stats['wall_limit_hit']`` and may differ between runs.
     ``hint`` (e.g. torch's greedy plan) seeds the search of a full model (a windowed search,
     which it was measured to trap, starts without it); a feasible hint is always the floor of
-    the result. With ``window`` the candidate anchors are limited and the bound holds for that
+    the result; one made for another problem raises ``PlanMismatchError`` before any search.
+    With ``window`` the candidate anchors are limited and the bound holds for that
     restricted space only (``stats['bound_scope']``); likewise with ``within`` (merges only
     inside that plan's buckets). ``protect_partly`` solves under the stricter policy in which
     partly hidden collectives keep their overlap too (see planner/README.md);
@@ -272,6 +295,8 @@ def solve(
         raise ValueError("time_limit_s must be positive")
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
+    if hint is not None:
+        check_plan_matches(problem, hint)  # before any model is built
     step = objective == "step"
     # deterministic: the wall clock only guards against a stuck run; CP-SAT's deterministic time
     # (the same number) ends every stage, so unproved runs are reproducible too
@@ -522,6 +547,7 @@ def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers:
 
     A fast re-anchoring comes first; when it keeps every bucket it is optimal for this
     restricted space (no refinement has fewer buckets) and no search is needed."""
+    check_plan_matches(problem, plan)
     t0 = time.perf_counter()
     policy = {"protect_partly": protect_partly, "memory_budget_bytes": memory_budget_bytes}
     quick = _reanchor(problem, plan)

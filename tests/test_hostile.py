@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -158,6 +159,28 @@ def _problem_text(**edit) -> str:
     return json.dumps(data)
 
 
+def _edited(fn) -> str:
+    """The problem file with ``fn`` applied to its data; the fingerprint is left stale on purpose:
+    field checks and the problem's own checks come before the fingerprint's."""
+    data = json.loads(planner.io.dumps(P))
+    fn(data)
+    return json.dumps(data)  # allow_nan: Infinity and NaN are written as Python's json writes them
+
+
+def _set(path: str, value):
+    def fn(data):
+        *where, last = path.split(".")
+        obj = data
+        for part in where:
+            obj = obj[int(part)] if part.isdigit() else obj[part]
+        obj[last] = value
+    return fn
+
+
+def _hidden_after_wait(data):  # ag_a (start 0, wait 1) "hidden" by mm at position 2
+    data["collectives"][0].update(hiding=["mm"], status="hidden", exposed_ms=0.0)
+
+
 PROBLEM_CASES = {
     # case: (problem file content, message fragment)
     "duplicate key": (_problem_text()[:-1] + ', "bucket_mode": "default"}', "key 'bucket_mode' appears twice"),
@@ -167,6 +190,27 @@ PROBLEM_CASES = {
     "deep nesting": ('{"schema_version": 1, "meta": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
     "bytes as a string": (_problem_text().replace('"size_bytes": 10', '"size_bytes": "10"', 1), "size_bytes"),
     "bytes as a boolean": (_problem_text().replace('"size_bytes": 10', '"size_bytes": true', 1), "size_bytes"),
+    # non-finite or absurd numbers, refused by the fields' bounds (planner.problem.MAX_BYTES, ...)
+    "est_ms Infinity": (_edited(_set("collectives.0.est_ms", float("inf"))),
+                        "collectives[0].est_ms: Input should be a finite number"),
+    "est_ms NaN": (_edited(_set("collectives.0.est_ms", float("nan"))),
+                   "collectives[0].est_ms: Input should be a finite number"),
+    "exposed_ms 1e308": (_edited(_set("collectives.0.exposed_ms", 1e308)),
+                         "collectives[0].exposed_ms: Input should be less than 1000000000"),
+    "node est_ms NaN": (_edited(_set("nodes.2.est_ms", float("nan"))), "nodes[2].est_ms: Input should be a finite"),
+    "latency_ms Infinity": (_edited(_set("links.0.latency_ms", float("inf"))),
+                            "links[0].latency_ms: Input should be a finite number"),
+    "latency_ms 1e308": (_edited(_set("links.0.latency_ms", 1e308)), "links[0].latency_ms: Input should be less than"),
+    "size_bytes 10**30": (_edited(_set("collectives.0.size_bytes", 10**30)),
+                          "collectives[0].size_bytes: Input should be less than 4611686018427387904"),
+    "wire_bytes 1e30": (_edited(_set("collectives.0.wire_bytes", 1e30)), "collectives[0].wire_bytes"),
+    "bandwidth 1e-300": (_edited(_set("links.0.bandwidth_gbps", 1e-300)),
+                         "links[0].bandwidth_gbps: Input should be greater than 0.000000001"),
+    "bandwidth 0": (_edited(_set("links.0.bandwidth_gbps", 0.0)), "links[0].bandwidth_gbps: Input should be greater"),
+    # was an IndexError in planner/cpsat.py once solved
+    "hidden after its wait": (_edited(_hidden_after_wait),
+                              "collectives[0] (ag_a): hiding node 'mm' at position 2 is not between its start (0) "
+                              "and its wait (1)"),
 }
 
 
@@ -179,3 +223,154 @@ def test_hostile_problem_file(tmp_path, capsys, case):
     assert cli(["verify", str(problem_path), str(plan_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert fragment in err and str(problem_path) in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def _one_line_error(capsys, code: int, fragment: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert fragment in err, err
+    return err
+
+
+@pytest.mark.parametrize("case", sorted(PROBLEM_CASES))
+def test_solve_refuses_a_hostile_problem_file(tmp_path, capsys, case):
+    content, fragment = PROBLEM_CASES[case]
+    problem_path, out = tmp_path / "problem.json", tmp_path / "plan.json"
+    problem_path.write_text(content)
+    code = cli(["solve", str(problem_path), "-o", str(out), "-q", "--time-limit", "5"])
+    err = _one_line_error(capsys, code, fragment)
+    assert str(problem_path) in err and not out.exists()
+
+
+@pytest.fixture
+def no_search(monkeypatch):
+    """solve() must not be reached: a bad flag or output path is refused before any search."""
+    import planner.solver
+
+    def fail(*a, **k):
+        raise AssertionError("solve() ran")
+    monkeypatch.setattr(planner.solver, "solve", fail)
+
+
+@pytest.mark.parametrize("flags, fragment", [
+    (["--time-limit=0"], "--time-limit must be a positive number, not 0.0"),
+    (["--time-limit=-5"], "--time-limit must be a positive number, not -5.0"),
+    (["--time-limit=nan"], "--time-limit must be a positive number, not nan"),
+    (["--time-limit=inf"], "--time-limit must be a positive number, not inf"),
+    (["--workers=0"], "--workers must be a positive number, not 0"),  # was silently 2
+    (["--workers=-1"], "--workers must be a positive number, not -1"),  # was MODEL_INVALID
+    (["--seed=99999999999"], "--seed must be an integer from -2147483648 to 2147483647"),
+    (["--window=abc"], "--window must be 'auto', 'none' or a positive integer, not 'abc'"),
+    (["--window=0"], "--window must be 'auto', 'none' or a positive integer, not '0'"),
+    (["--window=-3"], "--window must be 'auto', 'none' or a positive integer, not '-3'"),
+    (["--memory-budget-gb=nan"], "--memory-budget-gb must be a non-negative number, not nan"),
+    (["--memory-budget-gb=inf"], "--memory-budget-gb must be a non-negative number, not inf"),
+    (["--memory-budget-gb=-1"], "--memory-budget-gb must be a non-negative number, not -1.0"),
+])
+def test_bad_solve_flags_are_one_line_errors(tmp_path, capsys, no_search, flags, fragment):
+    problem_path, out = tmp_path / "problem.json", tmp_path / "plan.json"
+    planner.save(P, problem_path)
+    _one_line_error(capsys, cli(["solve", str(problem_path), "-o", str(out), "-q", *flags]), fragment)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("output, fragment", [
+    ("adir", "adir: is a directory"),
+    ("a-file/plan.json", "cannot create a folder there"),
+    ("/sys/x/plan.json", "-o /sys/x/plan.json: cannot write in /sys"),  # sysfs takes no files, even from root
+])
+def test_unwritable_output_is_refused_before_solving(tmp_path, capsys, no_search, output, fragment):
+    import os
+
+    if output.startswith("/sys") and not os.path.isdir("/sys"):
+        pytest.skip("no /sys here")
+    problem_path = tmp_path / "problem.json"
+    planner.save(P, problem_path)
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "a-file").write_text("")
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    out = output if output.startswith("/") else str(tmp_path / output)
+    _one_line_error(capsys, cli(["solve", str(problem_path), "-o", out, "-q"]), fragment)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before  # nothing written, not even the probe
+
+
+Q = P.model_copy(update={"bucket_cap_bytes": 200}).with_fingerprint()  # same collectives, another problem
+
+
+@pytest.mark.parametrize("hint, fragment", [
+    (_plan(Q, [(["ag_a", "ag_e"], "ag_a", "ag_e")]), "plan is for another problem"),
+    (_plan(P, [(["ag_a", "ghost"], "ag_a", "ag_a")]),
+     "plan names collective(s) ['ghost'] that the problem does not have"),
+])
+def test_a_hint_for_another_problem_is_a_one_line_error(tmp_path, capsys, hint, fragment):
+    problem_path, hint_path, out = tmp_path / "problem.json", tmp_path / "hint.json", tmp_path / "plan.json"
+    planner.save(P, problem_path)
+    _write(hint_path, hint)
+    code = cli(["solve", str(problem_path), "-o", str(out), "-q", "--time-limit", "5", "--hint", str(hint_path)])
+    err = _one_line_error(capsys, code, fragment)
+    assert err.startswith(f"bucketplan solve: error: {hint_path}: ") and not out.exists()
+
+
+def test_solve_and_repair_refuse_a_plan_of_another_problem():
+    ghost = planner.Plan.model_validate(_plan(P, [(["ag_a", "ghost"], "ag_a", "ag_a")]))
+    other = planner.Plan.model_validate(_plan(Q, []))
+    for plan, fragment in ((ghost, "['ghost']"), (other, "another problem")):
+        with pytest.raises(planner.PlanMismatchError, match=re.escape(fragment)):
+            planner.solve(P, hint=plan, time_limit_s=5)
+        with pytest.raises(planner.PlanMismatchError, match=re.escape(fragment)):
+            planner.repair(P, plan)
+
+
+def _fifo(tmp_path):
+    import os
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs here")
+    path = tmp_path / "fifo.json"
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize("which", ["problem", "plan"])
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_non_regular_files_are_refused_up_front(tmp_path, capsys, which, special):
+    import os
+    import signal
+
+    if special == "/dev/zero" and not os.path.exists(special):
+        pytest.skip("no /dev/zero here")
+    path = str(_fifo(tmp_path)) if special == "fifo" else special
+    problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
+    planner.save(P, problem_path)
+    _write(plan_path, _plan(P, []))
+    files = [path, str(plan_path)] if which == "problem" else [str(problem_path), path]
+
+    def blocked(*_):  # opening a FIFO waits for a writer: fail the test instead of hanging it
+        raise TimeoutError(f"{path} was opened")
+    previous = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(20)
+    try:
+        code = cli(["verify", *files])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    _one_line_error(capsys, code, f"{path}: not a regular file (a {which} file is a JSON file)")
+
+
+@pytest.mark.parametrize("command", [["workloads"], ["verify", "problem.json", "plan.json"]])
+def test_a_closed_pipe_exits_quietly(tmp_path, command):
+    # `bucketplan ... | head -1` with head gone before we write: the read end is closed before
+    # the command has even started, so the first write meets a broken pipe every time
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    planner.save(P, tmp_path / "problem.json")
+    _write(tmp_path / "plan.json", _plan(P, []))
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen([sys.executable, str(root / "bucketplan_cli.py"), *command], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    err = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and err == ""  # as a tool killed by SIGPIPE; no traceback
