@@ -23,7 +23,7 @@ Per bucket key (buckets never mix keys):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -171,33 +171,91 @@ class StepFloor:
     least time its FIFO stream is busy: per bucket key, the cost curve's subadditive minorant at
     the key's total bytes with that fewest number of buckets (``_key_stream_floor``). The step
     lasts at least as long as any stream is busy and as the compute stream's work.
+    ``ordered_ms``: per process group, ``release_tail_floor`` (when the fixed order lets its
+    collectives run, and the compute that must follow them).
     """
 
     floor_ms: float
     compute_ms: float
     stream_ms: dict[str, float]
+    ordered_ms: dict[str, float] = field(default_factory=dict)  # release_tail_floor
+
+
+def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """Lines g(b) = c + s*b with c >= 0 that lie below the link's cost curve f on [0, total]:
+    intercepts ``c`` and slopes ``s``. The slopes searched are those of the chords from every
+    breakpoint to ``total`` (and 0); c(s) = min over breakpoints of f(b) - s*b (f is linear
+    between breakpoints, so the minimum over [0, total] is at one of them)."""
+    if link.table is None:
+        fixed = link.fixed_ms(kind)
+        return np.array([fixed]), np.array([(link.time_ms(kind, total) - fixed) / max(total, 1)])
+    pts = [(b, t) for b, t in link.table[kind] if b < total] + [(total, link.time_ms(kind, total))]
+    bs = np.array([b for b, _ in pts], dtype=float)
+    ts = np.array([t for _, t in pts], dtype=float)
+    span = total - bs[:-1]
+    slopes = np.concatenate([[0.0], (ts[-1] - ts[:-1]) / np.where(span > 0, span, 1)])
+    c = (ts[None, :] - slopes[:, None] * bs[None, :]).min(axis=1)
+    keep = c >= 0
+    return c[keep], slopes[keep]
 
 
 def _key_stream_floor(link, kind: str, total: int, min_buckets: int) -> float:
     """Least total stream time of ``min_buckets`` or more buckets of one kind whose bytes add up
-    to ``total``: for any line g(b) = c + s*b with c >= 0 and g <= f on [0, total], a plan's
-    buckets cost at least sum g(B_j) = k*c + s*total >= min_buckets*c + s*total. The best such
-    line is searched over the slopes of the chords from every breakpoint to ``total`` (and 0).
-    For α-β links (f itself a line) this is min_buckets latencies plus the bandwidth time."""
-    if link.table is None:
-        fixed = link.fixed_ms(kind)
-        return min_buckets * fixed + (link.time_ms(kind, total) - fixed)
-    pts = [(b, t) for b, t in link.table[kind] if b < total] + [(total, link.time_ms(kind, total))]
-    bs = np.array([b for b, _ in pts], dtype=float)
-    ts = np.array([t for _, t in pts], dtype=float)
-    t_total = ts[-1]
-    span = total - bs[:-1]
-    slopes = np.concatenate([[0.0], (t_total - ts[:-1]) / np.where(span > 0, span, 1)])
-    # c(s) = min over breakpoints of f(b) - s*b (f is linear between breakpoints, so the
-    # minimum over [0, total] is at one of them)
-    c = (ts[None, :] - slopes[:, None] * bs[None, :]).min(axis=1)
-    value = np.where(c >= 0, min_buckets * c + slopes * total, -np.inf)
-    return float(max(0.0, value.max()))
+    to ``total``: for any line g = c + s*b below f on [0, total] (``_minorant_lines``), a plan's
+    buckets cost at least sum g(B_j) = k*c + s*total >= min_buckets*c + s*total; the best line
+    counts. For α-β links (f itself a line) this is min_buckets latencies plus the bandwidth time."""
+    c, s = _minorant_lines(link, kind, total)
+    return float(max(0.0, (min_buckets * c + s * total).max(initial=0.0)))
+
+
+def release_tail_floor(problem: Problem) -> dict[str, float]:
+    """Per process group, a floor from when its collectives can run and what must follow them
+    (the one-machine bound of Jackson / Carlier with release and tail times).
+
+    Node order is fixed, so whatever the plan, collective j's bucket is issued after the compute
+    of every node up to its last fixed predecessor (``fixed_limits``) -- its release r_j -- and
+    waited before its first fixed consumer, after which the compute of every later node still
+    runs -- its tail q_j. A bucket takes at least c + s*bytes on its kind's best line below the
+    cost curve (``_minorant_lines``), so it holds the FIFO stream at least p_j = s*bytes per member
+    and c once. For any set S of one group's collectives the stream serves all their buckets
+    after min r, one at a time, and the step lasts until the last one ends plus its tail:
+    step >= min_S r + sum_S p + c_min + min_S q. Every S of the form {r >= R, q >= Q} is tried."""
+    limits = fixed_limits(problem)
+    order = sorted(problem.nodes, key=lambda n: n.pos)
+    pos = np.array([n.pos for n in order])
+    work = np.cumsum([n.est_ms if n.kind in ("compute", "other") else 0.0 for n in order])
+    total_work = float(work[-1]) if len(work) else 0.0
+
+    def work_through(p: int) -> float:  # compute of the nodes at positions <= p
+        k = int(np.searchsorted(pos, p, side="right"))
+        return float(work[k - 1]) if k else 0.0
+
+    by_pg: dict[str, list] = {}
+    for c in problem.collectives:
+        by_pg.setdefault(c.pg, []).append(c)
+    out: dict[str, float] = {}
+    for pg, cs in by_pg.items():
+        link = problem.link(pg)
+        totals: dict[str, int] = {}
+        for c in cs:
+            totals[c.kind] = totals.get(c.kind, 0) + c.wire_bytes
+        best = {}
+        for kind, total in totals.items():  # the line that prices one bucket of everything highest
+            lc, ls = _minorant_lines(link, kind, total)
+            i = int(np.argmax(lc + ls * total)) if len(lc) else None
+            best[kind] = (float(lc[i]), float(ls[i])) if i is not None else (0.0, 0.0)
+        c_min = min(c for c, _ in best.values())
+        r = np.array([work_through(limits[c.name][0]) for c in cs])
+        q = np.array([total_work - work_through(limits[c.name][1] - 1) for c in cs])
+        p = np.array([best[c.kind][1] * c.wire_bytes for c in cs])
+        floor = 0.0
+        for release in np.unique(r):
+            mask = r >= release
+            tails, holds = q[mask], p[mask]
+            by_tail = np.argsort(-tails, kind="stable")
+            floor = max(floor, float((release + np.cumsum(holds[by_tail]) + tails[by_tail]).max()) + c_min)
+        out[pg] = floor
+    return out
 
 
 def step_floor(problem: Problem) -> StepFloor:
@@ -213,4 +271,6 @@ def step_floor(problem: Problem) -> StepFloor:
     compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
-    return StepFloor(floor_ms=max([compute, *stream.values()]), compute_ms=compute, stream_ms=stream)
+    ordered = release_tail_floor(problem)
+    return StepFloor(floor_ms=max([compute, *stream.values(), *ordered.values()]), compute_ms=compute,
+                     stream_ms=stream, ordered_ms=ordered)
