@@ -143,24 +143,92 @@ def cmd_verify(args) -> int:
     return 0 if report.feasible else 1
 
 
+# CP-SAT's random_seed is an int32 (a larger one is a TypeError deep inside ortools)
+SEED_RANGE = (-(2**31), 2**31 - 1)
+
+
+def _seed(value: int, flag: str) -> None:
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise CLIError(f"{flag} must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (CP-SAT's range), "
+                       f"not {value}")
+
+
+def _window(value: str) -> int | str | None:
+    """--window: 'auto', 'none' (the full model) or a positive number of same-key neighbours."""
+    if value in ("auto", "none"):
+        return None if value == "none" else value
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n <= 0:  # 0 or less would leave a collective no anchor but itself: a silent no-op search
+        raise CLIError(f"--window must be 'auto', 'none' or a positive integer, not {value!r}")
+    return n
+
+
+def _output_file(path: str, flag: str) -> None:
+    """Refuse an output file that cannot be written, before any work: an existing directory or
+    other non-regular file (the plan is written by renaming over it: -o /dev/null would replace
+    the device), or a folder that cannot be created or written. Writability is probed with a
+    temporary file in the nearest existing folder, removed at once: permission bits say nothing
+    for root or on a read-only or virtual filesystem (/sys)."""
+    import tempfile
+
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{flag} {path}: is a directory; give the plan file to write")
+    if p.exists() and not p.is_file():
+        raise CLIError(f"{flag} {path}: exists and is not a regular file")
+    folder = p.parent
+    while not folder.exists():  # ends at '.' or '/', which exist
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CLIError(f"{flag} {path}: cannot create a folder there: {folder} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".bucketplan-probe-", dir=folder)
+    except OSError as e:
+        raise CLIError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
 def cmd_solve(args) -> int:
     import planner
-    from planner.solver import solve
+    from planner.problem import MAX_BYTES
+    from planner.solver import PlanMismatchError, solve
 
+    # every flag and the output path are checked before anything is loaded or solved: a bad
+    # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
+    _positive(args.time_limit, "--time-limit")  # nan and inf too: CP-SAT would run unbounded or not at all
+    _positive(args.workers, "--workers")  # 0 silently became 2, -1 gave MODEL_INVALID
+    _seed(args.seed, "--seed")
+    window = _window(args.window)
+    budget = None
+    if args.memory_budget_gb is not None:
+        _positive(args.memory_budget_gb, "--memory-budget-gb", zero_ok=True)  # 0: nothing extra may stay alive
+        budget = int(args.memory_budget_gb * 1024**3)
+        if budget >= MAX_BYTES:  # as a problem's byte counts: sums stay within CP-SAT's int64
+            raise CLIError(f"--memory-budget-gb {args.memory_budget_gb!r} is beyond any machine "
+                           f"(below {MAX_BYTES // 1024**3} GB)")
+    _output_file(args.output, "-o")
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     say = _progress(args.quiet)
     say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective {args.objective}, "
         f"time limit {args.time_limit}s")
-    window = args.window if args.window == "auto" else None if args.window == "none" else int(args.window)
-    result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
-                   seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
-                   memory_budget_bytes=None if args.memory_budget_gb is None else int(args.memory_budget_gb * 1024**3),
-                   deterministic=args.deterministic, progress=say)
+    try:
+        result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
+                       seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
+                       memory_budget_bytes=budget, deterministic=args.deterministic, progress=say)
+    except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
+        raise CLIError(f"{args.hint}: {e}") from None
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1
-    planner.save(result.plan, args.output)
+    try:
+        planner.save(result.plan, args.output)
+    except OSError as e:  # checked up front; this is a race (the folder changed during the search)
+        raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
     print(f"status              {result.status}" + (" (interrupted: the best verified plan so far)"
                                                    if result.stats.get("interrupted") else ""))
     print(f"collectives         {len(problem.collectives)} -> {planner.collectives_after(problem, result.plan)}")
@@ -175,6 +243,44 @@ def cmd_solve(args) -> int:
                                                            if result.stats.get("wall_limit_hit") else ""))
     print(f"wrote               {args.output}")
     return 130 if result.stats.get("interrupted") else 0
+
+
+def cmd_solve_dir(args) -> int:
+    from planner.plan_dir import recorded_problems, solve_dir
+
+    root = Path(args.plan_dir)
+    if not root.is_dir():
+        raise CLIError(f"{root}: no such plan directory (record one with fxglue.compile.record; README, "
+                       "'Use a plan in training')")
+    if not recorded_problems(root):
+        raise CLIError(f"{root}: no recorded problems (no */problem.json)")
+    _positive(args.time_limit, "--time-limit")
+    _positive(args.jobs, "--jobs")
+    _seed(args.seed, "--seed")
+    if args.workers is not None:
+        _positive(args.workers, "--workers")
+    try:
+        rows = solve_dir(root, objective=args.objective, time_limit_s=args.time_limit, jobs=args.jobs,
+                         workers=args.workers, seed=args.seed, force=args.force, progress=_progress(args.quiet))
+    except PermissionError as e:
+        raise CLIError(f"{e.filename or root}: cannot write plans there ({e.strerror})") from None
+    except KeyboardInterrupt:
+        print("interrupted: the plans written so far are kept; run again to resume", file=sys.stderr)
+        return 130
+    print((root / "summary.md").read_text(encoding="utf-8") if rows else "nothing to solve", end="")
+    failed = [r["problem"] for r in rows if r.get("status") in ("ERROR", "") or r.get("plan_ms") in (None, "")]
+    print(f"wrote {root}/*/plan.json, {root}/summary.csv, {root}/summary.md")
+    if failed:
+        print(f"no plan for {len(failed)} problem(s): {', '.join(f[:12] for f in failed)}", file=sys.stderr)
+    interrupted = any(r.get("interrupted") for r in rows)
+    return 130 if interrupted else 1 if failed else 0
+
+
+def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
+    import math
+
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and (value > 0 or zero_ok and value == 0)):
+        raise CLIError(f"{flag} must be a {'non-negative' if zero_ok else 'positive'} number, not {value!r}")
 
 
 def cmd_apply(args) -> int:
@@ -289,6 +395,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 
+    s = sub.add_parser("solve-dir", help="solve every problem recorded from torch.compile (fxglue.compile.record) "
+                                         "that has no plan yet; resumable; writes plan.json and a summary")
+    s.add_argument("plan_dir")
+    s.add_argument("--objective", choices=["count", "exposure", "step"], default="step",
+                   help="what to minimize (default step: the simulated step time)")
+    s.add_argument("--time-limit", type=float, default=60.0, help="seconds of search per problem (default 60)")
+    s.add_argument("--jobs", type=int, default=1, help="problems solved at once (default 1)")
+    s.add_argument("--workers", type=int, help="CP-SAT workers per problem (default: cores / jobs)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--force", action="store_true", help="solve again problems that already have a plan")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=cmd_solve_dir)
+
     s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, simulated "
                                        "step time and exposed communication, plots and traces")
     s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
@@ -355,6 +474,18 @@ def _add_pipeline_options(s) -> None:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on it)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no file descriptor, or no poll (Windows)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import logging
@@ -365,14 +496,30 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # here, so a closed pipe raises below and not at interpreter exit
+        return code
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise  # another pipe broke (a gloo rank died in `check`): not ours to hide
+        # the reader went away (`bucketplan workloads | head -1`): Python's documented idiom --
+        # point stdout at devnull so the final flush cannot raise again, and exit as a tool killed
+        # by SIGPIPE would (128 + 13), quietly
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout without a file descriptor (captured in tests)
+            pass
+        return 141
     except CLIError as e:
         print(f"bucketplan {args.command}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - planner errors carry the offending item in their message
         from planner.io import SchemaError
+        from planner.solver import PlanMismatchError
 
-        if isinstance(e, SchemaError):
+        # PlanMismatchError: a plan of another problem given to solve/repair through an API
+        # caller (compare's sibling greedy-plan.json); `solve --hint` names its file itself
+        if isinstance(e, (SchemaError, PlanMismatchError)):
             print(f"bucketplan {args.command}: error: {e}", file=sys.stderr)
             return 2
         raise

@@ -75,15 +75,22 @@ def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool =
 
 
 def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None, preset: Preset | None = None) -> Estimator:
-    """The estimator for a traced workload: the preset's cost model for its groups' layout
-    (TP innermost: a TP group fills a node first, the data-parallel group strides across nodes),
-    or the α-β ``hardware`` links (the ``ab-ib8`` preset) when no NCCL preset is given."""
+    """The estimator for a traced workload (see ``preset_estimator``)."""
     groups = traced.groups
-    roles = {groups.tp: "tp"} if groups.tp else {}
+    return preset_estimator(preset, tp_group=groups.tp, tp_size=groups.tp_size if groups.tp else 1, hardware=hardware)
+
+
+def preset_estimator(preset: Preset | str | None, *, tp_group: str | None = None, tp_size: int = 1,
+                     hardware: Hardware | None = None) -> Estimator:
+    """The preset's cost model for a layout with TP innermost: a TP group fills a node first, the
+    data-parallel groups stride across nodes; or the α-β ``hardware`` links (the ``ab-ib8``
+    preset) when no NCCL preset is given. Groups other than ``tp_group`` are data-parallel."""
+    preset = resolve_preset(preset)
+    roles = {tp_group: "tp"} if tp_group else {}
     if preset is None or preset.comm == "alpha-beta":
         return Estimator(hardware or (preset.hardware if preset else None), roles)
     per_node = preset.ranks_per_node
-    tp = groups.tp_size if groups.tp else 1
+    tp = tp_size if tp_group else 1
     layout = {"tp": min(tp, per_node), "dp": max(1, per_node // tp)}
     return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu)
 
@@ -104,18 +111,24 @@ def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: boo
 
 
 def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
-    """Collectives in a graph by kind, counted once per start (coalesced ones included)."""
-    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait
+    """Collectives in a graph by kind, counted once per start (a coalesced start counts once),
+    looking inside the ``control_deps`` wrappers that ``insert_overlap_deps`` puts around nodes."""
+    import torch
 
-    starts = {}
-    for n in gm.graph.nodes:
-        start = _get_collective_node_from_wait(n) if n.op == "call_function" else None
-        if start is not None:
-            name = str(start.target)
-            kind = next((k for k in ("all_gather", "reduce_scatter", "all_reduce") if k in name), name)
-            starts[start] = kind
     out: dict[str, int] = {}
-    for kind in starts.values():
+    for n in gm.graph.nodes:
+        if n.op != "call_function":
+            continue
+        if n.target is torch.ops.higher_order.control_deps:
+            sub = n.args[1] if len(n.args) > 1 else None
+            if isinstance(sub, fx.Node) and sub.op == "get_attr":
+                for kind, k in count_collectives(getattr(gm, sub.target)).items():
+                    out[kind] = out.get(kind, 0) + k
+            continue
+        if getattr(n.target, "namespace", None) != "_c10d_functional" or "wait_tensor" in str(n.target):
+            continue
+        name = str(n.target)
+        kind = next((k for k in ("all_gather", "reduce_scatter", "all_reduce") if k in name), name)
         out[kind] = out.get(kind, 0) + 1
     return out
 

@@ -1,0 +1,143 @@
+"""The compile hook's plan cache without compiling: the pass ``record``/``use`` install, called
+on a traced training graph exactly as inductor calls it on a post-grad graph.
+
+(The real ``torch.compile`` runs, with numbers, are in test_compile.py.)"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+import planner
+from fxglue import compile as bucketplan_compile
+from fxglue.pipeline import count_collectives
+from planner.plan_dir import GREEDY, PLAN, PROBLEM, read_index, recorded_problems, solve_dir
+
+WORKLOAD = "llama3-8b-ddp-2"
+
+
+def _run_pass(ctx, caplog, workload=WORKLOAD):
+    """Trace ``workload`` afresh and run the installed post-grad pass on it; returns the
+    session, the graph's collectives after the pass and the warnings logged."""
+    from torch._inductor import config
+
+    from fxglue.workloads import trace
+
+    traced = trace(workload)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="bucketplan.compile"), ctx as session:
+        with traced.fake_mode:
+            config.post_grad_custom_post_pass(traced.gm.graph)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "bucketplan.compile"]
+    return session, sum(count_collectives(traced.gm).values()), warnings
+
+
+@pytest.fixture(scope="module")
+def solved(tmp_path_factory):
+    """A plan directory recorded from one traced graph and solved (count objective, 10 s)."""
+    plan_dir = tmp_path_factory.mktemp("plans")
+    from fxglue.workloads import trace
+
+    traced = trace(WORKLOAD)
+    with bucketplan_compile.record(plan_dir) as session:
+        from torch._inductor import config
+
+        with traced.fake_mode:
+            config.post_grad_custom_post_pass(traced.gm.graph)
+    solve_dir(plan_dir, objective="count", time_limit_s=10)
+    return plan_dir, session
+
+
+def test_record_writes_problem_greedy_and_index(solved):
+    plan_dir, session = solved
+    (folder,) = recorded_problems(plan_dir)
+    problem = planner.load_problem(folder / PROBLEM)
+    greedy = planner.load_plan(folder / GREEDY)
+    assert greedy.problem_fingerprint == problem.fingerprint
+    (event,) = session.events
+    assert event.outcome == "recorded" and event.fingerprint == problem.fingerprint
+    assert folder.name == problem.fingerprint.split(":")[-1]
+    (entry,) = read_index(plan_dir)
+    assert entry["fingerprint"] == problem.fingerprint and entry["collectives"] == len(problem.collectives)
+    # torch's own bucketing ran on the graph, as it would have without record
+    assert event.collectives_after < event.collectives_before == len(problem.collectives)
+
+
+def test_use_applies_the_plan(solved, caplog):
+    plan_dir, _ = solved
+    (folder,) = recorded_problems(plan_dir)
+    problem, plan = planner.load_problem(folder / PROBLEM), planner.load_plan(folder / PLAN)
+    session, after, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog)
+    assert warnings == []
+    (event,) = session.events
+    assert event.outcome == "planned" and after == planner.collectives_after(problem, plan) == event.collectives_after
+
+
+def _break(plan_dir, how: str) -> None:
+    (folder,) = recorded_problems(plan_dir)
+    path = folder / PLAN
+    if how == "corrupt":
+        path.write_text("{ not json")
+    elif how == "foreign":
+        greedy = planner.load_plan(folder / GREEDY)
+        planner.save(greedy.model_copy(update={"problem_fingerprint": "sha256:" + "0" * 64}), path)
+    elif how == "infeasible":  # a bucket that breaks a rule: every collective of one key in one bucket
+        problem = planner.load_problem(folder / PROBLEM)
+        names = [c.name for c in problem.collectives]
+        bucket = planner.Bucket(members=tuple(names), start=names[0], wait=names[0])
+        planner.save(planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", buckets=(bucket,),
+                                  created="2026-11-30T00:00:00+00:00"), path)
+    elif how == "missing":
+        path.unlink()
+
+
+@pytest.mark.parametrize("how,says", [
+    ("corrupt", "unreadable plan"),
+    ("foreign", "is for another problem"),
+    ("infeasible", "fails verification"),
+    ("missing", "no plan in"),
+])
+def test_a_bad_cache_entry_falls_back_to_torch_with_one_warning(solved, tmp_path, caplog, how, says):
+    import shutil
+
+    plan_dir = tmp_path / "plans"
+    shutil.copytree(solved[0], plan_dir)
+    _break(plan_dir, how)
+    before = {p.name: p.read_bytes() for p in plan_dir.rglob("*") if p.is_file()}
+    session, after, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog)
+    (event,) = session.events
+    assert event.outcome.startswith("fallback") and len(warnings) == 1 and says in warnings[0], warnings
+    assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
+    assert {p.name: p.read_bytes() for p in plan_dir.rglob("*") if p.is_file()} == before  # nothing touched
+
+
+def test_another_model_has_another_fingerprint_and_falls_back(solved, caplog):
+    plan_dir, _ = solved
+    session, _, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog, workload="llama3-8b-fsdp-2")
+    assert [e.outcome.split(":")[0] for e in session.events] == ["fallback"]
+    assert len(warnings) == 1 and "no plan in" in warnings[0] and "1 recorded problem(s)" in warnings[0]
+
+
+def test_fingerprints_are_stable_across_traces(solved, tmp_path, caplog):
+    session, _, _ = _run_pass(bucketplan_compile.record(tmp_path), caplog)
+    assert session.events[0].fingerprint == solved[1].events[0].fingerprint  # a fresh trace, same problem
+
+
+def test_record_refuses_a_directory_it_cannot_write(tmp_path):
+    from pathlib import Path
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # /sys is read-only even for root (the CI user); a path below a file cannot be created either
+    for where in (Path("/sys/bucketplan-plans"), blocker / "plans"):
+        with pytest.raises(bucketplan_compile.PlanCacheError, match="cannot record plans there"):
+            bucketplan_compile.record(where)
+    assert not Path("/sys/bucketplan-plans").exists()
+
+
+def test_use_needs_an_existing_directory_and_a_known_preset(tmp_path):
+    with pytest.raises(bucketplan_compile.PlanCacheError, match="no such plan directory"):
+        bucketplan_compile.use(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no-such-cluster"):
+        bucketplan_compile.record(tmp_path / "p", preset="no-such-cluster")
