@@ -124,22 +124,53 @@ def cmd_extract(args) -> int:
 
 def cmd_verify(args) -> int:
     import planner
-    from planner.verifier import check
+    from planner.verifier import check, recorded_policy
 
+    # the policy flags are checked before anything is loaded, as solve's
+    given: dict = {}
+    if args.protect_partly is not None:
+        given["protect_partly"] = args.protect_partly
+    if args.memory_budget_gb is not None:
+        given["memory_budget_bytes"] = _memory_budget(args.memory_budget_gb)
+    elif args.no_memory_budget:
+        given["memory_budget_bytes"] = None
     problem = planner.load_problem(args.problem)
     plan = planner.load_plan(args.plan)
-    report = check(problem, plan)
+    # a plan is checked under the policy it was made for (solve records it in params): a plan
+    # solved with --protect-partly or a budget judged by the default rules would pass where it
+    # should not, or the reverse; a flag overrides what the plan says
+    try:
+        recorded = recorded_policy(plan, ignore=given)
+    except ValueError as e:
+        raise CLIError(f"{args.plan}: {e}") from None
+    policy = {"protect_partly": False, "memory_budget_bytes": None}
+    source = dict.fromkeys(policy, "default")
+    for key in policy:
+        if key in given:
+            policy[key], source[key] = given[key], "from flags"
+        elif key in recorded:
+            policy[key], source[key] = recorded[key], "recorded in the plan"
+    report = check(problem, plan, **policy)
     q = report.quality
     for v in report.violations[: args.max_violations]:
         print(v)
     if len(report.violations) > args.max_violations:
         print(f"... and {len(report.violations) - args.max_violations} more violations")
     print(f"plan                {args.plan} ({plan.planner})")
+    budget = policy["memory_budget_bytes"]
+    parts = {"protect_partly": f"protect_partly={policy['protect_partly']}",
+             "memory_budget_bytes": "memory budget " + ("none" if budget is None else
+                                                        f"{budget / 1024**3:g} GB ({budget} bytes)")}
+    if len(set(source.values())) == 1:
+        print(f"policy              {', '.join(parts.values())} ({source['protect_partly']})")
+    else:
+        print(f"policy              {', '.join(f'{text} ({source[key]})' for key, text in parts.items())}")
     print(f"feasible            {'yes' if report.feasible else 'NO'} "
           f"({len(report.violations)} violations{': by rule ' + str(report.by_rule()) if report.violations else ''})")
     print(f"collectives         {q.collectives_before} -> {q.collectives_after} ({q.buckets} merged buckets)")
     print(f"hidden relations    {q.hidden_kept}/{q.hidden_relations} kept (fully hidden collectives)")
-    print(f"partly hidden       {q.partly_kept}/{q.partly_relations} kept (not protected, as in torch)")
+    print(f"partly hidden       {q.partly_kept}/{q.partly_relations} kept "
+          + ("(protected: protect_partly)" if policy["protect_partly"] else "(not protected, as in torch)"))
     return 0 if report.feasible else 1
 
 
@@ -192,9 +223,21 @@ def _output_file(path: str, flag: str) -> None:
     os.unlink(probe)
 
 
+def _memory_budget(gb: float | None) -> int | None:
+    """--memory-budget-gb in bytes (None: no budget), as solve and verify take it."""
+    from planner.problem import MAX_BYTES
+
+    if gb is None:
+        return None
+    _positive(gb, "--memory-budget-gb", zero_ok=True)  # 0: nothing extra may stay alive
+    budget = int(gb * 1024**3)
+    if budget >= MAX_BYTES:  # as a problem's byte counts: sums stay within CP-SAT's int64
+        raise CLIError(f"--memory-budget-gb {gb!r} is beyond any machine (below {MAX_BYTES // 1024**3} GB)")
+    return budget
+
+
 def cmd_solve(args) -> int:
     import planner
-    from planner.problem import MAX_BYTES
     from planner.solver import PlanMismatchError, solve
 
     # every flag and the output path are checked before anything is loaded or solved: a bad
@@ -203,13 +246,7 @@ def cmd_solve(args) -> int:
     _positive(args.workers, "--workers")  # 0 silently became 2, -1 gave MODEL_INVALID
     _seed(args.seed, "--seed")
     window = _window(args.window)
-    budget = None
-    if args.memory_budget_gb is not None:
-        _positive(args.memory_budget_gb, "--memory-budget-gb", zero_ok=True)  # 0: nothing extra may stay alive
-        budget = int(args.memory_budget_gb * 1024**3)
-        if budget >= MAX_BYTES:  # as a problem's byte counts: sums stay within CP-SAT's int64
-            raise CLIError(f"--memory-budget-gb {args.memory_budget_gb!r} is beyond any machine "
-                           f"(below {MAX_BYTES // 1024**3} GB)")
+    budget = _memory_budget(args.memory_budget_gb)
     _output_file(args.output, "-o")
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
@@ -308,10 +345,17 @@ def cmd_check(args) -> int:
     from fxglue.workloads import WorkloadError
 
     say = _progress(args.quiet)
-    say(f"running {args.workload} (tiny shapes) on {args.ranks} gloo ranks: original vs bucketed")
+    if args.hf_config or args.hf:
+        raise CLIError("check runs built-in workloads and --model factories; for --hf-config/--hf use a built-in "
+                       "hf-... workload of the same architecture (tiny shapes) or a --model factory")
+    _workload(args)  # one workload, a factory that imports, --layers only with --model: before spawning
+    what = args.workload or args.model
+    shapes = "tiny shapes" if args.workload else "the shapes the factory builds"
+    say(f"running {what} ({shapes}) on {args.ranks} gloo ranks: original vs bucketed")
     try:
         result = check_workload(args.workload, ranks=args.ranks, planner=args.planner, plan=args.plan,
-                                bucket_mode=args.bucket_mode, pre_bucketing=args.pre_bucketing, seed=args.seed)
+                                bucket_mode=args.bucket_mode, pre_bucketing=args.pre_bucketing, seed=args.seed,
+                                model=args.model, parallel=args.parallel, layers=args.layers)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     print(result.summary())
@@ -337,10 +381,15 @@ def cmd_compare(args) -> int:
     targets = list(args.targets) + ([mine] if mine is not None else [])
     targets = targets or list(DEFAULT_SUITE)
     out = Path(args.output)
+    if out.exists() and not out.is_dir():  # before the minutes of tracing, not after them
+        raise CLIError(f"-o {out}: exists and is not a folder")
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args))
     except WorkloadError as e:
         raise CLIError(str(e)) from None
+    except KeyboardInterrupt:  # run_compare removed its temporary folder; the old one is untouched
+        print(f"interrupted: {out} is left as it was", file=sys.stderr)
+        return 130
     print(markdown(table), end="")
     print(f"\nwrote {out}/compare.csv, compare.md, compare.json, collectives_and_exposed.png, timeline.png, traces/")
     return 0
@@ -372,6 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("problem")
     s.add_argument("plan")
     s.add_argument("--max-violations", type=int, default=20, help="violations to print (default 20)")
+    # default None: not given, so the policy the plan records (or the default one) applies
+    s.add_argument("--protect-partly", action=argparse.BooleanOptionalAction, default=None,
+                   help="check under the stricter policy that keeps partly hidden overlap too (--no-protect-partly: "
+                        "torch's); default: the policy the plan records in its params, else torch's")
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="check rule 10 with this budget (GB); default: the budget the plan records, else none")
+    g.add_argument("--no-memory-budget", action="store_true", help="check without a memory budget")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("solve", help="optimal bucketing with CP-SAT (status, objective, bound, gap)")
@@ -419,7 +476,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("check", help="run original and bucketed graphs for real on gloo; compare bitwise")
-    s.add_argument("workload")
+    s.add_argument("workload", nargs="?", help="a built-in workload (tiny shapes), or use --model")
+    _add_model_options(s)
     g = s.add_mutually_exclusive_group()
     g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload")
     g.add_argument("--planner", choices=["greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none"],

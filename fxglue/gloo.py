@@ -146,6 +146,18 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     return gm
 
 
+def _rank_workload(spec: dict):
+    """The workload a rank runs: a built-in one at tiny shapes, or a user's factory (``--model``)
+    at the shapes it builds -- rebuilt in the rank from its spec (functions do not travel)."""
+    from fxglue.workloads import get_workload
+
+    if spec.get("model"):
+        from fxglue.custom import factory_workload
+
+        return factory_workload(spec["model"], spec.get("parallel", "fsdp"), spec.get("layers"))
+    return get_workload(spec["workload"], small=True)
+
+
 def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     """One rank of ``check_workload``: trace, run, bucket, run again, compare."""
     result = RankResult(rank=rank)
@@ -154,7 +166,7 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     from fxglue.pipeline import count_collectives
     from fxglue.workloads import get_workload, mesh_groups, trace_step
 
-    wl = get_workload(spec["workload"], small=True)
+    wl = _rank_workload(spec)
     groups = mesh_groups(wl.style, world, tp_size=spec.get("tp_size", 1))
     dp_rank = rank // groups.tp_size
     torch.manual_seed(spec["seed"])  # identical full parameters on every rank
@@ -279,17 +291,22 @@ class GlooWorld:
         self.close()
 
 
-def check_workload(workload: str, *, ranks: int = 2, planner: str = "greedy", plan: str | None = None,
+def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "greedy", plan: str | None = None,
                    bucket_mode: str | None = None, pre_bucketing: bool = False, seed: int = 0,
-                   timeout_s: float = 900.0) -> CheckResult:
-    """Run ``workload`` original vs bucketed on ``ranks`` gloo processes; compare every output."""
-    import torch.multiprocessing as mp
+                   timeout_s: float = 900.0, model: str | None = None, parallel: str = "fsdp",
+                   layers: int | None = None) -> CheckResult:
+    """Run ``workload`` original vs bucketed on ``ranks`` gloo processes; compare every output.
+    ``model`` (instead of a built-in name): a user's factory, ``MODULE:FACTORY`` or
+    ``FILE.py:FACTORY``, run at the shapes it builds, wrapped for ``parallel``."""
+    from fxglue.workloads import WorkloadError, get_workload
 
-    from fxglue.workloads import get_workload
+    if model:
+        from fxglue.custom import factory_workload
 
-    from fxglue.workloads import WorkloadError
-
-    wl = get_workload(workload)  # a clear error for an unknown name before spawning anything
+        wl = factory_workload(model, parallel, layers)  # a factory that does not import: one line, nothing spawned
+        workload = wl.name
+    else:
+        wl = get_workload(workload)  # a clear error for an unknown name before spawning anything
     # 2-D: FSDP x TP over 2 from 4 ranks; on 2 ranks FSDP over 2 x TP over 1 (the same graph, its
     # TP all_reduces on one-rank groups), since a one-rank data-parallel group is refused below
     tp = 2 if wl.style == "2d" and ranks >= 4 and ranks % 2 == 0 else 1
@@ -303,7 +320,8 @@ def check_workload(workload: str, *, ranks: int = 2, planner: str = "greedy", pl
         # no FSDP anyway, so it is refused rather than reported as a difference
         raise WorkloadError(f"{workload}: {ranks} rank(s) leave a data-parallel group of {dp}; use at least 2 ranks")
     spec = {"workload": workload, "planner": "plan" if plan else planner, "plan": plan,
-            "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed, "tp_size": tp}
+            "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed, "tp_size": tp,
+            "model": model, "parallel": parallel, "layers": layers}
     result = CheckResult(workload, ranks, spec["planner"], bucket_mode, pre_bucketing)
     if dp > 2:  # see CheckResult.sum_order_tolerance
         result.sum_order_tolerance = SUM_ORDER_EPS_PER_RANK * (dp - 1) * torch.finfo(torch.float32).eps

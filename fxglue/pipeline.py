@@ -113,13 +113,14 @@ def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: boo
 def count_collectives(gm: fx.GraphModule) -> dict[str, int]:
     """Collectives in a graph by kind, counted once per start (a coalesced start counts once),
     looking inside the ``control_deps`` wrappers that ``insert_overlap_deps`` puts around nodes."""
-    import torch
+    # importing the module registers torch.ops.higher_order.control_deps (absent before)
+    from torch._inductor.fx_passes.control_dependencies import control_deps
 
     out: dict[str, int] = {}
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
-        if n.target is torch.ops.higher_order.control_deps:
+        if n.target is control_deps:
             sub = n.args[1] if len(n.args) > 1 else None
             if isinstance(sub, fx.Node) and sub.op == "get_attr":
                 for kind, k in count_collectives(getattr(gm, sub.target)).items():

@@ -96,3 +96,27 @@ def test_broken_model_specs_are_one_line_errors_that_write_nothing(tmp_path, cap
     code, _, err = _run(["extract", "--model", spec.format(dir=tmp_path), "-o", str(out), "-q"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and named in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_check_runs_a_users_factory_on_gloo_bitwise(capsys):
+    from bucketplan_cli import main
+
+    assert main(["check", "--model", "tests/data/tiny_factory.py:build", "--layers", "2", "--planner", "cpsat",
+                 "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "rank 0: bitwise equal" in out and "rank 1: bitwise equal" in out and out.rstrip().endswith("OK")
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["check", "--model", "no/such/file.py:build"], "no such file"),
+    (["check", "llama3-8b-fsdp-2", "--model", "tests/data/tiny_factory.py:build"], "give one workload"),
+    (["check", "--hf-config", "x.json"], "check runs built-in workloads and --model factories"),
+    (["check", "llama3-8b-fsdp-2", "--layers", "3"], "--layers applies to"),
+])
+def test_check_refuses_what_it_cannot_run_in_one_line(capsys, argv, named):
+    from bucketplan_cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert named in err and len(err.splitlines()) == 1
