@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import planner
-from planner.io import atomic_write_text
+from planner.io import atomic_write_text, replace_dir_atomically
 from planner.bounds import step_floor
 from planner.simulator import simulate, write_chrome_trace
 from planner.solver import repair, solve
@@ -32,6 +32,9 @@ DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama
 # (label, objective): the step search starts from the count plan, which it never loses to
 CPSAT_VARIANTS = (("cpsat (count)", "count"), ("cpsat (step)", "step"))
 MANUAL_LABEL = "torch manual (a bucket per block)"
+# everything run_compare writes into its folder: the folder is replaced as a whole, so one
+# holding anything else (`-o .`, `-o ~`) is refused rather than wiped
+OUTPUTS = ("compare.csv", "compare.md", "compare.json", "collectives_and_exposed.png", "timeline.png", "traces")
 
 
 @dataclass
@@ -299,22 +302,29 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
 
 
 def run_compare(workloads, *, out: Path, time_limit_s: float = 30.0, progress=None, preset=None) -> list[dict]:
+    """Every row for every target; writes the table, plots and traces into ``out``.
+
+    ``out`` is replaced as a whole, and only when the run completes: everything is written into a
+    fresh folder beside it first (``planner.io.replace_dir_atomically``). A run that fails or is
+    interrupted leaves ``out`` as it was, so it never holds one run's table beside another's
+    traces, nor traces of workloads the last run did not have."""
     say = progress or (lambda msg: None)
-    rows = []
-    for target in workloads:
-        if not isinstance(target, str):
-            rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say, preset=preset))
-        elif str(target).endswith(".json"):
-            rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=out, say=say))
-        else:
-            rows.append(compare_workload(target, time_limit_s=time_limit_s, out=out, say=say, preset=preset))
-    table = table_rows(rows)
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS)
-    writer.writeheader()
-    writer.writerows(table)
-    atomic_write_text(out / "compare.csv", buf.getvalue())
-    atomic_write_text(out / "compare.md", markdown(table))
-    atomic_write_text(out / "compare.json", json.dumps(table, indent=1))
-    _plots(rows, out)
+    with replace_dir_atomically(out, owned=OUTPUTS) as tmp:
+        rows = []
+        for target in workloads:
+            if not isinstance(target, str):
+                rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=say, preset=preset))
+            elif str(target).endswith(".json"):
+                rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=say))
+            else:
+                rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=say, preset=preset))
+        table = table_rows(rows)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(table)
+        atomic_write_text(tmp / "compare.csv", buf.getvalue())
+        atomic_write_text(tmp / "compare.md", markdown(table))
+        atomic_write_text(tmp / "compare.json", json.dumps(table, indent=1))
+        _plots(rows, tmp)
     return table

@@ -6,12 +6,15 @@ Files are data, never code (no pickle). Every error names the file and the offen
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar, Union
+from typing import Collection, Iterator, TypeVar, Union
 
 from pydantic import BaseModel, ValidationError
 
@@ -147,3 +150,87 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 def save(obj: Union[Problem, Plan], path: str | os.PathLike) -> Path:
     """Write a problem or plan as JSON, atomically."""
     return atomic_write_text(path, dumps(obj))
+
+
+def check_replaceable(path: str | os.PathLike, owned: Collection[str] | None = None) -> Path:
+    """The folder ``replace_dir_atomically`` would replace (a symlink resolved: the folder it names
+    is replaced and the link keeps pointing there), or OSError saying why it must not be.
+
+    Replacing a folder deletes everything in it, where writing into it kept what was there:
+    ``-o .`` or ``-o ~`` must not wipe a user's files. So ``path`` must be absent or a folder
+    holding only names in ``owned`` (what the command itself writes; None: anything), and must
+    not be the current folder or one above it (renaming it away would pull the working
+    directory out from under the process)."""
+    p = Path(path).absolute()
+    if p.is_symlink():
+        p = p.resolve()
+    if not p.exists():
+        return p
+    if not p.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, "exists and is not a folder", str(path))
+    here = Path.cwd().resolve()
+    if p.resolve() == here or p.resolve() in here.parents:
+        raise IsADirectoryError(errno.EISDIR, "is the current folder or contains it; give a folder of its own",
+                                str(path))
+    if owned is not None:
+        foreign = sorted(e.name for e in p.iterdir() if e.name not in owned)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            raise FileExistsError(errno.EEXIST, f"holds files this command did not write ({shown}); it replaces "
+                                  "the whole folder, so give a new or empty one", str(path))
+    return p
+
+
+@contextmanager
+def replace_dir_atomically(path: str | os.PathLike, owned: Collection[str] | None = None) -> Iterator[Path]:
+    """Yield a fresh, empty temporary folder beside ``path`` (``DIR.tmp-<pid>-<random>``); when
+    the block completes, it becomes ``path``: the old folder is renamed aside, the new one renamed
+    into place, the old one deleted. On any exception, KeyboardInterrupt included, the temporary
+    folder is deleted and ``path`` is left exactly as it was.
+
+    Why: a command that writes many files into one folder (``bucketplan compare -o DIR``) must
+    never leave a mix of two runs -- a failed run's new traces beside the previous run's table.
+    The folder is made in the same parent so that both renames stay on one filesystem (a rename
+    is atomic there). ``check_replaceable(path, owned)`` is checked first, before the block runs:
+    an existing ``path`` must hold only names in ``owned``. Only a process killed outright
+    (SIGKILL, power loss) can leave the temporary folder behind; ``path`` is still whole then."""
+    p = check_replaceable(path, owned)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _fresh_dir(p, "tmp")
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    aside = None
+    try:
+        if p.exists():
+            aside = _fresh_dir(p, "old")  # a free name; rename replaces an empty folder (POSIX)
+            os.rename(p, aside)
+        os.rename(tmp, p)
+    except BaseException:
+        if aside is not None and aside.exists():
+            if p.exists():
+                if not any(aside.iterdir()):  # the first rename failed: only the empty placeholder
+                    aside.rmdir()
+            else:  # interrupted between the renames: put the old folder back
+                os.rename(aside, p)
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+def _fresh_dir(p: Path, tag: str) -> Path:
+    """A new, empty folder ``DIR.<tag>-<pid>-<random>`` beside ``p``. os.mkdir, not
+    tempfile.mkdtemp: mkdtemp's mode 0700 would make the replaced folder private, where one
+    made the usual way follows the umask."""
+    import secrets
+
+    while True:
+        d = p.with_name(f"{p.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}")
+        try:
+            d.mkdir()
+            return d
+        except FileExistsError:
+            continue

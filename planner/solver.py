@@ -592,6 +592,9 @@ def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers:
         result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None,
                        hint=quick if quick_ok else plan, **policy)
     if result.plan is not None:
+        # the policy it was repaired under, as solve records it: the re-anchored plan carries the
+        # given plan's params, which may name no policy or another one (`bucketplan verify` reads it)
         result.plan = result.plan.model_copy(update={"planner": f"{plan.planner}-repaired",
-                                                     "params": {**result.plan.params, "repaired": plan.planner}})
+                                                     "params": {**result.plan.params, "repaired": plan.planner,
+                                                                **policy}})
     return result

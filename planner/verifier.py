@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.problem import Plan, Problem
+from planner.problem import MAX_BYTES, Plan, Problem
 
 RULES = {
     1: "plan-matches-problem",
@@ -71,6 +71,32 @@ class Report:
         for v in self.violations:
             out[v.rule] = out.get(v.rule, 0) + 1
         return dict(sorted(out.items()))
+
+
+# The policy options of verify/check, as planner.solve records them in a plan's params: a plan
+# is checked by default under the policy it was made for (bucketplan verify)
+POLICY_KEYS = ("protect_partly", "memory_budget_bytes")
+
+
+def recorded_policy(plan: Plan, *, ignore=()) -> dict:
+    """The policy options ``plan.params`` records (``POLICY_KEYS``; absent keys are left out),
+    as keyword arguments of ``verify``/``check``. Keys in ``ignore`` (the caller overrides them)
+    are not read. A value that is no policy raises ValueError naming the key: params are free
+    JSON, and a hand-edited "yes" or -1 must not silently become some policy."""
+    out: dict = {}
+    if "protect_partly" in plan.params and "protect_partly" not in ignore:
+        value = plan.params["protect_partly"]
+        if not isinstance(value, bool):
+            raise ValueError(f"params.protect_partly: {value!r} is not a policy (true or false)")
+        out["protect_partly"] = value
+    if "memory_budget_bytes" in plan.params and "memory_budget_bytes" not in ignore:
+        value = plan.params["memory_budget_bytes"]
+        # type() is int: True is an int in Python, and a JSON float is not a byte count
+        if value is not None and not (type(value) is int and 0 <= value < MAX_BYTES):
+            raise ValueError(f"params.memory_budget_bytes: {value!r} is not a budget "
+                             f"(null or an integer from 0 to below 2**62)")
+        out["memory_budget_bytes"] = value
+    return out
 
 
 def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
@@ -153,23 +179,19 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
                 out.append(Violation(4, b, tuple(hiders),
                                      f"{hiders} hide another collective (start or wait is a hiding node)"))
 
-    # Reachability among pinned nodes: ancestors as bitsets over node indices.
     nodes = problem.nodes
-    anc = [0] * len(nodes)
-    for i, n in enumerate(nodes):
-        a = 0
-        for d in n.deps:
-            a |= anc[d] | (1 << d)
-        anc[i] = a
     index = {n.name: i for i, n in enumerate(nodes)}
 
     # Rule 6: no member's start depends on another member's wait (the merged start would need
     # the merged wait first: a cycle inside the bucket).
-    for b, bucket in enumerate(plan.buckets):
+    merged = [(b, bucket) for b, bucket in enumerate(plan.buckets) if len(bucket.members) > 1]
+    depends = _waits_reaching_starts(nodes, [[(index[colls[m].wait], index[m]) for m in bucket.members]
+                                             for _, bucket in merged])
+    for b, bucket in merged:
         for x in bucket.members:
             wx = index[colls[x].wait]
             for y in bucket.members:
-                if x != y and (anc[index[y]] >> wx) & 1:
+                if x != y and (wx, index[y]) in depends:
                     out.append(Violation(6, b, (x, y), f"{y} depends on the wait of {x}"))
 
     # Rule 7: every fully hidden member keeps its hiding nodes strictly inside its bucket.
@@ -283,6 +305,64 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
             q.partly_relations += len(c.hiding)
             q.partly_kept += kept
     return report
+
+
+def _waits_reaching_starts(nodes, buckets: list[list[tuple[int, int]]]) -> set[tuple[int, int]]:
+    """The pairs (wait, start) of the same bucket, as node indices, where the start depends on the
+    wait; ``buckets`` lists each bucket's members as (wait index, start index).
+
+    Why not ancestor sets of every node: as bitsets over all nodes they take N**2 / 8 bytes (a
+    valid 250k-node chain needed 4.4 GB). Only member waits are sources (one bit each) and only
+    member starts are asked, so one forward pass in schedule order (``deps`` point to earlier
+    nodes) carries, per node, the bits of the member waits it depends on, and
+    - covers only the nodes from the first member wait to the last member start;
+    - keeps a wait's bit only up to its bucket's last member start (no later node is asked
+      about it), so a node carries the bits of buckets still open;
+    - forgets a node's bits once its last consumer has been visited, so memory is the
+      frontier of the pass (one node in a chain) times the bits in flight, not N**2."""
+    bit_of: dict[int, int] = {}  # member wait -> its bit
+    expire: dict[int, int] = {}  # node -> bits no node after it is asked about
+    owners: dict[int, list[int]] = {}  # member start -> the member waits of its bucket
+    sources = sorted((w, g) for g, ms in enumerate(buckets) for w, _ in ms)
+    last_start = [max(s for _, s in ms) for ms in buckets]
+    for w, g in sources:  # bits in wait order: a node's bitset is no wider than the waits before it
+        if w < last_start[g]:  # a wait after every member start reaches none of them
+            bit_of[w] = len(bit_of)
+            expire[last_start[g]] = expire.get(last_start[g], 0) | (1 << bit_of[w])
+    for ms in buckets:
+        waits = [w for w, _ in ms if w in bit_of]
+        for _, s in ms:
+            owners[s] = waits
+    if not bit_of:
+        return set()
+    lo, hi = min(bit_of), max(expire)
+    last_use: dict[int, int] = {}
+    for i in range(lo, hi + 1):
+        for d in nodes[i].deps:
+            if d >= lo:
+                last_use[d] = i  # ascending i: ends at the last consumer
+    out: set[tuple[int, int]] = set()
+    carried: dict[int, int] = {}  # node -> bits of the member waits it depends on, while still needed
+    live = 0  # bits of waits seen whose bucket has a member start still ahead
+    for i in range(lo, hi + 1):
+        deps = nodes[i].deps
+        r = 0
+        for d in deps:
+            r |= carried.get(d, 0)
+        for d in deps:  # a second loop: a dependency listed twice must not lose its bits
+            if last_use.get(d) == i:
+                carried.pop(d, None)
+        if i in bit_of:
+            live |= 1 << bit_of[i]
+            r |= 1 << bit_of[i]
+        r &= live
+        if i in owners and r:
+            out.update((w, i) for w in owners[i] if (r >> bit_of[w]) & 1)
+        if r and last_use.get(i, -1) > i:
+            carried[i] = r
+        if i in expire:
+            live &= ~expire[i]
+    return out
 
 
 def _owner(node, wait_owner: dict[str, str]) -> str | None:
