@@ -363,7 +363,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from fxglue.compare import DEFAULT_SUITE, run_compare, markdown
+    from fxglue.compare import DEFAULT_SUITE, OUTPUTS, markdown, run_compare
+    from planner.io import check_replaceable
     from fxglue.workloads import WorkloadError
 
     say = _progress(args.quiet)
@@ -381,8 +382,10 @@ def cmd_compare(args) -> int:
     targets = list(args.targets) + ([mine] if mine is not None else [])
     targets = targets or list(DEFAULT_SUITE)
     out = Path(args.output)
-    if out.exists() and not out.is_dir():  # before the minutes of tracing, not after them
-        raise CLIError(f"-o {out}: exists and is not a folder")
+    try:  # before the minutes of tracing, not after them (run_compare checks it again)
+        check_replaceable(out, OUTPUTS)
+    except OSError as e:
+        raise CLIError(f"-o {out}: {e.strerror}") from None
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args))
     except WorkloadError as e:
