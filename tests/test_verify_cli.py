@@ -8,6 +8,7 @@ import pytest
 
 import planner
 from bucketplan_cli import main as cli
+from tests.test_hostile import _one_line_error
 
 
 def _problem() -> planner.Problem:
@@ -111,13 +112,6 @@ def test_a_plan_without_a_policy_is_checked_under_the_default(tmp_path, capsys):
     code, out = _verify(capsys, *_files(tmp_path), "--memory-budget-gb", "0")
     assert code == 1 and "memory budget 0 GB (0 bytes) (from flags)" in out
 
-
-def _one_line_error(capsys, code: int, fragment: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert fragment in err, err
-    return err
 
 
 @pytest.mark.parametrize("value, fragment", [
