@@ -8,7 +8,8 @@ latencies but issue late and hold the FIFO stream; which split pays is exactly w
 ``planner.simulate`` answers in milliseconds, so the search asks it directly.
 
 Every move keeps each bucket's members and re-chooses its anchors as the repair does
-(``solver._anchored``: the earliest start and the latest wait the members allow), is scored by ``simulate`` and, only
+(``anchored``: the earliest start and the latest wait the members allow; ``solver._reanchor``
+uses it too), is scored by ``simulate`` and, only
 when it is faster, checked by the independent verifier: the result is a verified plan never
 slower than the one given. First improvement, moves in a seeded random order; a sweep with no
 improvement ends the search early (a local optimum for these moves).
@@ -21,12 +22,36 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from planner.bounds import fixed_limits
 from planner.problem import Bucket, Plan, Problem
 from planner.simulator import simulate
 from planner.verifier import verify
 
 # an improvement smaller than this is noise of float sums, not a faster step
 MIN_GAIN_MS = 1e-6
+
+
+def anchored(problem: Problem, plan: Plan) -> Plan:
+    """Every bucket of ``plan`` with its anchors moved to the earliest start and latest wait its
+    members allow (after every fixed predecessor of a member's start, before a fully hidden
+    member's hiding nodes; after those, before every fixed consumer of a wait); a bucket with no
+    such anchors is dropped. Not verified: ``solver._reanchor`` and ``polish`` check."""
+    index = {n.name: i for i, n in enumerate(problem.nodes)}
+    pos = [n.pos for n in problem.nodes]
+    limits = fixed_limits(problem)
+    colls = {c.name: c for c in problem.collectives}
+
+    buckets = []
+    for b in plan.buckets:
+        ms = [colls[m] for m in b.members]
+        hiders = [pos[index[h]] for m in ms if m.status == "hidden" for h in m.hiding]
+        lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=problem.n_scheduled + 1)
+        lo_w, hi_w = max(hiders, default=-1), min(limits[m.name][1] for m in ms)
+        starts = [m for m in sorted(ms, key=lambda m: m.start_pos) if lo < m.start_pos < hi_s]
+        waits = [m for m in sorted(ms, key=lambda m: -m.wait_pos) if lo_w < m.wait_pos < hi_w]
+        if starts and waits and starts[0].start_pos < waits[0].wait_pos:
+            buckets.append(Bucket(members=b.members, start=starts[0].name, wait=waits[0].name))
+    return plan.model_copy(update={"buckets": tuple(buckets)})
 
 
 @dataclass
@@ -88,8 +113,6 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
            policy: dict | None = None, progress: Callable[[str], None] | None = None) -> PolishResult:
     """The best plan found from ``plan`` by single moves before ``deadline`` (a ``time.perf_counter``
     value) or ``max_evaluations`` simulations (the reproducible limit). ``plan`` must be feasible."""
-    from planner.solver import _anchored  # the anchors every repaired plan gets: one place
-
     policy = policy or {}
     rng = random.Random(seed)
     pos = {c.name: c.start_pos for c in problem.collectives}
@@ -101,8 +124,8 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
 
     def as_plan(gs: list[list[str]]) -> Plan | None:
         buckets = tuple(Bucket(members=tuple(g), start=g[0], wait=g[0]) for g in gs if len(g) > 1)
-        candidate = _anchored(problem, best_plan.model_copy(update={"buckets": buckets}))
-        # _anchored drops a bucket it cannot anchor; then the move is not what was asked
+        candidate = anchored(problem, best_plan.model_copy(update={"buckets": buckets}))
+        # anchored drops a bucket it cannot anchor; then the move is not what was asked
         return candidate if len(candidate.buckets) == len(buckets) else None
 
     def out_of_budget() -> bool:

@@ -20,6 +20,7 @@ from ortools.sat.python import cp_model
 
 from planner.bounds import fixed_limits, key_lower_bounds, step_floor
 from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
+from planner.polish import anchored, polish
 from planner.problem import Bucket, Plan, Problem
 from planner.simulator import simulate
 from planner.step import NS_PER_MS, add_step_objective, hint_every_variable
@@ -441,8 +442,6 @@ def solve(
 def _polished(problem: Problem, plan: Plan, obj: float, deadline: float, max_evaluations: int | None, seed: int,
               policy: dict, progress, stats: dict) -> tuple[Plan, float]:
     """``planner.polish`` on the search's best plan; its result is verified and never slower."""
-    from planner.polish import polish
-
     result = polish(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed, policy=policy,
                     progress=progress)
     stats["polish"] = result.stats
@@ -534,33 +533,10 @@ def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: flo
     return plan, obj, bound
 
 
-def _anchored(problem: Problem, plan: Plan) -> Plan:
-    """Every bucket of ``plan`` with its anchors moved to the earliest start and latest wait its
-    members allow (after every fixed predecessor of a member's start, before a fully hidden
-    member's hiding nodes; after those, before every fixed consumer of a wait); a bucket with no
-    such anchors is dropped. Not verified: ``_reanchor`` and ``planner.polish`` check."""
-    index = {n.name: i for i, n in enumerate(problem.nodes)}
-    pos = [n.pos for n in problem.nodes]
-    limits = fixed_limits(problem)
-    colls = {c.name: c for c in problem.collectives}
-
-    buckets = []
-    for b in plan.buckets:
-        ms = [colls[m] for m in b.members]
-        hiders = [pos[index[h]] for m in ms if m.status == "hidden" for h in m.hiding]
-        lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=problem.n_scheduled + 1)
-        lo_w, hi_w = max(hiders, default=-1), min(limits[m.name][1] for m in ms)
-        starts = [m for m in sorted(ms, key=lambda m: m.start_pos) if lo < m.start_pos < hi_s]
-        waits = [m for m in sorted(ms, key=lambda m: -m.wait_pos) if lo_w < m.wait_pos < hi_w]
-        if starts and waits and starts[0].start_pos < waits[0].wait_pos:
-            buckets.append(Bucket(members=b.members, start=starts[0].name, wait=waits[0].name))
-    return plan.model_copy(update={"buckets": tuple(buckets)})
-
-
 def _reanchor(problem: Problem, plan: Plan) -> Plan:
-    """A fast repair: keep every bucket's members, re-anchor them (``_anchored``), and break up
-    buckets the verifier still rejects. Never fewer buckets than ``plan``."""
-    candidate = _anchored(problem, plan)
+    """A fast repair: keep every bucket's members, re-anchor them (``planner.polish.anchored``),
+    and break up buckets the verifier still rejects. Never fewer buckets than ``plan``."""
+    candidate = anchored(problem, plan)
     for _ in range(len(candidate.buckets) + 1):
         bad = {v.bucket for v in verify(problem, candidate) if v.bucket is not None}
         if not bad:
