@@ -194,15 +194,7 @@ class PlanPass(CustomGraphPass):
                 self._record(problem, inputs, bucketing, event)
                 finalize_with_torch(inputs)
             else:
-                plan = self._plan_for(problem, event)
-                if plan is None:
-                    finalize_with_torch(inputs)
-                else:
-                    from fxglue.apply import apply_plan
-
-                    apply_plan(graph, inputs.collective_info, inputs.scheduled, plan, problem=problem, estimator=est,
-                               insert_overlap_deps=bool(inputs.kwargs.get("insert_overlap_deps")), **bucketing)
-                    event.outcome = "planned"
+                self._use(problem, inputs, bucketing, event)
         gm.recompile()
         event.collectives_after = _n_collectives(gm)
         self.session.events.append(event)
@@ -222,41 +214,40 @@ class PlanPass(CustomGraphPass):
             planner.save(problem, where / PROBLEM)  # last: its presence means "recorded"
         event.outcome = "recorded"
 
-    def _plan_for(self, problem: planner.Problem, event: GraphEvent) -> planner.Plan | None:
-        """The cached plan for this graph, verified; None (after one warning) when there is none."""
-        from planner.verifier import check
+    def _use(self, problem: planner.Problem, inputs, bucketing: dict, event: GraphEvent) -> None:
+        """Apply the cached plan for this graph; anything that stops it (no plan, unreadable,
+        another problem's, refused by ``apply_plan``'s verification and cycle check, which run
+        before any mutation) is one warning, and torch's greedy buckets the graph instead."""
+        from fxglue.apply import PlanError, apply_plan
+        from fxglue.pipeline import finalize_with_torch
 
         path = problem_dir(self.session.plan_dir, problem.fingerprint) / PLAN
-
-        def fallback(why: str) -> None:
-            event.outcome = f"fallback: {why}"
-            log.warning("bucketplan: %s graph %s (fingerprint %s…): %s; torch's greedy bucketing is used instead",
-                        event.kind, event.graph, problem.fingerprint[:12], why)
-
+        why = None
         if not path.exists():
             recorded = sum(1 for _ in self.session.plan_dir.glob(f"*/{PROBLEM}"))
-            fallback(f"no plan in {self.session.plan_dir} for this graph ({recorded} recorded problem(s) there; "
-                     "the model, its shapes or the preset changed since `record`? record and solve-dir again)")
-            return None
-        try:
-            plan = planner.load_plan(path)
-        except (SchemaError, OSError, ValueError) as e:
-            fallback(f"{path}: unreadable plan ({str(e).splitlines()[0][:200]})")
-            return None
-        if plan.problem_fingerprint != problem.fingerprint:
-            fallback(f"{path} is for another problem (fingerprint {plan.problem_fingerprint[:12]}…)")
-            return None
-        report = check(problem, plan)
-        if not report.feasible:
-            fallback(f"{path} fails verification ({report.violations[0]})")
-            return None
-        return plan
-
-
-def _estimator(preset_name: str, tp_group: str | None, tp_size: int):
-    from fxglue.pipeline import preset_estimator
-
-    return preset_estimator(preset_name, tp_group=tp_group, tp_size=tp_size)
+            why = (f"no plan in {self.session.plan_dir} for this graph ({recorded} recorded problem(s) there; "
+                   "the model, its shapes or the preset changed since `record`? record and solve-dir again)")
+        else:
+            try:
+                plan = planner.load_plan(path)
+            except (SchemaError, OSError, ValueError) as e:
+                why = f"{path}: unreadable plan ({str(e).splitlines()[0][:200]})"
+            else:
+                if plan.problem_fingerprint != problem.fingerprint:
+                    why = f"{path} is for another problem (fingerprint {plan.problem_fingerprint[:12]}…)"
+                else:
+                    try:
+                        apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=problem,
+                                   estimator=self.estimator,
+                                   insert_overlap_deps=bool(inputs.kwargs.get("insert_overlap_deps")), **bucketing)
+                        event.outcome = "planned"
+                        return
+                    except PlanError as e:
+                        why = f"{path} fails verification ({e})"
+        event.outcome = f"fallback: {why}"
+        log.warning("bucketplan: %s graph %s (fingerprint %s…): %s; torch's greedy bucketing is used instead",
+                    event.kind, event.graph, problem.fingerprint[:12], why)
+        finalize_with_torch(inputs)
 
 
 @contextlib.contextmanager
@@ -264,8 +255,10 @@ def _session(plan_dir, mode: str, preset: str, tp_group: str | None, tp_size: in
     import torch._functorch.config as functorch_config
     from torch._inductor import config
 
+    from fxglue.pipeline import preset_estimator
+
     session = Session(Path(plan_dir) if plan_dir is not None else None, mode)
-    estimator = _estimator(preset, tp_group, tp_size)
+    estimator = preset_estimator(preset, tp_group=tp_group, tp_size=tp_size)
     if config.post_grad_custom_post_pass is not None:
         raise PlanCacheError("inductor's post_grad_custom_post_pass is already set; bucketplan needs it "
                              "(nest your pass inside ours is not supported)")
