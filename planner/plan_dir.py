@@ -98,7 +98,7 @@ def _start_plan(problem, folder: Path):
 def solve_one(job: SolveJob) -> dict:
     """Solve one recorded problem; write plan.json (verified) and return its summary row."""
     from planner.bounds import step_floor
-    from planner.cpsat import plan_objective
+    from planner.problem import collectives_after
     from planner.simulator import simulate
     from planner.solver import solve
     from planner.verifier import check
@@ -116,7 +116,7 @@ def solve_one(job: SolveJob) -> dict:
                floor_ms=round(step_floor(problem).floor_ms, 3), status=result.status, wall_s=round(result.wall_s, 1),
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
-        row.update(greedy_after=plan_objective(problem, start, "count"),
+        row.update(greedy_after=collectives_after(problem, start),
                    greedy_ms=round(simulate(problem, start).step_ms, 3))
     if result.plan is None:
         return {**row, "note": "; ".join(x for x in (note, "no plan found") if x)}
@@ -125,7 +125,7 @@ def solve_one(job: SolveJob) -> dict:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
     save(result.plan, folder / PLAN)
     bound = result.bound if job.objective == "step" else None
-    row.update(plan_after=plan_objective(problem, result.plan, "count"),
+    row.update(plan_after=collectives_after(problem, result.plan),
                plan_ms=round(simulate(problem, result.plan).step_ms, 3),
                bound_ms=None if bound is None else round(bound, 3),
                gap_pct=None if result.gap is None else round(100 * result.gap, 2),
@@ -137,7 +137,7 @@ def solve_one(job: SolveJob) -> dict:
 def _graphs_by_problem(plan_dir: Path) -> dict[str, str]:
     seen: dict[str, dict[str, set]] = {}
     for e in read_index(plan_dir):
-        fp = str(e.get("fingerprint", "")).split(":")[-1]
+        fp = problem_dir(plan_dir, str(e.get("fingerprint", ""))).name
         seen.setdefault(fp, {}).setdefault(str(e.get("graph", "?")), set()).add(e.get("rank"))
     return {fp: ", ".join(f"{g} ({len(r)} rank{'s' if len(r) > 1 else ''})" for g, r in graphs.items())
             for fp, graphs in seen.items()}
