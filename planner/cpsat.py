@@ -2,8 +2,9 @@
 
 Why this exists: it is the product -- a global optimum over the decisions torch's greedy
 makes one candidate at a time. The model is built in three parts behind ``build_model``:
-variables (``_Variables``), one constraint family per rule (``_add_constraints``), and the
-objective (``_set_objective``). ``ModelHandle.extract(solver)`` turns a solution into a Plan.
+variables (``_Variables``), the constraint families (``_add_constraints`` calls one small
+function per family, in order: that list is the model's summary), and the objective
+(``_set_objective``). ``ModelHandle.extract(solver)`` turns a solution into a Plan.
 
 Decisions. A bucket is represented by its start anchor ``a`` (symmetry broken: each bucket has
 exactly one representative). ``x[i, a]`` = collective ``i`` is in the bucket anchored at ``a``;
@@ -216,84 +217,127 @@ class _Variables:
                    for c in colls}
 
 
-def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int) -> dict:
-    """One family per rule of planner/README.md; returns counts per family."""
-    counts: dict[str, int] = {}
-    x, y = v.x, v.y
-    by_i: dict[int, list[int]] = {}
-    for (i, a) in x:
-        by_i.setdefault(i, []).append(a)
-    ys: dict[int, list[int]] = {}
-    for (a, b) in y:
-        ys.setdefault(a, []).append(b)
+def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int,
+                     memory_budget_bytes: int | None = None) -> dict:
+    """The constraint families of the model, in order; returns the constraints added per family."""
+    # Rules 2 (same key), 4 (hiders alone), 7 (hiding kept): no family; candidate pruning in _prepare/_Variables.
+    counts = {
+        "structure": (_one_bucket_per_collective(m, v, colls) + _one_wait_anchor_per_bucket(m, v, colls)
+                      + _members_wait_with_their_bucket(m, v)),
+        "rule3_cap": _members_fit_the_cap(m, v, colls, cap),
+        "rule9_order": _final_order_keeps_dependencies(m, v, colls),
+        "rule8_stream": _no_new_stream_blocking(m, v, colls),
+    }
+    if memory_budget_bytes is not None:
+        counts["rule10_memory"] = _extra_memory_within_budget(m, v, colls, memory_budget_bytes)
+    return counts
 
-    # Structure: one bucket per collective; joining a bucket needs its anchor to anchor it; the
-    # anchor's own position is the bucket's start; the wait anchor is a member.
+
+def _by_first(pairs) -> dict[int, list[int]]:
+    """``{i: [a, ...]}`` from ``(i, a)`` pairs, in pair order."""
+    out: dict[int, list[int]] = {}
+    for (i, a) in pairs:
+        out.setdefault(i, []).append(a)
+    return out
+
+
+def _one_bucket_per_collective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
+    """Structure: each collective is in exactly one bucket, whose anchor anchors it; FS is that anchor's start."""
+    x = v.x
+    by_i = _by_first(x)
     for i, anchors in by_i.items():
         m.add_exactly_one(x[i, a] for a in anchors)
         for a in anchors:
             if a != i:
                 m.add_implication(x[i, a], x[a, a])
         m.add(v.fs[i] == sum(colls[a].s * x[i, a] for a in anchors))
+    return len(by_i)
+
+
+def _one_wait_anchor_per_bucket(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
+    """Structure (rule 5): each bucket has exactly one wait anchor, a member; BW is its wait."""
+    x, y = v.x, v.y
+    ys = _by_first(y)
     for a, bs in ys.items():
         m.add_exactly_one(y[a, b] for b in bs)
         for b in bs:
             if b != a:
                 m.add_implication(y[a, b], x[b, a])
         m.add(v.bw[a] == sum(colls[b].w * y[a, b] for b in bs))
-    for (i, a), var in x.items():
-        m.add(v.fw[i] == v.bw[a]).only_enforce_if(var)
-    counts["structure"] = len(by_i) + len(ys) + len(x)
+    return len(ys)
 
-    # Rule 2 (same key) and rule 4 (hiders stay alone): no candidate pair exists otherwise.
-    # Rule 3 (byte cap): the members of each bucket fit.
+
+def _members_wait_with_their_bucket(m: cp_model.CpModel, v: _Variables) -> int:
+    """Structure: a member's final wait FW is its bucket's BW."""
+    for (i, a), var in v.x.items():
+        m.add(v.fw[i] == v.bw[a]).only_enforce_if(var)
+    return len(v.x)
+
+
+def _members_fit_the_cap(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int) -> int:
+    """Rule 3 (byte cap): the members of each bucket whose candidates could overflow fit the cap."""
     n = 0
     for a, js in v.joiners.items():
         if js and sum(colls[j].size for j in js) + colls[a].size > cap:
             # written against x[a, a] (joiners need it anyway): the same integer points, a much
             # tighter linear relaxation (no room is left in a bucket that is not opened)
-            m.add(sum(colls[j].size * x[j, a] for j in js) <= (cap - colls[a].size) * x[a, a])
+            m.add(sum(colls[j].size * v.x[j, a] for j in js) <= (cap - colls[a].size) * v.x[a, a])
             n += 1
-    counts["rule3_cap"] = n
+    return n
 
-    # Rules 6 and 9 (dependencies in the final order): a start before its wait; a wait before
-    # every start that consumes it. Fixed predecessors/successors are in the domains. Two members
-    # with a wait -> start dependency would need BW < FS of the same bucket: rule 6 follows.
+
+def _final_order_keeps_dependencies(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
+    """Rules 6 and 9: a start before its wait, a wait before every start that consumes it."""
+    # Fixed predecessors/successors are in the domains. Two members with a wait -> start
+    # dependency would need BW < FS of the same bucket: rule 6 follows.
     n = 0
     for c in colls:
         m.add(v.fs[c.idx] < v.fw[c.idx])
         for j in c.wait_preds_of_start:
             m.add(v.fw[j] < v.fs[c.idx])
             n += 1
-    counts["rule9_order"] = n + len(colls)
+    return n + len(colls)
 
-    # Rule 7 (hiding kept): in the domains of FS and FW.
 
-    # Rule 8 (FIFO stream): for every hiding node h of a fully hidden collective c and every
-    # possible bucket anchor a on c's group: if a anchors a bucket without c that is issued
-    # before c and waited after h (A), or issued after c and waited before h (B), some member
-    # of that bucket must have made the same situation originally.
-    ge_cache: dict[tuple[int, int], cp_model.IntVar] = {}
+class _Greater:
+    """Literals for ``var > value``, created on first use and cached per (variable, value)."""
 
-    def greater(var_id: str, var: cp_model.IntVar, value: int) -> cp_model.IntVar:
-        """Literal for var > value (cached)."""
+    def __init__(self, m: cp_model.CpModel):
+        self.m = m
+        self.cache: dict[tuple[int, int], cp_model.IntVar] = {}
+
+    def __call__(self, var_id: str, var: cp_model.IntVar, value: int) -> cp_model.IntVar:
         k = (id(var), value)
-        if k not in ge_cache:
-            lit = m.new_bool_var(f"{var_id}>{value}")
-            m.add(var > value).only_enforce_if(lit)
-            m.add(var <= value).only_enforce_if(~lit)
-            ge_cache[k] = lit
-        return ge_cache[k]
+        if k not in self.cache:
+            lit = self.m.new_bool_var(f"{var_id}>{value}")
+            self.m.add(var > value).only_enforce_if(lit)
+            self.m.add(var <= value).only_enforce_if(~lit)
+            self.cache[k] = lit
+        return self.cache[k]
 
-    # Candidate anchors per group as arrays, so that each (c, h) pair selects the anchors whose
-    # bucket could be in situation A or B with one vectorized test instead of a Python scan
-    # (80-layer graphs: ~2,000 hiding pairs x ~2,000 anchors).
+
+def _anchor_arrays_by_pg(v: _Variables, colls: list[_Coll]) -> dict[str, tuple]:
+    """Per process group: its candidate anchors, their starts, and the ends of their BW domains."""
+    # Arrays, so that each (c, h) pair selects the anchors whose bucket could be in situation A
+    # or B with one vectorized test instead of a Python scan (80-layer graphs: ~2,000 hiding
+    # pairs x ~2,000 anchors).
     by_pg: dict[str, tuple] = {}
     for pg in {c.pg for c in colls}:
-        anchors = [a for a in colls if a.pg == pg and (a.idx, a.idx) in x]
+        anchors = [a for a in colls if a.pg == pg and (a.idx, a.idx) in v.x]
         by_pg[pg] = (anchors, np.array([a.s for a in anchors], dtype=np.int64),
                      np.array([v.bw_dom[a.idx][0] for a in anchors], dtype=np.int64),
                      np.array([v.bw_dom[a.idx][-1] for a in anchors], dtype=np.int64))
+    return by_pg
+
+
+def _no_new_stream_blocking(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
+    """Rule 8 (FIFO stream): no bucket newly blocks a protected collective during its hiding nodes."""
+    # For every hiding node h of a protected collective c and every possible bucket anchor a on
+    # c's group: if a anchors a bucket without c that is issued before c and waited after h (A),
+    # or issued after c and waited before h (B), some member of that bucket must have made the
+    # same situation originally.
+    greater = _Greater(m)
+    by_pg = _anchor_arrays_by_pg(v, colls)
     n = 0
     for c in colls:
         if not c.hidden:
@@ -307,40 +351,52 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
                 a = anchors[k]
                 if a.idx == c.idx:
                     continue
-                bw_vals = v.bw_dom[a.idx]
-                members = [a.idx] + v.joiners[a.idx]
-                in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
-                # (A) issued before c, waited after h
                 if maybe_a[k]:
-                    old = [j for j in members if colls[j].s < c.s and ph < colls[j].w]
-                    if a.idx not in old:
-                        lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
-                        if a.s >= fs_dom[0]:
-                            lits.append(~greater(f"FS{c.idx}", v.fs[c.idx], a.s))
-                        if bw_vals[0] <= ph:
-                            lits.append(~greater(f"BW{a.idx}", v.bw[a.idx], ph))
-                        m.add_bool_or(lits)
-                        n += 1
-                # (B) issued after c, waited before h
+                    n += _not_newly_open_across_hider(m, v, colls, c, a, ph, greater)
                 if maybe_b[k]:
-                    old = [j for j in members if c.s < colls[j].s and colls[j].w < ph]
-                    if a.idx not in old:
-                        lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
-                        if a.s <= fs_dom[-1]:
-                            lits.append(greater(f"FS{c.idx}", v.fs[c.idx], a.s - 1))
-                        if bw_vals[-1] >= ph:
-                            lits.append(greater(f"BW{a.idx}", v.bw[a.idx], ph - 1))
-                        m.add_bool_or(lits)
-                        n += 1
-    counts["rule8_stream"] = n
-    return counts
+                    n += _not_newly_waited_before_hider(m, v, colls, c, a, ph, greater)
+    return n
 
 
-def _add_memory_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], budget: int) -> int:
-    """Rule 10 (optional memory budget): a start moved earlier keeps the collective's buffers
-    (torch's footprint) alive from its final start to its own start; a wait moved later keeps
-    them from its own wait to its final wait. At every start or wait position the extra bytes
-    stay within ``budget``. The sum only changes at those positions, so checking them is exact."""
+def _not_newly_open_across_hider(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], c: _Coll, a: _Coll,
+                                 ph: int, greater: _Greater) -> int:
+    """Rule 8 (A): a's bucket is not newly issued before c and waited after hiding node ``ph``."""
+    x = v.x
+    old = [j for j in [a.idx] + v.joiners[a.idx] if colls[j].s < c.s and ph < colls[j].w]
+    if a.idx in old:
+        return 0
+    in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
+    lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
+    if a.s >= v.s_dom[c.idx][0]:
+        lits.append(~greater(f"FS{c.idx}", v.fs[c.idx], a.s))
+    if v.bw_dom[a.idx][0] <= ph:
+        lits.append(~greater(f"BW{a.idx}", v.bw[a.idx], ph))
+    m.add_bool_or(lits)
+    return 1
+
+
+def _not_newly_waited_before_hider(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], c: _Coll,
+                                   a: _Coll, ph: int, greater: _Greater) -> int:
+    """Rule 8 (B): a's bucket is not newly issued after c and waited before hiding node ``ph``."""
+    x = v.x
+    old = [j for j in [a.idx] + v.joiners[a.idx] if c.s < colls[j].s and colls[j].w < ph]
+    if a.idx in old:
+        return 0
+    in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
+    lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
+    if a.s <= v.s_dom[c.idx][-1]:
+        lits.append(greater(f"FS{c.idx}", v.fs[c.idx], a.s - 1))
+    if v.bw_dom[a.idx][-1] >= ph:
+        lits.append(greater(f"BW{a.idx}", v.bw[a.idx], ph - 1))
+    m.add_bool_or(lits)
+    return 1
+
+
+def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], budget: int) -> int:
+    """Rule 10 (optional memory budget): the extra bytes alive at every start or wait stay within it."""
+    # A start moved earlier keeps the collective's buffers (torch's footprint) alive from its
+    # final start to its own start; a wait moved later keeps them from its own wait to its final
+    # wait. The sum only changes at start and wait positions, so checking them is exact.
     positions = sorted({c.s for c in colls} | {c.w for c in colls})
     terms: dict[int, list] = {p: [] for p in positions}
     for c in colls:
@@ -472,9 +528,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
         groups = {index[name]: b for b, bucket in enumerate(within.buckets) for name in bucket.members
                   if name in index}
     v = _Variables(m, colls, problem.bucket_cap_bytes, window, groups)
-    counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes)
-    if memory_budget_bytes is not None:
-        counts["rule10_memory"] = _add_memory_budget(m, v, colls, memory_budget_bytes)
+    counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes, memory_budget_bytes)
     outside = within is None
     _set_objective(m, v, colls, problem, objective, lower_bound if outside else None, max_count,
                    key_bounds if outside else None)
