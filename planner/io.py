@@ -7,6 +7,7 @@ Files are data, never code (no pickle). Every error names the file and the offen
 from __future__ import annotations
 
 import errno
+import gzip
 import json
 import os
 import shutil
@@ -70,9 +71,11 @@ def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
     if size > MAX_FILE_BYTES:
         raise SchemaError(f"{p}: {size} bytes is too large for a {what} file (limit {MAX_FILE_BYTES})")
     try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = _read_text(p)
+    except (OSError, UnicodeDecodeError, EOFError) as e:
         raise SchemaError(f"{p}: cannot read {what}: {e}") from None
+    if len(text) > MAX_FILE_BYTES:
+        raise SchemaError(f"{p}: more than {MAX_FILE_BYTES} bytes once decompressed (limit of a {what} file)")
     try:
         data = json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as e:
@@ -99,6 +102,15 @@ def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
         return model.model_validate_json(text, strict=True)
     except ValidationError as e:
         raise SchemaError(f"{p}: invalid {what}: {_describe(e)}") from None
+
+
+def _read_text(p: Path) -> str:
+    """The file's text; a ``.gz`` file decompressed (the committed experiment problems are), read
+    only up to one byte past the size limit so a compression bomb cannot fill memory."""
+    if p.suffix != ".gz":
+        return p.read_text(encoding="utf-8")
+    with gzip.open(p, "rb") as fh:
+        return fh.read(MAX_FILE_BYTES + 1).decode("utf-8")
 
 
 class _DuplicateKey(ValueError):

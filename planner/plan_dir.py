@@ -77,22 +77,28 @@ class SolveJob:
     seed: int
 
 
-def _start_plan(problem, folder: Path):
-    """Torch's recorded greedy plan as the start and a floor, repaired when it breaks a rule;
-    None when there is none (or it is for another problem)."""
+def start_plan(problem, greedy, what: str = "greedy.json"):
+    """Torch's recorded greedy plan as the start and a floor of a solve, repaired when it breaks a
+    rule: (plan, note); (None, why) when there is none or it is for another problem."""
     from planner.solver import repair
     from planner.verifier import verify
 
-    try:
-        greedy = load_plan(folder / GREEDY)
-    except (OSError, SchemaError):
-        return None, "no usable greedy.json"
+    if greedy is None:
+        return None, f"no usable {what}"
     if greedy.problem_fingerprint != problem.fingerprint:
-        return None, "greedy.json is for another problem"
+        return None, f"{what} is for another problem"
     if verify(problem, greedy):
         fixed = repair(problem, greedy, time_limit_s=20).plan
         return fixed, "torch's greedy breaks a rule as recorded; compared as its repair"
     return greedy, ""
+
+
+def _start_plan(problem, folder: Path):
+    try:
+        greedy = load_plan(folder / GREEDY)
+    except (OSError, SchemaError):
+        greedy = None
+    return start_plan(problem, greedy)
 
 
 def solve_one(job: SolveJob) -> dict:
