@@ -313,6 +313,55 @@ def cmd_solve_dir(args) -> int:
     return 130 if interrupted else 1 if failed else 0
 
 
+def cmd_sweep(args) -> int:
+    from planner.io import SchemaError
+    from planner.sweep import SpecError, load_spec, ray_available, run_sweep
+
+    from fxglue.presets import DEFAULT_PRESET
+
+    if args.sequential and args.address:
+        raise CLIError("--sequential and --address exclude each other (--address runs on a Ray cluster)")
+    if args.cpus is not None:
+        _positive(args.cpus, "--cpus")
+    if (args.address or args.ray) and not ray_available():
+        raise CLIError("Ray is not installed: `pip install -e '.[sweep]'`, or drop --ray/--address to run the tasks "
+                       "one by one here")
+    try:
+        spec = load_spec(args.spec, default_preset=DEFAULT_PRESET)
+        needs_torch = any(c.source != "problem" for c in spec.cases)
+        if needs_torch:
+            from fxglue.sweep import check_cases
+
+            check_cases(spec.cases)  # every workload and preset resolves before anything is traced
+    except SpecError as e:
+        raise CLIError(str(e)) from None
+    out = Path(args.output)
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"-o {out}: exists and is not a folder")
+    extract = apply = None
+    if needs_torch:
+        from fxglue.sweep import apply_case, extract_case
+
+        extract, apply = extract_case, apply_case
+    say = _progress(args.quiet)
+    try:
+        report = run_sweep(spec, out, extract=extract, apply=apply, ray=False if args.sequential else None,
+                           address=args.address, cpus=args.cpus, say=say)
+    except (SpecError, SchemaError) as e:
+        raise CLIError(str(e)) from None
+    except PermissionError as e:
+        raise CLIError(f"{e.filename or out}: cannot write there ({e.strerror})") from None
+    except KeyboardInterrupt:
+        print(f"interrupted: the tasks finished so far are in {out}/rows.jsonl; run again to resume", file=sys.stderr)
+        return 130
+    print((out / "results.md").read_text(encoding="utf-8"), end="")
+    print(f"wrote {out}/results.csv, results.md, results.png, stages.csv, stages.md, cases/*/")
+    if report.failed:
+        print(f"no verified plan for {len(report.failed)} task(s): {', '.join(report.failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
     import math
 
@@ -467,6 +516,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--force", action="store_true", help="solve again problems that already have a plan")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve_dir)
+
+    s = sub.add_parser("sweep", help="many workloads x presets x objectives from a TOML spec: extract each problem "
+                                     "once, solve each (problem, objective) as a task (on Ray when installed), "
+                                     "verify, tabulate; resumable")
+    s.add_argument("spec", help="the sweep spec (TOML; planner/sweep.py documents it, experiments/specs/ has examples)")
+    s.add_argument("-o", "--output", default="out/sweep", help="output folder (default out/sweep); a rerun resumes")
+    s.add_argument("--sequential", action="store_true", help="run the tasks one by one in this process, even "
+                   "with Ray installed")
+    s.add_argument("--ray", action="store_true", help="require Ray (an error when it is not installed)")
+    s.add_argument("--address", help="a Ray cluster to run the tasks on (default: a Ray instance on this machine)")
+    s.add_argument("--cpus", type=int, help="CPUs of the local Ray instance (default: all of this machine's)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=cmd_sweep)
 
     s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, simulated "
                                        "step time and exposed communication, plots and traces")
