@@ -8,13 +8,17 @@ modelling bug in a planner shows up here as a named violation.
 The final state of a plan: a bucket's merged start sits at its start anchor's start
 position, its merged wait at its wait anchor's wait position; a collective in no bucket is a
 bucket of its own; every other node keeps its position.
+
+``check`` reads as the list of rules: one function per rule, ``_rule_<number>_<name>``, each
+returning its violations; rules 2 to 10 read one ``_FinalState`` derived once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from planner.problem import MAX_BYTES, Plan, Problem
+from planner.problem import MAX_BYTES, Collective, Plan, Problem
 
 RULES = {
     1: "plan-matches-problem",
@@ -108,41 +112,64 @@ def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prot
 
 def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
           memory_budget_bytes: int | None = None) -> Report:
-    """Violations and quality figures of ``plan`` on ``problem``.
+    """Violations and quality figures of ``plan`` on ``problem``: the rules of planner/README.md,
+    one function each, violations in this order (rules 1 and 5, and rules 2 to 4, bucket by bucket).
 
     ``protect_partly``: the stricter policy in which rules 7 and 8 protect partly hidden
-    collectives too (torch's default protects fully hidden ones only).
+    collectives too (torch's default protects fully hidden ones only). ``memory_budget_bytes``:
+    rule 10 applies only when it is given.
     """
-    protected_status = {"hidden", "partly"} if protect_partly else {"hidden"}
-    report = Report()
-    out = report.violations
+    ill_formed = _bucket_by_bucket(_rule_1_plan_matches_problem(problem, plan, check_fingerprint)
+                                   + _rule_5_anchors_are_members(plan))
+    if ill_formed:  # positions are undefined for an ill-formed plan
+        return Report(violations=ill_formed)
+    s = _final_state(problem, plan, protect_partly)
+    out = _bucket_by_bucket(_rule_2_same_key(s) + _rule_3_byte_cap(s) + _rule_4_hider_never_merges(s))
+    out += _rule_6_no_dependent_members(s)
+    out += _rule_7_hiding_kept(s)
+    stream, broken = _rule_8_stream_fifo(s)
+    out += stream
+    out += _rule_9_schedule_acyclic(s)
+    if memory_budget_bytes is not None:
+        out += _rule_10_memory_budget(s, memory_budget_bytes)
+    return Report(violations=out, quality=_quality(s, broken))
+
+
+def _bucket_by_bucket(violations: list[Violation]) -> list[Violation]:
+    """Problem-level violations first, then bucket by bucket; within a bucket in the order given
+    (a stable sort): rules checked together per bucket report in that order."""
+    return sorted(violations, key=lambda v: -1 if v.bucket is None else v.bucket)
+
+
+@dataclass(frozen=True)
+class _FinalState:
+    """The final state of a well-formed plan (module docstring), derived once from the
+    ``Problem`` and read by rules 2 to 10 and the quality figures.
+
+    Bucket ids: the plan's buckets first (``plan.buckets`` indices), then one singleton per
+    collective in no bucket, in problem order."""
+
+    problem: Problem
+    plan: Plan
+    colls: dict[str, Collective]  # name -> collective
+    node_pos: dict[str, int]  # pinned node name -> its scheduled position
+    start_of: dict[str, int]  # collective -> position of its bucket's merged start
+    wait_of: dict[str, int]  # collective -> position of its bucket's merged wait
+    group: dict[str, int]  # collective -> bucket id
+    members_of: tuple[tuple[str, ...], ...]  # bucket id -> members
+    protected: frozenset[str]  # the statuses rules 7 and 8 protect under the policy
+
+    @property
+    def n_plan(self) -> int:
+        """Bucket ids below this are the plan's own buckets."""
+        return len(self.plan.buckets)
+
+
+def _final_state(problem: Problem, plan: Plan, protect_partly: bool) -> _FinalState:
     colls = {c.name: c for c in problem.collectives}
-    node_pos = {n.name: n.pos for n in problem.nodes}
-
-    # Rule 1: the plan is for this problem and names only its collectives.
-    if check_fingerprint and plan.problem_fingerprint != problem.fingerprint:
-        out.append(Violation(1, None, (), f"plan is for problem {plan.problem_fingerprint or '(none)'}, "
-                                          f"not {problem.fingerprint}"))
-    bucket_of: dict[str, int] = {}
-    for b, bucket in enumerate(plan.buckets):
-        unknown = [m for m in bucket.members if m not in colls]
-        if unknown:
-            out.append(Violation(1, b, tuple(unknown), f"unknown collective(s) {unknown}"))
-        for m in bucket.members:
-            if m in bucket_of:
-                out.append(Violation(1, b, (m,), f"{m} is also in bucket {bucket_of[m]}"))
-            bucket_of.setdefault(m, b)
-        # Rule 5: anchors are members (the Plan type checks this too; files can be hand-made).
-        for role, anchor in (("start", bucket.start), ("wait", bucket.wait)):
-            if anchor not in bucket.members:
-                out.append(Violation(5, b, (anchor,), f"{role} anchor {anchor} is not a member"))
-    if out:  # positions are undefined for an ill-formed plan
-        return report
-
-    # Final state: every collective's merged start / wait position.
     start_of: dict[str, int] = {}
     wait_of: dict[str, int] = {}
-    group: dict[str, int] = {}  # collective -> bucket id (singletons get ids after the plan's)
+    group: dict[str, int] = {}
     members_of: list[tuple[str, ...]] = []
     for b, bucket in enumerate(plan.buckets):
         members_of.append(bucket.members)
@@ -156,155 +183,232 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
             members_of.append((c.name,))
             start_of[c.name] = c.start_pos
             wait_of[c.name] = c.wait_pos
+    return _FinalState(problem=problem, plan=plan, colls=colls, node_pos={n.name: n.pos for n in problem.nodes},
+                       start_of=start_of, wait_of=wait_of, group=group, members_of=tuple(members_of),
+                       protected=frozenset({"hidden", "partly"} if protect_partly else {"hidden"}))
 
-    # Hiding nodes of fully hidden collectives: torch never merges a collective whose start or
-    # wait is one of them.
-    protected_hiders = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
 
+def _rule_1_plan_matches_problem(problem: Problem, plan: Plan, check_fingerprint: bool) -> list[Violation]:
+    """The plan is for this problem, names only its collectives, and none of them twice."""
+    out = []
+    if check_fingerprint and plan.problem_fingerprint != problem.fingerprint:
+        out.append(Violation(1, None, (), f"plan is for problem {plan.problem_fingerprint or '(none)'}, "
+                                          f"not {problem.fingerprint}"))
+    names = {c.name for c in problem.collectives}
+    bucket_of: dict[str, int] = {}
     for b, bucket in enumerate(plan.buckets):
-        ms = [colls[m] for m in bucket.members]
-        # Rule 2: same bucket key (kind, process group, and the mode's dtype/op fields).
-        keys = {(m.kind, m.pg, m.key) for m in ms}
+        unknown = [m for m in bucket.members if m not in names]
+        if unknown:
+            out.append(Violation(1, b, tuple(unknown), f"unknown collective(s) {unknown}"))
+        for m in bucket.members:
+            if m in bucket_of:
+                out.append(Violation(1, b, (m,), f"{m} is also in bucket {bucket_of[m]}"))
+            bucket_of.setdefault(m, b)
+    return out
+
+
+def _rule_5_anchors_are_members(plan: Plan) -> list[Violation]:
+    """Both anchors are members (the Plan type checks this too; files can be hand-made)."""
+    return [Violation(5, b, (anchor,), f"{role} anchor {anchor} is not a member")
+            for b, bucket in enumerate(plan.buckets)
+            for role, anchor in (("start", bucket.start), ("wait", bucket.wait))
+            if anchor not in bucket.members]
+
+
+def _rule_2_same_key(s: _FinalState) -> list[Violation]:
+    """All members share torch's bucket key: kind, process group, and the mode's dtype/op fields."""
+    out = []
+    for b, bucket in enumerate(s.plan.buckets):
+        keys = {(s.colls[m].kind, s.colls[m].pg, s.colls[m].key) for m in bucket.members}
         if len(keys) > 1:
             out.append(Violation(2, b, bucket.members, f"members have different keys: {sorted(k[2] for k in keys)}"))
-        # Rule 3: byte cap on torch's memory footprint.
-        total = sum(m.size_bytes for m in ms)
-        if total > problem.bucket_cap_bytes:
-            out.append(Violation(3, b, bucket.members,
-                                 f"{total} bytes exceed the cap of {problem.bucket_cap_bytes}"))
-        # Rule 4: collectives used for hiding never merge.
-        if len(ms) > 1:
-            hiders = [m.name for m in ms if m.name in protected_hiders or m.wait in protected_hiders]
+    return out
+
+
+def _rule_3_byte_cap(s: _FinalState) -> list[Violation]:
+    """The members' torch memory footprints add up to at most the problem's cap."""
+    out = []
+    cap = s.problem.bucket_cap_bytes
+    for b, bucket in enumerate(s.plan.buckets):
+        total = sum(s.colls[m].size_bytes for m in bucket.members)
+        if total > cap:
+            out.append(Violation(3, b, bucket.members, f"{total} bytes exceed the cap of {cap}"))
+    return out
+
+
+def _rule_4_hider_never_merges(s: _FinalState) -> list[Violation]:
+    """A collective whose start or wait is a hiding node of a fully hidden collective stays alone
+    (torch: "nyi: bucketing collective used for overlap")."""
+    hiders_of_hidden = {h for c in s.problem.collectives if c.status == "hidden" for h in c.hiding}
+    out = []
+    for b, bucket in enumerate(s.plan.buckets):
+        if len(bucket.members) > 1:
+            hiders = [m for m in bucket.members if m in hiders_of_hidden or s.colls[m].wait in hiders_of_hidden]
             if hiders:
                 out.append(Violation(4, b, tuple(hiders),
                                      f"{hiders} hide another collective (start or wait is a hiding node)"))
+    return out
 
-    nodes = problem.nodes
+
+def _rule_6_no_dependent_members(s: _FinalState) -> list[Violation]:
+    """No member's start depends on another member's wait (the merged start would need the
+    merged wait first: a cycle inside the bucket). See ``_waits_reaching_starts`` for memory."""
+    nodes = s.problem.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
-
-    # Rule 6: no member's start depends on another member's wait (the merged start would need
-    # the merged wait first: a cycle inside the bucket).
-    merged = [(b, bucket) for b, bucket in enumerate(plan.buckets) if len(bucket.members) > 1]
-    depends = _waits_reaching_starts(nodes, [[(index[colls[m].wait], index[m]) for m in bucket.members]
+    merged = [(b, bucket) for b, bucket in enumerate(s.plan.buckets) if len(bucket.members) > 1]
+    depends = _waits_reaching_starts(nodes, [[(index[s.colls[m].wait], index[m]) for m in bucket.members]
                                              for _, bucket in merged])
+    out = []
     for b, bucket in merged:
         for x in bucket.members:
-            wx = index[colls[x].wait]
+            wx = index[s.colls[x].wait]
             for y in bucket.members:
                 if x != y and (wx, index[y]) in depends:
                     out.append(Violation(6, b, (x, y), f"{y} depends on the wait of {x}"))
+    return out
 
-    # Rule 7: every fully hidden member keeps its hiding nodes strictly inside its bucket.
-    for b, bucket in enumerate(plan.buckets):
+
+def _rule_7_hiding_kept(s: _FinalState) -> list[Violation]:
+    """Every protected (fully hidden; under protect_partly also partly hidden) member keeps its
+    hiding nodes strictly between its bucket's merged start and merged wait."""
+    out = []
+    for b, bucket in enumerate(s.plan.buckets):
         for m in bucket.members:
-            c = colls[m]
-            if c.status not in protected_status:
+            c = s.colls[m]
+            if c.status not in s.protected:
                 continue
-            s, w = start_of[m], wait_of[m]
-            outside = [h for h in c.hiding if not s < node_pos[h] < w]
+            lo, hi = s.start_of[m], s.wait_of[m]
+            outside = [h for h in c.hiding if not lo < s.node_pos[h] < hi]
             if outside:
                 out.append(Violation(7, b, (m,), f"hiding node(s) {outside} of {m} are not between the "
-                                                 f"bucket's start (pos {s}) and wait (pos {w})"))
+                                                 f"bucket's start (pos {lo}) and wait (pos {hi})"))
+    return out
 
-    # Rule 8: FIFO stream per process group -- no new enclosure of a hidden collective's hiding
-    # interval (start, hider) by another bucket issued earlier and waited after the hider (A),
-    # and no new bucket issued later but waited before the hider (B).
-    by_pg: dict[str, list[int]] = {}
-    for g, ms in enumerate(members_of):
-        for pg in dict.fromkeys(colls[m].pg for m in ms):  # a mixed bucket (rule 2) is on each group
-            by_pg.setdefault(pg, []).append(g)
+
+def _rule_8_stream_fifo(s: _FinalState) -> tuple[list[Violation], set[tuple[str, str]]]:
+    """One FIFO stream per process group: no new situation A or B (``_new_stream_situations``)
+    around a protected collective's hiding node.
+
+    Also returns every hiding relation ``(c, h)`` a new situation breaks, protected or not: the
+    quality figures count them, and finding them twice would double this rule's time."""
+    out: list[Violation] = []
     broken: set[tuple[str, str]] = set()
-    for c in problem.collectives:
+    for c, h, g, situation in _new_stream_situations(s):
+        broken.add((c.name, h))
+        if c.status not in s.protected:
+            continue
+        b = g if g < s.n_plan else s.group[c.name]
+        msg = (f"bucket issued before {c.name} is still on the stream at its hiding node {h}"
+               if situation == "A" else
+               f"waiting a bucket issued after {c.name} forces it to finish before its hiding node {h}")
+        out.append(Violation(8, b if b < s.n_plan else None, s.members_of[g] + (c.name,), msg))
+    return out, broken
+
+
+def _new_stream_situations(s: _FinalState) -> Iterator[tuple[Collective, str, int, str]]:
+    """``(c, h, g, situation)`` for every hiding node ``h`` of a hidden or partly hidden collective
+    ``c`` and every other bucket ``g`` on ``c``'s group that, in the final state, is issued before
+    ``c`` and waited after ``h`` ("A") or issued after ``c`` and waited before ``h`` ("B"), where
+    no member of ``g`` made the same situation at the original positions."""
+    by_pg: dict[str, list[int]] = {}
+    for g, ms in enumerate(s.members_of):
+        for pg in dict.fromkeys(s.colls[m].pg for m in ms):  # a mixed bucket (rule 2) is on each group
+            by_pg.setdefault(pg, []).append(g)
+    colls = s.colls
+    for c in s.problem.collectives:
         if not c.hiding or c.status == "exposed":
             continue
-        gc = group[c.name]
-        sc = start_of[c.name]
+        gc, sc = s.group[c.name], s.start_of[c.name]
         for h in c.hiding:
-            ph = node_pos[h]
+            ph = s.node_pos[h]
             for g in by_pg[c.pg]:
                 if g == gc:
                     continue
-                ms = members_of[g]
-                sg, wg = start_of[ms[0]], wait_of[ms[0]]
+                ms = s.members_of[g]
+                sg, wg = s.start_of[ms[0]], s.wait_of[ms[0]]
                 if sg < sc and ph < wg:
-                    situation = "A"
-                    was = any(colls[x].start_pos < c.start_pos and ph < colls[x].wait_pos for x in ms)
+                    if not any(colls[x].start_pos < c.start_pos and ph < colls[x].wait_pos for x in ms):
+                        yield c, h, g, "A"
                 elif sc < sg and wg < ph:
-                    situation = "B"
-                    was = any(c.start_pos < colls[x].start_pos and colls[x].wait_pos < ph for x in ms)
-                else:
-                    continue
-                if was:
-                    continue
-                broken.add((c.name, h))
-                if c.status in protected_status:
-                    b = g if g < len(plan.buckets) else group[c.name]
-                    msg = (f"bucket issued before {c.name} is still on the stream at its hiding node {h}"
-                           if situation == "A" else
-                           f"waiting a bucket issued after {c.name} forces it to finish before its hiding node {h}")
-                    out.append(Violation(8, b if b < len(plan.buckets) else None, ms + (c.name,), msg))
+                    if not any(c.start_pos < colls[x].start_pos and colls[x].wait_pos < ph for x in ms):
+                        yield c, h, g, "B"
 
-    # Rule 9: the final order of pinned nodes respects every dependency.
-    wait_owner = {c.wait: c.name for c in problem.collectives}
 
-    def final_pos(i: int) -> int:
-        n = nodes[i]
-        if n.kind == "start" and n.name in start_of:
-            return start_of[n.name]
-        if n.kind == "wait":
-            c = wait_owner.get(n.name)
-            if c is not None:
-                return wait_of[c]
-        return n.pos
-
-    fpos = [final_pos(i) for i in range(len(nodes))]
+def _rule_9_schedule_acyclic(s: _FinalState) -> list[Violation]:
+    """The final order of pinned nodes respects every dependency ``u -> v``: u's final position is
+    before v's. Each violated dependency is reported once, under the lowest plan bucket involved."""
+    nodes = s.problem.nodes
+    wait_owner = {c.wait: c.name for c in s.problem.collectives}
+    fpos = [_final_position(n, s, wait_owner) for n in nodes]
+    out = []
     reported: set[tuple[int, int]] = set()
     for i, n in enumerate(nodes):
         for d in n.deps:
-            if fpos[d] >= fpos[i]:
-                pair = (d, i)
-                if pair in reported:
-                    continue
-                reported.add(pair)
-                involved = tuple(sorted({x for x in (_owner(nodes[d], wait_owner), _owner(n, wait_owner)) if x}))
-                gs = sorted({group[x] for x in involved if group[x] < len(plan.buckets)})
-                out.append(Violation(9, gs[0] if gs else None, involved,
-                                     f"{nodes[d].name} must run before {n.name}, but the plan puts it at "
-                                     f"position {fpos[d]} and {n.name} at {fpos[i]}"))
+            if fpos[d] < fpos[i] or (d, i) in reported:
+                continue
+            reported.add((d, i))
+            involved = tuple(sorted({x for x in (_owner(nodes[d], wait_owner), _owner(n, wait_owner)) if x}))
+            gs = sorted({s.group[x] for x in involved if s.group[x] < s.n_plan})
+            out.append(Violation(9, gs[0] if gs else None, involved,
+                                 f"{nodes[d].name} must run before {n.name}, but the plan puts it at "
+                                 f"position {fpos[d]} and {n.name} at {fpos[i]}"))
+    return out
 
-    # Rule 10 (only with a budget): extra bytes alive because starts moved earlier or waits later.
-    if memory_budget_bytes is not None:
-        delta: dict[int, int] = {}
-        for c in problem.collectives:
-            for lo, hi in ((start_of[c.name], c.start_pos), (c.wait_pos, wait_of[c.name])):
-                if lo < hi:  # alive over [lo, hi) beyond the original schedule
-                    delta[lo] = delta.get(lo, 0) + c.size_bytes
-                    delta[hi] = delta.get(hi, 0) - c.size_bytes
-        extra = 0
-        for p in sorted(delta):
-            extra += delta[p]
-            if extra > memory_budget_bytes:
-                out.append(Violation(10, None, (), f"{extra} extra bytes alive at position {p} exceed the "
-                                                   f"budget of {memory_budget_bytes}"))
-                break
 
-    # Quality figures.
-    q = report.quality
-    q.collectives_before = len(problem.collectives)
-    q.collectives_after = len(members_of)
-    q.buckets = sum(1 for ms in plan.buckets if len(ms.members) > 1)
-    for c in problem.collectives:
+def _final_position(node, s: _FinalState, wait_owner: dict[str, str]) -> int:
+    """A pinned node's final position: a start or wait of a collective moves to its bucket's merged
+    start or wait; every other node keeps its own."""
+    if node.kind == "start" and node.name in s.start_of:
+        return s.start_of[node.name]
+    if node.kind == "wait":
+        c = wait_owner.get(node.name)
+        if c is not None:
+            return s.wait_of[c]
+    return node.pos
+
+
+def _rule_10_memory_budget(s: _FinalState, budget: int) -> list[Violation]:
+    """The extra bytes alive because starts moved earlier or waits later (``_alive_extra``) stay
+    within ``budget`` at every position. Reports the first position over it, naming the
+    collectives whose buffers are alive there beyond their own schedule."""
+    delta: dict[int, int] = {}
+    for c in s.problem.collectives:
+        for lo, hi in _alive_extra(s, c):
+            delta[lo] = delta.get(lo, 0) + c.size_bytes
+            delta[hi] = delta.get(hi, 0) - c.size_bytes
+    extra = 0
+    for p in sorted(delta):
+        extra += delta[p]
+        if extra > budget:
+            alive = [c.name for c in s.problem.collectives if any(lo <= p < hi for lo, hi in _alive_extra(s, c))]
+            return [Violation(10, None, tuple(alive), f"{extra} extra bytes of {alive} alive at position {p} "
+                                                      f"exceed the budget of {budget}")]
+    return []
+
+
+def _alive_extra(s: _FinalState, c: Collective) -> list[tuple[int, int]]:
+    """The intervals ``[lo, hi)`` over which ``c``'s buffers (``size_bytes``) are alive beyond its
+    original schedule: from its merged start to its own start, from its own wait to its merged wait."""
+    return [(lo, hi) for lo, hi in ((s.start_of[c.name], c.start_pos), (c.wait_pos, s.wait_of[c.name])) if lo < hi]
+
+
+def _quality(s: _FinalState, broken: set[tuple[str, str]]) -> Quality:
+    """Collectives before and after, merged buckets, and the hiding relations ``(c, h)`` kept: ``h``
+    between c's final start and wait, and not broken by a new stream situation (rule 8)."""
+    q = Quality(collectives_before=len(s.problem.collectives), collectives_after=len(s.members_of),
+                buckets=sum(1 for bucket in s.plan.buckets if len(bucket.members) > 1))
+    for c in s.problem.collectives:
         if c.status == "exposed" or not c.hiding:
             continue
         kept = sum(1 for h in c.hiding
-                   if start_of[c.name] < node_pos[h] < wait_of[c.name] and (c.name, h) not in broken)
+                   if s.start_of[c.name] < s.node_pos[h] < s.wait_of[c.name] and (c.name, h) not in broken)
         if c.status == "hidden":
             q.hidden_relations += len(c.hiding)
             q.hidden_kept += kept
         else:
             q.partly_relations += len(c.hiding)
             q.partly_kept += kept
-    return report
+    return q
 
 
 def _waits_reaching_starts(nodes, buckets: list[list[tuple[int, int]]]) -> set[tuple[int, int]]:

@@ -256,3 +256,215 @@ def test_insert_overlap_deps_pins_the_order_with_control_dependencies():
     h.gm.graph.lint()
     targets = {str(n.target) for n in h.gm.graph.nodes}
     assert any("control_deps" in t for t in targets), targets
+
+
+# One feasible/infeasible pair per rule: a small graph and two plans that differ in one member or
+# one anchor. The good plan verifies and applies; the bad one breaks the rule (apply_plan refuses
+# it too, except rule 10, which apply_plan does not take), and its violations of that rule are
+# exactly the ones expected, each naming its bucket and collectives. Expectations are reasoned
+# from the graph, in each test's comments.
+
+
+def _pair(h, p, good, bad, rule, expected, *, rules=None, applies=True, **policy):
+    """``good`` is feasible; ``bad`` breaks exactly ``rules`` (default: only ``rule``), and its
+    violations of ``rule`` are ``expected``: (bucket, collectives, texts its line holds) each, in order."""
+    assert verify(p, good, **policy) == []
+    found = verify(p, bad, **policy)
+    assert {v.rule for v in found} == (rules or {rule}), found
+    mine = [v for v in found if v.rule == rule]
+    assert [(v.bucket, v.collectives) for v in mine] == [(b, c) for b, c, _ in expected], mine
+    for v, (b, _, texts) in zip(mine, expected):
+        line = str(v)
+        assert line.startswith(f"rule {rule} ({planner.RULES[rule]}): "), line
+        assert b is None or f"bucket {b}: " in line, line
+        for text in texts:
+            assert text in line, (text, line)
+    if applies:
+        _rejects(h, bad, p, rule)  # first: it leaves the graph as it was
+        merged = sum(len(bucket.members) - 1 for bucket in good.buckets)
+        assert _apply(h, good, p) == len(p.collectives) - merged  # it applies: one collective per bucket
+
+
+def _collectives(p):
+    return {c.name: c for c in p.collectives}
+
+
+def two_exposed_gathers():
+    """ag0 issued and waited, then ag1 issued and waited; no compute, nothing hidden."""
+
+    def fn(x0, x1):
+        w0 = wait(ag(x0))
+        w1 = wait(ag(x1))
+        return w0, w1
+
+    return build(fn, [((8, 64), BF16), ((8, 64), BF16)], {})
+
+
+def three_gathers(dtypes):
+    """Three all_gathers issued in order, then waited in order; nothing hidden."""
+
+    def fn(x0, x1, x2):
+        s0, s1, s2 = ag(x0), ag(x1), ag(x2)
+        return wait(s0), wait(s1), wait(s2)
+
+    return build(fn, [((8, 64), d) for d in dtypes], {})
+
+
+def test_rule_1_pair_a_member_the_problem_does_not_have():
+    h = two_exposed_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    good = plan_for(p, [([a, b], a, b)])
+    bad = plan_for(p, [([a, b, "ghost"], a, b)])
+    _pair(h, p, good, bad, 1, [(0, ("ghost",), ["unknown collective(s) ['ghost']"])])
+
+
+def test_rule_2_pair_a_float32_gather_joins_two_bfloat16_ones():
+    h = three_gathers([BF16, BF16, F32])
+    p = h.problem()  # default mode: the dtype is part of the key
+    c0, c1, c2 = h.names["c0"], h.names["c1"], h.names["c2"]
+    keys = _collectives(p)
+    assert keys[c0].key == keys[c1].key != keys[c2].key
+    good = plan_for(p, [([c0, c1], c0, c1)])
+    bad = plan_for(p, [([c0, c1, c2], c0, c1)])
+    # the message names the two keys; the violation names the bucket and all its members
+    _pair(h, p, good, bad, 2, [(0, (c0, c1, c2), ["members have different keys", keys[c0].key, keys[c2].key])])
+
+
+def test_rule_3_pair_a_third_gather_overflows_a_cap_of_two():
+    h = three_gathers([BF16] * 3)
+    size = h.problem().collectives[0].size_bytes
+    p = h.problem(max_bucket_memory_gb=2 * size / 1024**3)
+    assert p.bucket_cap_bytes == 2 * size and {c.size_bytes for c in p.collectives} == {size}
+    c0, c1, c2 = h.names["c0"], h.names["c1"], h.names["c2"]
+    good = plan_for(p, [([c0, c1], c0, c1)])  # 2 * size: at the cap
+    bad = plan_for(p, [([c0, c1, c2], c0, c1)])  # 3 * size: over it
+    _pair(h, p, good, bad, 3, [(0, (c0, c1, c2), [f"{3 * size} bytes exceed the cap of {2 * size}"])])
+
+
+def test_rule_4_pair_the_gather_whose_wait_hides_a_reduce_scatter_joins_a_bucket():
+    def fn(g, x0, x1, x2):
+        r = rs(g)
+        s0, s1, s2 = ag(x0), ag(x1), ag(x2)
+        w0, w1, w2 = wait(s0), wait(s1), wait(s2)
+        return w0, w1, w2, wait(r)
+
+    h = build(fn, [((64, 64), F32)] + [((8, 64), BF16)] * 3, {})
+    # the reduce_scatter (c0) is fully hidden by the wait of the first gather (c1), as a wait on
+    # another group would hide it
+    from torch.utils._ordered_set import OrderedSet
+
+    starts = sorted(h.collective_info, key=list(h.gm.graph.nodes).index)
+    h.collective_info[starts[0]].hiding_nodes = OrderedSet([h.collective_info[starts[1]].wait_node])
+    h.collective_info[starts[0]].exposed_time_ms = 0.0
+    p = h.problem()
+    c1, c2, c3 = h.names["c1"], h.names["c2"], h.names["c3"]
+    assert _collectives(p)[h.names["c0"]].hiding == (_collectives(p)[c1].wait,)
+    good = plan_for(p, [([c2, c3], c2, c3)])
+    # adding c1: the bucket still starts after the reduce_scatter and waits after its hider
+    # (rules 7 and 8 hold); only the hider merging breaks a rule
+    bad = plan_for(p, [([c1, c2, c3], c2, c3)])
+    _pair(h, p, good, bad, 4, [(0, (c1,), [f"['{c1}'] hide another collective"])])
+
+
+def test_rule_5_pair_a_start_anchor_outside_the_bucket():
+    h = two_exposed_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    good = plan_for(p, [([a], a, a)])
+    bad = planner.Plan.model_construct(problem_fingerprint=p.fingerprint, planner="hand", created="t", params={},
+                                       buckets=(planner.Bucket.model_construct(members=(a,), start=b, wait=a),),
+                                       schema_version=1)
+    _pair(h, p, good, bad, 5, [(0, (b,), [f"start anchor {b} is not a member"])])
+
+
+def test_rule_6_pair_a_gather_fed_by_another_gathers_output_joins_its_bucket():
+    def fn(x0, x2, a):
+        w0 = wait(ag(x0))
+        w1 = wait(ag(torch.mm(w0, a)[:8]))  # c1's input is computed from c0's output
+        w2 = wait(ag(x2))
+        return w1, w2
+
+    h = build(fn, [((8, 64), BF16), ((8, 64), BF16), VEC], {})
+    p = h.problem()
+    c0, c1, c2 = h.names["c0"], h.names["c1"], h.names["c2"]
+    good = plan_for(p, [([c1, c2], c1, c2)])  # c2 issued earlier, c1 waited later: independent
+    bad = plan_for(p, [([c0, c1, c2], c1, c2)])
+    # a member's start after another member's wait is also a cycle in the final order (rule 9:
+    # the merged wait of c0 now comes after the mm that consumes it)
+    _pair(h, p, good, bad, 6, [(0, (c0, c1), [f"{c1} depends on the wait of {c0}"])], rules={6, 9})
+
+
+def test_rule_7_pair_the_wait_anchor_cuts_off_a_hiding_mm():
+    h = two_hidden_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    hiders = list(_collectives(p)[b].hiding)
+    assert len(hiders) == 1
+    good = plan_for(p, [([a, b], a, b)])
+    bad = plan_for(p, [([a, b], a, a)])  # the merged wait at ag0's: before mm1, which hides ag1
+    _pair(h, p, good, bad, 7, [(0, (b,), [f"hiding node(s) {hiders} of {b} are not between"])])
+
+
+def test_rule_8_pair_a_bucket_spans_a_hidden_reduce_scatter_it_did_not_span_before():
+    def fn(x0, x1, x2, g, a):
+        s0 = ag(x0)
+        m0 = torch.mm(a, a)
+        w0 = wait(s0)
+        r = rs(g)
+        s1 = ag(x1)
+        m1 = torch.mm(m0, a)
+        w1 = wait(s1)
+        wr = wait(r)
+        w2 = wait(ag(x2))
+        return torch.mm(w0, w1), m1, wr, w2
+
+    # c0 = ag0 hidden by mm0; c1 = the reduce_scatter and c2 = ag1, both hidden by mm1; c3 exposed
+    h = build(fn, [((8, 64), BF16)] * 3 + [((64, 64), BF16), VEC],
+              {0: ([0], "hidden"), 1: ([1], "hidden"), 2: ([1], "hidden")})
+    p = h.problem()
+    c0, c1, c2, c3 = (h.names[f"c{k}"] for k in range(4))
+    (mm1,) = _collectives(p)[c1].hiding
+    # ag1 + ag2: issued after the reduce_scatter, waited after mm1 -- neither situation
+    good = plan_for(p, [([c2, c3], c2, c3)])
+    # ag0 + ag1: issued at ag0, before the reduce_scatter, and waited at ag1's wait, after mm1:
+    # the bucket holds the stream while mm1 runs (situation A), which no member did before
+    bad = plan_for(p, [([c0, c2], c0, c2)])
+    _pair(h, p, good, bad, 8, [(0, (c0, c2, c1), [f"bucket issued before {c1} is still on the stream at its "
+                                                  f"hiding node {mm1}"])])
+
+
+def test_rule_9_pair_the_merged_wait_before_the_merged_start():
+    h = two_exposed_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    ca, cb = _collectives(p)[a], _collectives(p)[b]
+    assert ca.wait_pos < cb.start_pos
+    good = plan_for(p, [([a, b], b, b)])
+    bad = plan_for(p, [([a, b], b, a)])  # issued at ag1's start, waited at ag0's earlier wait
+    # each member's start -> wait dependency is broken, in schedule order of the waits
+    _pair(h, p, good, bad, 9, [
+        (0, (a,), [f"{a} must run before {ca.wait}, but the plan puts it at position {cb.start_pos} and "
+                   f"{ca.wait} at {ca.wait_pos}"]),
+        (0, (b,), [f"{b} must run before {cb.wait}, but the plan puts it at position {cb.start_pos} and "
+                   f"{cb.wait} at {ca.wait_pos}"]),
+    ])
+
+
+def test_rule_10_pair_two_moves_overlap_beyond_a_budget_of_one_gather():
+    h = two_exposed_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    ca, cb = _collectives(p)[a], _collectives(p)[b]
+    size = ca.size_bytes
+    assert cb.size_bytes == size and ca.wait_pos < cb.start_pos
+    # issued at ag1's start: ag0 is issued later, nothing early; ag0 waited at ag1's wait: ag0's
+    # buffers alive from its own wait to ag1's wait, size bytes at most
+    good = plan_for(p, [([a, b], b, b)])
+    # issued at ag0's start: ag1's buffers alive early, from ag0's start to its own; waited at
+    # ag1's wait: ag0's alive late from its own wait. Both from ag0's wait on: 2 * size there
+    bad = plan_for(p, [([a, b], a, b)])
+    _pair(h, p, good, bad, 10, [(None, (a, b), [f"{2 * size} extra bytes of {[a, b]} alive at position "
+                                                f"{ca.wait_pos} exceed the budget of {size}"])],
+          applies=False, memory_budget_bytes=size)
+    assert verify(p, bad, memory_budget_bytes=2 * size) == []  # at the budget is within it
