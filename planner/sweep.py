@@ -55,6 +55,7 @@ import time
 import tomllib
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -569,97 +570,105 @@ class SweepReport:
     failed: list[str] = field(default_factory=list)
 
 
-def run_sweep(spec: Spec, out: str | os.PathLike, *, extract: Extract | None, apply: Apply | None = None,
-              ray: bool | None = None,
-              address: str | None = None, cpus: int | None = None, say: Callable[[str], None] = lambda m: None,
-              ) -> SweepReport:
-    """Extract every case once, solve every (case, objective) not already in ``rows.jsonl`` under the
-    same settings, verify and tabulate. ``ray`` None: on Ray when it is installed, else one by one
-    here; ``extract`` (fxglue.sweep.extract_case) is needed only for cases that are not problem files."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    unextracted = _extract_all(spec, out, extract, say)
-    previous = {(r["case"], r["objective"]): r for r in _read_rows(out / ROWS)
-                if r.get("status") not in ("FAILED", None)}
-    problems: dict[str, tuple] = {}
+class _Ledger:
+    """What the sweep knows: the rows finished (``rows.jsonl``, in spec order in the tables), the
+    problems loaded once, and the progress line after each task."""
 
-    def loaded(case: Case):
-        if case.key not in problems:
-            folder = case_dir(out, case)
-            problem = load_problem(folder / PROBLEM)
+    def __init__(self, spec: Spec, out: Path, unextracted: dict[str, str], say: Callable[[str], None]):
+        self.spec, self.out, self.say = spec, out, say
+        self.by_key = {c.key: c for c in spec.cases}
+        kept = {(r["case"], r["objective"]): r for r in _read_rows(out / ROWS)
+                if r.get("status") not in ("FAILED", None) and r.get("case") in self.by_key}
+        self.rows = {k: r for k, r in kept.items() if r.get("settings") == asdict(self.by_key[k[0]].settings)}
+        for case, objective in spec.tasks():
+            if case.key in unextracted:  # in the table, saying why; tried again by the next run
+                self.rows[(case.key, objective)] = {"case": case.key, "objective": objective,
+                                                    "status": "NOT EXTRACTED", "note": unextracted[case.key]}
+        self._problems: dict[str, tuple] = {}
+        self.finished = self.failed = 0
+        self.best: tuple[float, str] | None = None
+
+    def loaded(self, key: str):
+        if key not in self._problems:
+            folder = case_dir(self.out, self.by_key[key])
             greedy = load_plan(folder / GREEDY) if (folder / GREEDY).exists() else None
-            problems[case.key] = (problem, greedy)
-        return problems[case.key]
+            self._problems[key] = (load_problem(folder / PROBLEM), greedy)
+        return self._problems[key]
 
-    by_key = {c.key: c for c in spec.cases}
-    todo: list[Task] = []
-    for case, objective in spec.tasks():
-        old = previous.get((case.key, objective))
-        if case.key in unextracted:
-            previous[(case.key, objective)] = {"case": case.key, "objective": objective, "status": "NOT EXTRACTED",
-                                               "note": unextracted[case.key]}
-            continue
-        if old is not None and old.get("settings") == asdict(case.settings):
-            continue
-        problem, greedy = loaded(case)
-        todo.append(Task(case.key, objective, dumps(problem), dumps(greedy) if greedy is not None else None,
-                         case.settings))
-    rows = {k: v for k, v in previous.items() if k[0] in by_key}
-    rows.update({(c.key, o): previous[(c.key, o)] for c, o in spec.tasks() if c.key in unextracted})
-    n_all, counts = len(spec.tasks()), {"done": len(spec.tasks()) - len(todo), "failed": 0, "finished": 0}
-    best: list = []
+    def todo(self) -> list[Task]:
+        tasks = []
+        for case, objective in self.spec.tasks():
+            if (case.key, objective) not in self.rows:
+                problem, greedy = self.loaded(case.key)
+                tasks.append(Task(case.key, objective, dumps(problem),
+                                  dumps(greedy) if greedy is not None else None, case.settings))
+        return tasks
 
-    def write_tables() -> SweepReport:
-        order = [rows[(c.key, o)] for c, o in spec.tasks() if (c.key, o) in rows]
-        stage_rows = [{"case": c.key, **st} for c in spec.cases for st in _stages(out, c)]
-        task_stages = [{"case": r["case"], "stage": f"solve {r['objective']}", "wall_s": r.get("wall_s"),
-                        "peak_rss_gb": r.get("peak_rss_gb"), "attempts": r.get("attempts"), "note": r.get("status")}
-                       for r in order]
-        _write_table(out, "results", RESULT_COLUMNS, order, f"Sweep {spec.path.name}: simulated step per case and "
-                     "objective (every plan verified by the driver)")
-        _write_table(out, "stages", STAGE_COLUMNS, stage_rows + task_stages, f"Sweep {spec.path.name}: wall time "
-                     "and peak memory of each stage")
-        if any(r.get("plan_ms") is not None for r in order):
-            _plot(out, order)
-        return SweepReport(order, stage_rows + task_stages,
-                           [f"{r['case']} {r['objective']}" for r in order if r.get("plan_ms") is None])
-
-    def done(task: Task, result: dict, attempts: int) -> None:
-        case = by_key[task.case]
-        problem, greedy = loaded(case)
+    def done(self, task: Task, result: dict, attempts: int, *, left: int) -> None:
+        case = self.by_key[task.case]
+        problem, greedy = self.loaded(task.case)
         row = _result_row(case, task.objective, problem, greedy, result)
         plan = row.pop("_plan", None)
         if plan is not None:
-            save(plan, case_dir(out, case) / f"{task.objective}-plan.json")
+            save(plan, case_dir(self.out, case) / f"{task.objective}-plan.json")
         row.update(settings=asdict(case.settings), attempts=attempts, wall_s=result.get("wall_s"),
                    peak_rss_gb=result.get("peak_rss_gb"))
-        _append_row(out / ROWS, row)
-        rows[(task.case, task.objective)] = row
-        counts["done" if plan is not None else "failed"] += 1
-        if row.get("vs_greedy_pct") is not None:
-            best.append((row["vs_greedy_pct"], f"{task.case} {task.objective}"))
-        counts["finished"] += 1
-        running = min(len(todo) - counts["finished"], slots)
-        lead = max(best) if best else None
-        say(f"[{counts['done']}/{n_all} done, {max(0, running)} running, {counts['failed']} failed] {task.case} "
-            f"{task.objective}: {row.get('status')}: "
-            + (f"{row.get('collectives')} -> {row.get('plan_after')} collectives, step {row.get('plan_ms')} ms "
-               f"(greedy {row.get('greedy_ms')}, floor {row.get('floor_ms')})" if plan is not None else row.get("note", ""))
-            + (f"; best so far {lead[0]:+.1f}% vs greedy ({lead[1]})" if lead else ""))
-        write_tables()
+        _append_row(self.out / ROWS, row)
+        self.rows[(task.case, task.objective)] = row
+        self.finished += 1
+        self.failed += plan is None
+        if row.get("vs_greedy_pct") is not None and (self.best is None or row["vs_greedy_pct"] > self.best[0]):
+            self.best = (row["vs_greedy_pct"], f"{task.case} {task.objective}")
+        n_done = sum(r.get("plan_ms") is not None for r in self.rows.values())
+        figures = (f"{row['collectives']} -> {row['plan_after']} collectives, step {row['plan_ms']} ms (greedy "
+                   f"{row.get('greedy_ms')}, floor {row['floor_ms']})" if plan is not None else row.get("note", ""))
+        lead = f"; best so far {self.best[0]:+.1f}% vs greedy ({self.best[1]})" if self.best else ""
+        self.say(f"[{n_done}/{len(self.spec.tasks())} done, {left} running, {self.failed} failed] {task.case} "
+                 f"{task.objective}: {row.get('status')}: {figures}{lead}")
+        self.write_tables()
 
+    def write_tables(self) -> SweepReport:
+        order = [self.rows[(c.key, o)] for c, o in self.spec.tasks() if (c.key, o) in self.rows]
+        stage_rows = [{"case": c.key, **st} for c in self.spec.cases for st in _stages(self.out, c)]
+        stage_rows += [{"case": r["case"], "stage": f"solve {r['objective']}", "wall_s": r.get("wall_s"),
+                        "peak_rss_gb": r.get("peak_rss_gb"), "attempts": r.get("attempts"), "note": r.get("status")}
+                       for r in order if r.get("status") != "NOT EXTRACTED"]
+        name = self.spec.path.name
+        _write_table(self.out, "results", RESULT_COLUMNS, order,
+                     f"Sweep {name}: simulated step per case and objective (every plan verified by the driver)")
+        _write_table(self.out, "stages", STAGE_COLUMNS, stage_rows,
+                     f"Sweep {name}: wall time and peak memory of each stage")
+        if any(r.get("plan_ms") is not None for r in order):
+            _plot(self.out, order)
+        return SweepReport(order, stage_rows, [f"{r['case']} {r['objective']}" for r in order
+                                               if r.get("plan_ms") is None])
+
+
+def run_sweep(spec: Spec, out: str | os.PathLike, *, extract: Extract | None, apply: Apply | None = None,
+              ray: bool | None = None, address: str | None = None, cpus: int | None = None,
+              say: Callable[[str], None] = lambda m: None) -> SweepReport:
+    """Extract every case once, solve every (case, objective) not already in ``rows.jsonl`` under the
+    same settings, verify and tabulate. ``ray`` None: on Ray when it is installed, else one by one
+    here; ``extract`` (fxglue.sweep.extract_case) is needed only for cases that are not problem files;
+    ``apply`` (fxglue.sweep.apply_case) applies the plans of cases with ``apply = true``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ledger = _Ledger(spec, out, _extract_all(spec, out, extract, say), say)
+    todo = ledger.todo()
     use_ray = ray_available() if ray is None else ray
     cores = cpus or os.cpu_count() or 1
-    slots = 1 if not use_ray else max(1, cores // max(1, min((t.settings.workers for t in todo), default=1)))
-    say(f"{len(spec.cases)} case(s), {n_all} task(s), {len(todo)} to solve "
+    # tasks that can run at once: Ray reserves workers_per_task CPUs for each
+    slots = max(1, cores // max(1, min((t.settings.workers for t in todo), default=1))) if use_ray else 1
+    say(f"{len(spec.cases)} case(s), {len(spec.tasks())} task(s), {len(todo)} to solve "
         + (f"on Ray ({address or f'local, {cores} CPUs'})" if use_ray else "one by one in this process"))
+
+    def done(task: Task, result: dict, attempts: int) -> None:
+        ledger.done(task, result, attempts, left=min(slots, len(todo) - ledger.finished - 1))
+
     if todo:
-        if use_ray:
-            run_on_ray(todo, done, say, address=address, cpus=cpus)
-        else:
-            run_sequential(todo, done, say)
-    _apply_all(spec, out, rows, apply, say)
-    return write_tables()
+        (partial(run_on_ray, address=address, cpus=cpus) if use_ray else run_sequential)(todo, done, say)
+    _apply_all(spec, out, ledger.rows, apply, say)
+    return ledger.write_tables()
 
 
 def _stages(out: Path, case: Case) -> list[dict]:
