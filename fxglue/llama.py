@@ -40,6 +40,9 @@ LLAMA3_8B = LlamaConfig()
 # Llama-3-70B's shape (Meta's published config: 80 layers, dim 8192, 64 heads, 8 KV heads,
 # FFN 28672, vocabulary 128256).
 LLAMA3_70B = LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672)
+# Llama-3.1-405B's shape (Meta's published config: 126 layers, dim 16384, 128 heads, 8 KV heads,
+# FFN 53248, vocabulary 128256): the production scale of the sweep.
+LLAMA3_405B = LlamaConfig(dim=16384, n_layers=126, n_heads=128, n_kv_heads=8, ffn_dim=53248)
 # Same structure (every layer, every collective) at shapes small enough to run for real.
 LLAMA_TINY = LlamaConfig(dim=64, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=256,
                          seq_len=16, batch=2, dtype=torch.float32)

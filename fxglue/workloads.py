@@ -5,7 +5,8 @@ name (``llama3-8b-fsdp-32``) and one way to be built. A workload is a module fac
 parallelism style; tracing happens under ``FakeTensorMode`` with torch's fake process group
 (rank 0 of 8), so shapes are real (Llama-3-8B) and no memory or GPU is needed.
 
-Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-70b-{fsdp,2d}-{2,8,80}`` and, with the
+Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-70b-{fsdp,2d}-{2,8,80}``,
+``llama3-405b-{fsdp,2d}-126`` and, with the
 ``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.hf_models``). The world size and TP degree
 are chosen when tracing (``trace(..., world_size, tp)``; the cluster presets of
 ``fxglue.estimator`` fix both).
@@ -24,7 +25,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 from fxglue import parallel
-from fxglue.llama import LLAMA3_8B, LLAMA3_70B, Llama, LlamaConfig, lm_loss
+from fxglue.llama import LLAMA3_8B, LLAMA3_70B, LLAMA3_405B, Llama, LlamaConfig, lm_loss
 
 FAKE_WORLD_SIZE = 8
 TP_SIZE = 2
@@ -32,6 +33,8 @@ LLAMA_LAYERS = (2, 8, 32, 80)
 LLAMA_VARIANTS = ("fsdp", "2d", "ddp")
 LLAMA70B_LAYERS = (2, 8, 80)  # 80 is the real depth; 2 and 8 for quick runs
 LLAMA70B_VARIANTS = ("fsdp", "2d")  # a 70B model does not fit one GPU: no DDP
+LLAMA405B_LAYERS = (126,)  # the real depth only: the production-scale case of the sweep
+LLAMA405B_VARIANTS = ("fsdp", "2d")
 
 
 class WorkloadError(ValueError):
@@ -107,7 +110,8 @@ def _registry() -> dict[str, Workload]:
         "ddp": "DDP over every rank (gradient all_reduce)",
     }
     shapes = (("llama3-8b", "Llama-3-8B", LLAMA3_8B, LLAMA_VARIANTS, LLAMA_LAYERS),
-              ("llama3-70b", "Llama-3-70B", LLAMA3_70B, LLAMA70B_VARIANTS, LLAMA70B_LAYERS))
+              ("llama3-70b", "Llama-3-70B", LLAMA3_70B, LLAMA70B_VARIANTS, LLAMA70B_LAYERS),
+              ("llama3-405b", "Llama-3.1-405B", LLAMA3_405B, LLAMA405B_VARIANTS, LLAMA405B_LAYERS))
     for family, title, cfg, variants, depths in shapes:
         for variant in variants:
             for layers in depths:
@@ -146,7 +150,7 @@ def get_workload(name: str, *, small: bool = False) -> Workload:
 
 def small_variant(wl: Workload) -> Workload:
     """The same structure (layers, collectives) at shapes small enough to run for real."""
-    if wl.family in ("llama3-8b", "llama3-70b"):
+    if wl.family in ("llama3-8b", "llama3-70b", "llama3-405b"):
         from fxglue.llama import LLAMA_TINY
 
         return Workload(wl.name, wl.description + " (tiny shapes)", wl.style,
