@@ -77,7 +77,7 @@ def render(rows: list[dict], sources: list[str]) -> str:
             f"{_f(r['base_exposed_ms'])} / {_f(r['greedy_exposed_ms'])} / {_f(r.get('cpsat_exposed_ms'))}",
             _f(r.get("greedy_s"), 2), _f(r.get("cpsat_s"), 1)]) + " |")
     lines += ["", "## Runs", ""] + sources + ["", "## Reading", ""] + reading(rows)
-    lines += presets_section() + first_plan_section(rows) + gloo_section()
+    lines += presets_section() + first_plan_section(rows) + gloo_section() + sweeps_section()
     return "\n".join(lines) + "\n"
 
 
@@ -213,6 +213,23 @@ def gloo_section() -> list[str]:
                    and r["max_rel_diff"] == r["max_rel_diff"]), default=None)
         out.append(f"| {w} | {n} | {planner} | {sum(r['ok'] for r in rs)} | {sum(bool(r.get('bitwise')) for r in rs)} "
                    f"| {len(rs)} | {'' if rel is None else f'{rel:.2g}'} |")
+    return out
+
+
+def sweeps_section() -> list[str]:
+    """Every committed ``bucketplan sweep`` output (``results/sweep_<spec>/``): its results and
+    stages tables as the sweep wrote them, under the command that makes them again."""
+    out: list[str] = []
+    for folder in sorted((ROOT / "results").glob("sweep_*")):
+        spec = ROOT / "specs" / f"{folder.name.removeprefix('sweep_')}.toml"
+        if not (folder / "results.md").exists():
+            continue
+        body = lambda name: (folder / name).read_text().split("\n", 2)[2].strip().splitlines()  # noqa: E731
+        out += ["", f"## Sweep `{spec.name}`", "",
+                f"`bucketplan sweep experiments/specs/{spec.name} -o experiments/results/{folder.name}` (the spec "
+                "says what and why; results as written by the sweep, every plan verified by its driver). Stages: "
+                "wall seconds and peak resident memory of each stage on this 2-core, 24 GB machine.", "",
+                *body("results.md"), "", *body("stages.md")]
     return out
 
 
