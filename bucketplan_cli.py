@@ -85,11 +85,46 @@ def _workload(args, *, required: bool = True):
     return args.workload
 
 
+def _extract_tiny(args) -> int:
+    """Each gloo rank's problem at tiny shapes, as `check` extracts it, for `check --plan`."""
+    from fxglue.gloo import check_workload
+    from fxglue.workloads import WorkloadError
+
+    if args.hf_config or args.hf:
+        raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
+    _workload(args)
+    ranks = args.ranks or 2
+    _positive(ranks, "--ranks")
+    out = Path(args.output)
+    _output_file(str(out / "rank0" / "problem.json"), "-o")
+    say = _progress(args.quiet)
+    say(f"extracting each of {ranks} gloo ranks' problems at tiny shapes")
+    try:
+        result = check_workload(args.workload, ranks=ranks, planner="none", model=args.model,
+                                parallel=args.parallel, layers=args.layers, bucket_mode=args.bucket_mode,
+                                pre_bucketing=args.pre_bucketing, save_problems=str(out))
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    failed = [r for r in result.per_rank if r.error]
+    if failed:
+        print(f"bucketplan extract: rank {failed[0].rank} failed: {failed[0].error.splitlines()[-1]}", file=sys.stderr)
+        return 1
+    distinct = len({r.problem_fingerprint for r in result.per_rank})
+    for r in range(ranks):
+        print(f"wrote               {out / f'rank{r}' / 'problem.json'}, {out / f'rank{r}' / 'greedy-plan.json'}")
+    print(f"{distinct} distinct problem(s) over {ranks} ranks. Solve each rank's problem into "
+          f"{out}/rank<R>/plan.json (`bucketplan solve {out}/rank0/problem.json -o {out}/rank0/plan.json`), "
+          f"then `bucketplan check {args.workload or '--model ' + args.model} --ranks {ranks} --plan {out}`")
+    return 0
+
+
 def cmd_extract(args) -> int:
     import planner
     from fxglue.pipeline import run_pipeline
     from fxglue.workloads import WorkloadError
 
+    if args.tiny:
+        return _extract_tiny(args)
     say = _progress(args.quiet)
     out = Path(args.output)
     try:
@@ -398,6 +433,13 @@ def cmd_check(args) -> int:
         raise CLIError("check runs built-in workloads and --model factories; for --hf-config/--hf use a built-in "
                        "hf-... workload of the same architecture (tiny shapes) or a --model factory")
     _workload(args)  # one workload, a factory that imports, --layers only with --model: before spawning
+    if args.plan and Path(args.plan).is_dir():
+        from fxglue.gloo import rank_plan_file
+
+        missing = [rank_plan_file(args.plan, r) for r in range(args.ranks) if not Path(rank_plan_file(args.plan, r)).is_file()]
+        if missing:
+            raise CLIError(f"--plan {args.plan}: no {missing[0]} (a plan folder holds rank<R>/plan.json for every rank; "
+                           "`bucketplan extract --tiny` writes the problems to solve)")
     what = args.workload or args.model
     shapes = "tiny shapes" if args.workload else "the shapes the factory builds"
     say(f"running {what} ({shapes}) on {args.ranks} gloo ranks: original vs bucketed")
@@ -466,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
     _add_model_options(s)
     s.add_argument("-o", "--output", required=True, help="output directory")
+    s.add_argument("--tiny", action="store_true", help="each gloo rank's problem at the tiny shapes `check` runs "
+                   "(OUT/rank<R>/problem.json and greedy-plan.json; --ranks: how many, default 2), to solve and "
+                   "check with `check --plan OUT`")
     _add_pipeline_options(s)
     s.set_defaults(func=cmd_extract)
 
@@ -544,7 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("workload", nargs="?", help="a built-in workload (tiny shapes), or use --model")
     _add_model_options(s)
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload")
+    g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload, or a folder of "
+                   "rank<R>/plan.json, one per rank (`bucketplan extract --tiny` writes each rank's problem)")
     g.add_argument("--planner", choices=["greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none"],
                    default="greedy", help="greedy: torch's own greedy, applied by torch; greedy-autofix: the same "
                    "with torch's overlap_scheduling_autofix_cycles on; greedy-repaired: torch's greedy plan "

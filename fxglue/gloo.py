@@ -85,8 +85,24 @@ class CheckResult:
         return "\n".join(lines)
 
 
-def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketing, result: RankResult):
-    """Schedule and bucket ``gm`` in place with the chosen planner; returns it."""
+def rank_plan_file(plan: str, rank: int) -> str:
+    """The plan a rank applies: ``plan`` itself, or, for a folder as ``extract --tiny`` writes,
+    that rank's ``rank<R>/plan.json`` (ranks of a 2-D mesh have different problems)."""
+    return os.path.join(plan, f"rank{rank}", "plan.json") if os.path.isdir(plan) else plan
+
+
+def _save_rank_problem(folder: str, problem, greedy) -> None:
+    import planner
+
+    where = os.path.join(folder, f"rank{dist.get_rank()}")
+    planner.save(greedy, os.path.join(where, "greedy-plan.json"))
+    planner.save(problem, os.path.join(where, "problem.json"))
+
+
+def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketing, result: RankResult,
+            save_problems: str | None = None):
+    """Schedule and bucket ``gm`` in place with the chosen planner; returns it. ``save_problems``:
+    a folder that gets this rank's problem and torch's greedy plan (``rank<R>/``) first."""
     import planner
     from torch._guards import detect_fake_mode
 
@@ -96,7 +112,8 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     from fxglue.greedy import greedy_plan
     from fxglue.pipeline import estimator_for, finalize_with_torch, schedule
     from fxglue.workloads import TracedWorkload
-    from planner.solver import repair, solve
+    from planner.repair import repair
+    from planner.solver import solve
 
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     traced = TracedWorkload(name=name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=0.0)
@@ -105,6 +122,10 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     problem = extract_problem(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
                               estimator=est)
     result.problem_fingerprint = problem.fingerprint
+    if save_problems:
+        _save_rank_problem(save_problems, problem, greedy_plan(
+            gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
+            problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs))
     if planner_name in ("greedy", "greedy-autofix"):
         import torch._inductor.config as inductor_config
 
@@ -121,7 +142,7 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
         result.plan_fingerprint = "none"
         return gm
     if plan_path:
-        plan = planner.load_plan(plan_path)
+        plan = planner.load_plan(rank_plan_file(plan_path, dist.get_rank()))
     elif planner_name in ("greedy-repaired", "cpsat"):
         # Rank 0 plans and sends the buckets (by node names) to every rank: a solver cut by the
         # wall clock on a busy machine need not give every rank the same plan. Ranks of other
@@ -184,7 +205,7 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     with torch.no_grad():
         reference = gm(*args)
     bucketed = _bucket(copy.deepcopy(gm), wl.name, groups, spec["planner"], spec.get("plan"),
-                       spec.get("bucket_mode"), spec.get("pre_bucketing", False), result)
+                       spec.get("bucket_mode"), spec.get("pre_bucketing", False), result, spec.get("save_problems"))
     bucketed.recompile()
     result.collectives_after = sum(count_collectives(bucketed).values())
     with torch.no_grad():
@@ -294,10 +315,13 @@ class GlooWorld:
 def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "greedy", plan: str | None = None,
                    bucket_mode: str | None = None, pre_bucketing: bool = False, seed: int = 0,
                    timeout_s: float = 900.0, model: str | None = None, parallel: str = "fsdp",
-                   layers: int | None = None) -> CheckResult:
+                   layers: int | None = None, save_problems: str | None = None) -> CheckResult:
     """Run ``workload`` original vs bucketed on ``ranks`` gloo processes; compare every output.
     ``model`` (instead of a built-in name): a user's factory, ``MODULE:FACTORY`` or
-    ``FILE.py:FACTORY``, run at the shapes it builds, wrapped for ``parallel``."""
+    ``FILE.py:FACTORY``, run at the shapes it builds, wrapped for ``parallel``. ``plan``: a plan
+    file for every rank, or a folder of ``rank<R>/plan.json``; ``save_problems``: a folder that
+    gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check
+    with ``plan`` (``bucketplan extract --tiny``)."""
     from fxglue.workloads import WorkloadError, get_workload
 
     if model:
@@ -321,7 +345,8 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
         raise WorkloadError(f"{workload}: {ranks} rank(s) leave a data-parallel group of {dp}; use at least 2 ranks")
     spec = {"workload": workload, "planner": "plan" if plan else planner, "plan": plan,
             "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed, "tp_size": tp,
-            "model": model, "parallel": parallel, "layers": layers}
+            "model": model, "parallel": parallel, "layers": layers,
+            "save_problems": os.path.abspath(save_problems) if save_problems else None}
     result = CheckResult(workload, ranks, spec["planner"], bucket_mode, pre_bucketing)
     if dp > 2:  # see CheckResult.sum_order_tolerance
         result.sum_order_tolerance = SUM_ORDER_EPS_PER_RANK * (dp - 1) * torch.finfo(torch.float32).eps

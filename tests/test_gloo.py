@@ -91,3 +91,27 @@ def test_four_ddp_ranks_pass_within_the_sum_order_tolerance_only():
     assert result.ok, result.summary()
     assert result.sum_order_tolerance is not None
     assert all(r.collectives_after < r.collectives_before for r in result.per_rank)
+
+
+@pytest.mark.slow
+def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
+    """`extract --tiny` writes each rank's problem (2-D: the ranks' TP groups differ, so do their
+    problems); each is solved offline; `check --plan DIR` applies rank R's plan on rank R."""
+    import planner
+    from bucketplan_cli import main
+
+    out = tmp_path / "tiny"
+    assert main(["extract", "llama3-8b-2d-2", "--tiny", "--ranks", "2", "-o", str(out), "-q"]) == 0
+    problems = [planner.load_problem(out / f"rank{r}" / "problem.json") for r in range(2)]
+    assert problems[0].fingerprint != problems[1].fingerprint  # one plan for both would be refused
+    for r in range(2):
+        assert main(["solve", str(out / f"rank{r}" / "problem.json"), "-o", str(out / f"rank{r}" / "plan.json"),
+                     "--time-limit", "5", "--objective", "count", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["check", "llama3-8b-2d-2", "--ranks", "2", "--plan", str(out), "-q"]) == 0
+    report = capsys.readouterr().out
+    assert "rank 0: bitwise equal" in report and "rank 1: bitwise equal" in report
+    # a folder missing a rank's plan: one line before anything is spawned
+    (out / "rank1" / "plan.json").unlink()
+    assert main(["check", "llama3-8b-2d-2", "--ranks", "2", "--plan", str(out), "-q"]) == 2
+    assert "rank1/plan.json" in capsys.readouterr().err
