@@ -24,8 +24,9 @@ from pathlib import Path
 import planner
 from planner.io import atomic_write_text, replace_dir_atomically
 from planner.bounds import step_floor
+from planner.repair import repair
 from planner.simulator import simulate, write_chrome_trace
-from planner.solver import repair, solve
+from planner.solver import solve
 from planner.verifier import check
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
@@ -241,6 +242,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _timeline_window(sim, buckets_shown: int = 6) -> tuple[float, float]:
+    """A window that shows several whole collectives: the shortest run of ``buckets_shown``
+    consecutive buckets of one stream in the middle half of the step, with a margin (a fixed
+    slice of the step can fall inside one long collective and show only solid bars)."""
+    step = sim.step_ms
+    spans = sorted((b.begin_ms, b.end_ms) for b in sim.buckets)
+    middle = [x for x in spans if 0.25 * step <= x[0] <= 0.75 * step] or spans
+    if len(middle) <= buckets_shown:
+        lo, hi = (middle[0][0], max(e for _, e in middle)) if middle else (0.0, step)
+    else:
+        lo, hi = min(((middle[i][0], max(e for _, e in middle[i:i + buckets_shown]))
+                      for i in range(len(middle) - buckets_shown + 1)), key=lambda w: w[1] - w[0])
+    pad = 0.05 * max(hi - lo, 1e-6)
+    return max(0.0, lo - pad), min(step, hi + pad)
+
+
 def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     import matplotlib
 
@@ -257,10 +274,19 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
         exposed = [r.sims[label].exposed_ms if label in r.sims else 0 for r in rows]
         axes[0].bar(xs, counts, width, label=label)
         axes[1].bar(xs, exposed, width, label=label)
-    for ax, title in zip(axes, ("collectives after bucketing", "simulated exposed communication (ms)")):
+    # the unbucketed schedule as a baseline line across each workload's group of bars
+    for i, r in enumerate(rows):
+        base = r.sims.get("unbucketed")
+        for ax, y in ((axes[0], r.collectives_before), (axes[1], base.exposed_ms if base else None)):
+            if y is not None:
+                ax.hlines(y, i - width / 2, i + 0.8 - width / 2, colors="black", linestyles="dashed", linewidth=1,
+                          label="unbucketed" if i == 0 else None)
+    for ax, title, ylabel in zip(axes, ("collectives after bucketing", "simulated exposed communication"),
+                                 ("collectives in the step", "exposed communication (ms)")):
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], [r.name for r in rows], rotation=20,
                       ha="right", fontsize=8)
         ax.set_title(title)
+        ax.set_ylabel(ylabel)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     p = out / "collectives_and_exposed.png"
@@ -273,15 +299,14 @@ def _plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     shown = [lbl for lbl in ("torch greedy", "cpsat (count)", "cpsat (step)") if lbl in r.sims]
     fig, axes = plt.subplots(len(shown), 1, figsize=(13, 2.2 * len(shown)), sharex=True)
     axes = axes if len(shown) > 1 else [axes]
-    horizon = r.sims[shown[0]].step_ms
-    span = 0.5 / max(1, r.collectives_before / 25)  # ~25 collectives per layer
-    lo, hi = horizon * (0.5 - span / 2), horizon * (0.5 + span / 2)
+    lo, hi = _timeline_window(r.sims[shown[-1]])
     for ax, label in zip(axes, shown):
         sim = r.sims[label]
         pgs = sorted({b.pg for b in sim.buckets})
         for c in sim.compute:
-            if c.end_ms >= lo and c.begin_ms <= hi:
-                ax.barh(0, c.end_ms - c.begin_ms, left=c.begin_ms, color="tab:blue", height=0.6)
+            if c.end_ms >= lo and c.begin_ms <= hi:  # edges: adjacent kernels stay apart
+                ax.barh(0, c.end_ms - c.begin_ms, left=c.begin_ms, color="tab:blue", height=0.6,
+                        edgecolor="white", linewidth=0.4)
         for b in sim.buckets:
             if b.blocked_ms > 0 and b.wait_ms + b.blocked_ms >= lo and b.wait_ms <= hi:
                 ax.barh(0, b.blocked_ms, left=b.wait_ms, color="tab:red", height=0.6)
