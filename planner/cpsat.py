@@ -12,10 +12,11 @@ exactly one representative). ``x[i, a]`` = collective ``i`` is in the bucket anc
 is ``b``. Final positions follow: ``FS[i] = pos(start of a)``, ``FW[i] = BW[a] = pos(wait of b)``.
 
 Candidates are pruned only by rules that hold whatever else is decided (same key, fixed
-predecessors of a start and fixed successors of a wait, hiding nodes of a fully hidden
-collective, the cap for a pair, hiders alone). An optional ``window`` additionally limits a
-collective to anchors within that many same-key collectives; the model is then exact for the
-restricted space only, and ``solve`` says so (the bound is not reported as the problem's).
+predecessors of a start and fixed successors of a wait, hiding nodes of a protected
+collective, the cap for a pair, hiders of a protected collective alone). An optional
+``window`` additionally limits a collective to anchors within that many same-key collectives;
+the model is then exact for the restricted space only, and ``solve`` says so (the bound is not
+reported as the problem's).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class _Coll:
     size: int
     hidden: bool
     hiders: tuple[int, ...]  # positions of hiding nodes
-    hider: bool  # its start or wait hides a fully hidden collective: stays alone
+    hider: bool  # its start or wait hides a protected collective (rule 4): stays alone
     s_lo: int = -1  # FS > s_lo
     s_hi: int = 1 << 60  # FS < s_hi
     w_lo: int = -1  # FW > w_lo
@@ -56,7 +57,10 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     nodes = problem.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     pos = [n.pos for n in nodes]
-    protected = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
+    # rule 4: a collective whose start or wait hides a protected collective (fully hidden; under
+    # protect_partly also partly hidden) stays alone -- merging would erase or move that hider
+    protected = {h for c in problem.collectives
+                 if c.status == "hidden" or (protect_partly and c.status == "partly") for h in c.hiding}
     wait_owner = {c.wait: k for k, c in enumerate(problem.collectives)}
     succ: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -513,7 +517,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
-    repair of torch's greedy plan). ``protect_partly``: rules 7 and 8 protect partly hidden
+    repair of torch's greedy plan). ``protect_partly``: rules 4, 7 and 8 protect partly hidden
     collectives too (as torch's search does inside a bucket), not only fully hidden ones.
     ``memory_budget_bytes``: extra bytes kept alive by moved starts and waits stay within it.
     ``max_count``: only plans leaving at most that many collectives (used to probe a bound).

@@ -115,7 +115,7 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
     """Violations and quality figures of ``plan`` on ``problem``: the rules of planner/README.md,
     one function each, violations in this order (rules 1 and 5, and rules 2 to 4, bucket by bucket).
 
-    ``protect_partly``: the stricter policy in which rules 7 and 8 protect partly hidden
+    ``protect_partly``: the stricter policy in which rules 4, 7 and 8 protect partly hidden
     collectives too (torch's default protects fully hidden ones only). ``memory_budget_bytes``:
     rule 10 applies only when it is given.
     """
@@ -157,7 +157,7 @@ class _FinalState:
     wait_of: dict[str, int]  # collective -> position of its bucket's merged wait
     group: dict[str, int]  # collective -> bucket id
     members_of: tuple[tuple[str, ...], ...]  # bucket id -> members
-    protected: frozenset[str]  # the statuses rules 7 and 8 protect under the policy
+    protected: frozenset[str]  # the statuses rules 4, 7 and 8 protect under the policy
 
     @property
     def n_plan(self) -> int:
@@ -237,16 +237,26 @@ def _rule_3_byte_cap(s: _FinalState) -> list[Violation]:
 
 
 def _rule_4_hider_never_merges(s: _FinalState) -> list[Violation]:
-    """A collective whose start or wait is a hiding node of a fully hidden collective stays alone
-    (torch: "nyi: bucketing collective used for overlap")."""
-    hiders_of_hidden = {h for c in s.problem.collectives if c.status == "hidden" for h in c.hiding}
+    """A collective whose start or wait is a hiding node of a protected collective (fully hidden;
+    under protect_partly also partly hidden) stays alone (torch, for fully hidden ones: "nyi:
+    bucketing collective used for overlap"). Why: merging it erases those nodes or replaces them
+    by the bucket's (elsewhere, when it is not the anchor), while rules 7 and 8 judge every hiding
+    node at its scheduled position; the violation names both the hider and what it hides."""
+    hidden_by: dict[str, list[str]] = {}  # hiding node -> the protected collectives it hides
+    for c in s.problem.collectives:
+        if c.status in s.protected:
+            for h in c.hiding:
+                hidden_by.setdefault(h, []).append(c.name)
     out = []
     for b, bucket in enumerate(s.plan.buckets):
         if len(bucket.members) > 1:
-            hiders = [m for m in bucket.members if m in hiders_of_hidden or s.colls[m].wait in hiders_of_hidden]
+            hides = {m: list(dict.fromkeys(hidden_by.get(m, []) + hidden_by.get(s.colls[m].wait, [])))
+                     for m in bucket.members}
+            hiders = [m for m in bucket.members if hides[m]]
             if hiders:
+                what = "; ".join(f"{m} hides {', '.join(hides[m])}" for m in hiders)
                 out.append(Violation(4, b, tuple(hiders),
-                                     f"{hiders} hide another collective (start or wait is a hiding node)"))
+                                     f"{hiders} hide another collective (start or wait is a hiding node): {what}"))
     return out
 
 
@@ -394,14 +404,20 @@ def _alive_extra(s: _FinalState, c: Collective) -> list[tuple[int, int]]:
 
 def _quality(s: _FinalState, broken: set[tuple[str, str]]) -> Quality:
     """Collectives before and after, merged buckets, and the hiding relations ``(c, h)`` kept: ``h``
-    between c's final start and wait, and not broken by a new stream situation (rule 8)."""
+    still exists, between c's final start and wait, and not broken by a new stream situation
+    (rule 8). A hiding node that is the start or wait of a member of a merged bucket no longer
+    exists: torch's merge erases it, or replaces it by the bucket's own (rule 4 forbids this for
+    protected collectives; under the default policy partly hidden ones can lose a hider so)."""
     q = Quality(collectives_before=len(s.problem.collectives), collectives_after=len(s.members_of),
                 buckets=sum(1 for bucket in s.plan.buckets if len(bucket.members) > 1))
+    gone = {n for bucket in s.plan.buckets if len(bucket.members) > 1
+            for m in bucket.members for n in (m, s.colls[m].wait)}
     for c in s.problem.collectives:
         if c.status == "exposed" or not c.hiding:
             continue
         kept = sum(1 for h in c.hiding
-                   if s.start_of[c.name] < s.node_pos[h] < s.wait_of[c.name] and (c.name, h) not in broken)
+                   if h not in gone and s.start_of[c.name] < s.node_pos[h] < s.wait_of[c.name]
+                   and (c.name, h) not in broken)
         if c.status == "hidden":
             q.hidden_relations += len(c.hiding)
             q.hidden_kept += kept

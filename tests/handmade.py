@@ -101,3 +101,16 @@ def plan_for(problem, buckets: list[tuple[list[str], str, str]]):
 
     return planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", created="test",
                         buckets=tuple(planner.Bucket(members=tuple(m), start=s, wait=w) for m, s, w in buckets))
+
+
+def hide_by(h: Handmade, label: str, hiders: list, status: str) -> None:
+    """Make collective ``label`` (``"c0"``, ...) ``status`` ("hidden" or "partly") hidden by
+    ``hiders``: fx nodes, or labels of collectives meaning their wait (torch credits a wait on one
+    group to a collective in flight on another, which makes that wait a hiding node)."""
+    info = _info(h, label)
+    info.hiding_nodes = OrderedSet(_info(h, x).wait_node if isinstance(x, str) else x for x in hiders)
+    info.exposed_time_ms = 0.0 if status == "hidden" else 0.5
+
+
+def _info(h: Handmade, label: str):
+    return next(i for s, i in h.collective_info.items() if s.name == h.names[label])
