@@ -25,7 +25,7 @@ from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
 from fxglue.pipeline import count_collectives, estimator_for, finalize_with_torch, schedule
 from fxglue.workloads import trace
-from planner.solver import repair
+from planner.repair import repair
 from planner.verifier import check
 
 

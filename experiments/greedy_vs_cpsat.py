@@ -31,7 +31,8 @@ from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
 from fxglue.pipeline import count_collectives, estimator_for, schedule
 from fxglue.workloads import trace
-from planner.solver import repair, solve
+from planner.repair import repair
+from planner.solver import solve
 from planner.verifier import check
 
 

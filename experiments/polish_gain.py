@@ -21,7 +21,7 @@ import planner
 from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
 from planner.bounds import step_floor
 from planner.polish import polish
-from planner.solver import repair
+from planner.repair import repair
 
 COLUMNS = ["workload", "preset", "collectives", "unbucketed_ms", "greedy_ms", "step_ms", "polished_ms", "gain_pct",
            "floor_ms", "evaluations", "polish_s", "local_optimum"]

@@ -18,8 +18,9 @@ from planner.problem import (
     Timeline,
     collectives_after,
 )
+from planner.repair import repair
 from planner.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
-from planner.solver import PlanMismatchError, SolveResult, repair, solve
+from planner.solver import PlanMismatchError, SolveResult, solve
 from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [

@@ -80,7 +80,7 @@ class SolveJob:
 def start_plan(problem, greedy, what: str = "greedy.json"):
     """Torch's recorded greedy plan as the start and a floor of a solve, repaired when it breaks a
     rule: (plan, note); (None, why) when there is none or it is for another problem."""
-    from planner.solver import repair
+    from planner.repair import repair
     from planner.verifier import verify
 
     if greedy is None:

@@ -8,7 +8,7 @@ latencies but issue late and hold the FIFO stream; which split pays is exactly w
 ``planner.simulate`` answers in milliseconds, so the search asks it directly.
 
 Every move keeps each bucket's members and re-chooses its anchors as the repair does
-(``anchored``: the earliest start and the latest wait the members allow; ``solver._reanchor``
+(``anchored``: the earliest start and the latest wait the members allow; ``repair._reanchor``
 uses it too), is scored by ``simulate`` and, only
 when it is faster, checked by the independent verifier: the result is a verified plan never
 slower than the one given. First improvement, moves in a seeded random order; a sweep with no
@@ -35,7 +35,7 @@ def anchored(problem: Problem, plan: Plan) -> Plan:
     """Every bucket of ``plan`` with its anchors moved to the earliest start and latest wait its
     members allow (after every fixed predecessor of a member's start, before a fully hidden
     member's hiding nodes; after those, before every fixed consumer of a wait); a bucket with no
-    such anchors is dropped. Not verified: ``solver._reanchor`` and ``polish`` check."""
+    such anchors is dropped. Not verified: ``repair._reanchor`` and ``polish`` check."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     limits = fixed_limits(problem)

@@ -4,10 +4,17 @@ Why this exists: users need more than a plan -- whether it is optimal, and if no
 from a proved bound it may be. ``solve`` builds the model (``planner.cpsat``), hints it with a
 given plan (torch's greedy), runs CP-SAT deterministically, re-checks the answer with the
 independent verifier, and never returns a plan worse than a feasible hint.
+
+``solve`` reads as its stages: prepare (validate, build the model, choose the hint), the main
+search, then widening (windowed searches), probing (count searches) and polish (step searches)
+while time is left. One frozen ``_Incumbent`` passes from stage to stage; ``_verdict`` alone
+turns the last one into the reported status, bound and gap. ``repair`` lives in
+``planner.repair``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import math
 import threading
@@ -18,10 +25,10 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import fixed_limits, key_lower_bounds, step_floor
+from planner.bounds import key_lower_bounds, step_floor
 from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
-from planner.polish import anchored, polish
-from planner.problem import Bucket, Plan, Problem
+from planner.polish import polish
+from planner.problem import Plan, Problem
 from planner.simulator import simulate
 from planner.step import NS_PER_MS, add_step_objective, hint_every_variable
 from planner.verifier import verify
@@ -137,122 +144,90 @@ def _portfolio(objective: str, windowed: bool) -> tuple[str, ...]:
     return COUNT_SUBSOLVERS if objective == "count" and not windowed else ()
 
 
-def _verified_plan(handle: ModelHandle, solver: cp_model.CpSolver, problem: Problem, objective: str, policy: dict,
-                   stats: dict, *, params: dict, created: str) -> tuple[Plan | None, float | None]:
-    """The solver's plan with its objective, re-checked by the independent verifier; (None, None)
-    when the verifier rejects it (a modelling bug, recorded in ``stats['model_bug']``)."""
-    plan = handle.extract(solver, planner="cpsat", params=params, created=created)
-    violations = verify(problem, plan, **policy)
-    if violations:
-        stats["model_bug"] = [str(v) for v in violations[:5]]
-        return None, None
-    return plan, plan_objective(problem, plan, objective)
+@dataclass(frozen=True)
+class _SolveContext:
+    """What every stage of one ``solve`` reads: the problem, the caller's settings once resolved
+    (workers, the search window), the relaxation bound and the time budget. Frozen: a stage never
+    changes the settings of the next. ``stats`` (the result's record) and ``cb`` (incumbents as
+    found, and whether Ctrl-C stopped a search) are the two things every stage writes to."""
+
+    problem: Problem
+    objective: str
+    policy: dict
+    within: Plan | None
+    window: int | None  # the main search's candidate window (None: full model)
+    auto: bool  # the window was chosen automatically (then it may widen)
+    probe: bool
+    workers: int
+    seed: int
+    deterministic: bool
+    time_limit_s: float
+    t0: float  # time.perf_counter() when solve started
+    bounds: dict  # lower_bound and key_bounds for planner.cpsat.build_model
+    lb: float  # the relaxation bound for the whole problem (the step floor for step)
+    floor_ms: float | None
+    progress: Callable[[str], None] | None
+    cb: _Progress
+    stats: dict
+
+    @property
+    def step(self) -> bool:
+        return self.objective == "step"
+
+    @property
+    def wall_factor(self) -> float:
+        # deterministic: the wall clock only guards against a stuck run; CP-SAT's deterministic
+        # time (the same number) ends every stage, so unproved runs are reproducible too
+        return DETERMINISTIC_WALL_FACTOR if self.deterministic else 1.0
+
+    @property
+    def probing(self) -> bool:
+        """Full count models also probe the bound after the main search (see _probe)."""
+        return self.probe and self.window is None and self.within is None and self.objective == "count"
+
+    @property
+    def polish_s(self) -> float:
+        return POLISH_SHARE * self.time_limit_s if self.step and self.within is None else 0.0
+
+    @property
+    def main_s(self) -> float:
+        """The main search's share of the time limit (the rest goes to probing or polish)."""
+        if self.probing:
+            return max(0.5 * self.time_limit_s, min(self.time_limit_s, PROBE_MIN_MAIN_S))
+        return self.time_limit_s - self.polish_s
+
+    def deadline(self, until_s: float) -> float:
+        """The wall-clock deadline of a stage that may run until ``until_s`` of the time limit; it
+        stops short by the time it takes to extract and verify a plan (0.3 s at 32 layers), so
+        that solve() ends within the limit."""
+        return self.t0 + self.wall_factor * until_s - min(1.0, 0.02 * self.time_limit_s)
+
+    @property
+    def params(self) -> dict:
+        """The search's settings, recorded in every plan it returns."""
+        return {"objective": self.objective, "time_limit_s": self.time_limit_s, "workers": self.workers,
+                "seed": self.seed, "window": self.window, **self.policy}
 
 
-def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progress") -> int:
-    """``solver.solve`` that a Ctrl-C stops within a moment, keeping what it found.
+@dataclass(frozen=True)
+class _Incumbent:
+    """The best verified plan so far and what is proved about it, handed from stage to stage.
 
-    CP-SAT's own SIGINT handling stops the search but says nothing, so the caller went on to
-    its next stage and exited 0. Here the search runs in a thread while this one waits, so
-    Python's KeyboardInterrupt arrives at once: the search is stopped, its incumbent kept, and
-    ``cb.interrupted`` tells every later stage not to start."""
-    if cb.interrupted:
-        return cp_model.UNKNOWN
-    solver.parameters.catch_sigint_signal = False
-    if threading.current_thread() is not threading.main_thread():
-        return solver.solve(model, cb)
-    outcome: list = []
-    done = threading.Event()  # not Thread.join: an interrupted join can report a live thread done
+    ``bound`` is the last search's bound in the objective's units, valid for ``scope``: the whole
+    problem (``"problem"``), the candidate window ``window`` (``"window"``), or the buckets of the
+    ``within`` plan (``"within"``). ``status`` is the main search's (a feasible hint's floor makes
+    it FEASIBLE); ``_verdict`` turns it into the reported one. ``solved``: the main search proved
+    its (possibly restricted) model, so a windowed search may widen; ``det_used``: the main
+    search's deterministic time, which later stages subtract from the limit."""
 
-    def search() -> None:
-        try:
-            outcome.append(solver.solve(model, cb))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
-            outcome.append(e)
-        finally:
-            done.set()
-
-    threading.Thread(target=search, daemon=True).start()
-    while True:
-        try:
-            while not done.wait(0.1):
-                pass
-            break
-        except KeyboardInterrupt:
-            cb.interrupted = True
-            solver.stop_search()  # then wait for the search to hand back its incumbent
-    if isinstance(outcome[0], BaseException):
-        raise outcome[0]
-    return outcome[0]
-
-
-def _build(problem: Problem, objective: str, window: int | None, within: Plan | None, bounds: dict,
-           policy: dict, floor_ms: float | None) -> ModelHandle:
-    """The rule model with its objective; ``step`` adds the step variables of planner.step."""
-    if objective != "step":
-        return build_model(problem, objective=objective, window=window, within=within, **bounds, **policy)
-    handle = build_model(problem, objective="count", window=window, within=within, **bounds, **policy)
-    step = add_step_objective(handle, problem, floor_ms=floor_ms or 0.0)
-    handle.objective = "step"
-    handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
-    return handle
-
-
-def _step_start(problem: Problem, hint: Plan | None, floor_plans: tuple[Plan, ...], policy: dict, cb: "_Progress",
-                stats: dict, count_search: dict | None) -> Plan:
-    """The fastest feasible plan a step search starts from: the unbucketed schedule, the hint
-    and ``floor_plans``; none of them is ever beaten by the result. With ``count_search`` and
-    no floor plans, a fewest-collectives plan is searched first: on multi-node presets the step
-    search started from greedy or unbucketed stayed near them (h100-8nodes fsdp-2: 129.7 ms
-    after 20 s) while the fewest-collectives plan is 114.7 ms."""
-    if count_search is not None:
-        count = solve(problem, objective="count", hint=hint, **count_search, **policy)
-        if count.plan is not None:
-            floor_plans = (count.plan,)
-        cb.interrupted = bool(count.stats.get("interrupted"))
-        stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
-    unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
-    starts = [unbucketed] + ([hint] if hint is not None else [])
-    starts += [p for p in floor_plans if not verify(problem, p, **policy)]
-    return min(starts, key=lambda p: simulate(problem, p).step_ms)
-
-
-def _problem_bound(handle: ModelHandle, solver_bound: float) -> float:
-    """The solver's bound in the objective's units: a step model's ns less its rounding slack
-    (one ns per event and per duration) in ms."""
-    if handle.objective != "step":
-        return solver_bound
-    return (solver_bound - handle.stats["step_slack_ns"]) / NS_PER_MS
-
-
-def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: float,
-                       subsolvers: tuple[str, ...] = ()) -> cp_model.CpSolver:
-    """CP-SAT with this package's search settings (deterministic for a fixed seed and workers);
-    ``subsolvers`` replaces CP-SAT's default full-problem portfolio."""
-    solver = cp_model.CpSolver()
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
-    p = solver.parameters
-    p.subsolvers.extend(subsolvers)
-    p.num_workers = workers
-    p.random_seed = seed
-    p.interleave_search = True
-    # one presolve pass: on 8-layer graphs repeated passes cost tens of seconds for little
-    # (hf-qwen3-8: proved in 57 s instead of not within 100 s, measured on this machine)
-    p.max_presolve_iterations = 1
-    # an explicit batch size: with the automatic one, interleaved search on these models was
-    # seen to stop early with large-neighbourhood workers never run (ddp-8: stuck at the hint)
-    p.interleave_batch_size = max(2, workers)
-    p.max_deterministic_time = max(0.01, deterministic_s)
-    p.max_time_in_seconds = max(0.05, wall_s)
-    return solver
-
-
-def _gap(obj: float | None, bound: float | None) -> float | None:
-    if obj is None or bound is None:
-        return None
-    if obj == 0:
-        return 0.0
-    return max(0.0, (obj - bound) / abs(obj))
+    plan: Plan | None
+    objective: float | None
+    bound: float | None
+    status: str
+    scope: str
+    window: int | None
+    solved: bool
+    det_used: float
 
 
 def solve(
@@ -297,193 +272,227 @@ def solve(
     floor when the search was windowed), and the result is never slower than the unbucketed
     schedule, a feasible hint, or any feasible plan of ``floor_plans`` (e.g. the count plan).
     """
-    policy = {"protect_partly": protect_partly, "memory_budget_bytes": memory_budget_bytes}
+    _validate(problem, time_limit_s, objective, hint)
+    ctx, handle = _prepare(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed,
+                           window=window, within=within, probe=probe, deterministic=deterministic,
+                           progress=progress, policy={"protect_partly": protect_partly,
+                                                      "memory_budget_bytes": memory_budget_bytes})
+    hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans)
+    incumbent = _main_search(ctx, handle, hint if hint_ok else None)
+    if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None:
+        incumbent = _widen(ctx, incumbent)  # the restricted model is solved: spend the rest on wider windows
+    if ctx.probing and incumbent.plan is not None and incumbent.status != "OPTIMAL":
+        incumbent = _probe(ctx, incumbent)
+    if ctx.polish_s and incumbent.plan is not None and not ctx.cb.interrupted:
+        incumbent = _polished(ctx, incumbent)
+    return _result(ctx, incumbent)
+
+
+def _validate(problem: Problem, time_limit_s: float, objective: str, hint: Plan | None) -> None:
+    """Refuse bad arguments before any model is built."""
     if time_limit_s <= 0:
         raise ValueError("time_limit_s must be positive")
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
     if hint is not None:
-        check_plan_matches(problem, hint)  # before any model is built
-    step = objective == "step"
-    # deterministic: the wall clock only guards against a stuck run; CP-SAT's deterministic time
-    # (the same number) ends every stage, so unproved runs are reproducible too
-    wall_factor = DETERMINISTIC_WALL_FACTOR if deterministic else 1.0
+        check_plan_matches(problem, hint)
+
+
+def _prepare(problem: Problem, *, time_limit_s: float, objective: str, workers: int | None, seed: int,
+             window: int | str | None, within: Plan | None, probe: bool, deterministic: bool,
+             progress: Callable[[str], None] | None, policy: dict) -> tuple[_SolveContext, ModelHandle]:
+    """The context of one solve and its main model. ``window="auto"`` is a full model up to
+    AUTO_FULL_MODEL_MAX_COLLECTIVES collectives and AUTO_FULL_MODEL_MAX_PAIRS candidate pairs,
+    a window of AUTO_WINDOW beyond."""
     t0 = time.perf_counter()
-    workers = workers or 2
     auto = window == "auto"
     if auto:
         window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
-    key_bounds = key_lower_bounds(problem, protect_partly=protect_partly)
+    key_bounds = key_lower_bounds(problem, protect_partly=policy["protect_partly"])
     lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
-    bounds = {"lower_bound": lb, "key_bounds": key_bounds}
-    floor_ms = step_floor(problem).floor_ms if step else None
-    if step:
-        lb = floor_ms  # the step's relaxation bound, valid for the whole problem
-    handle = _build(problem, objective, window, within, bounds, policy, floor_ms)
-    if auto and window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
-        window = AUTO_WINDOW
-        handle = _build(problem, objective, window, None, bounds, policy, floor_ms)
-    stats = dict(handle.stats)
-    stats["relaxation_bound"] = lb
-    stats["build_s"] = round(time.perf_counter() - t0, 3)
-    cb = _Progress(progress, t0, objective)
-    hint_ok = hint is not None and not verify(problem, hint, **policy)
-    if hint is not None and not hint_ok and within is None:
-        # an infeasible hint (torch's greedy often breaks rule 9) misleads the search: hint its
-        # best feasible repair instead
-        repaired = repair(problem, hint, time_limit_s=min(10.0, time_limit_s / 4), workers=workers, seed=seed,
-                          **policy)
-        stats["hint_repaired"] = repaired.plan is not None
-        if repaired.plan is not None:
-            hint, hint_ok = repaired.plan, True
-    if step:
-        hint, hint_ok = _step_start(problem, hint if hint_ok else None, floor_plans, policy, cb, stats,
-                                    count_search=dict(time_limit_s=STEP_COUNT_SHARE * time_limit_s, workers=workers,
-                                                      seed=seed, window=window if not auto else "auto",
-                                                      deterministic=deterministic)
-                                    if not floor_plans and within is None else None), True
+    floor_ms = step_floor(problem).floor_ms if objective == "step" else None
+    ctx = _SolveContext(
+        problem=problem, objective=objective, policy=policy, within=within, window=window, auto=auto, probe=probe,
+        workers=workers or 2, seed=seed, deterministic=deterministic, time_limit_s=time_limit_s, t0=t0,
+        bounds={"lower_bound": lb, "key_bounds": key_bounds},
+        lb=floor_ms if objective == "step" else lb,  # the step's relaxation bound, valid for the whole problem
+        floor_ms=floor_ms, progress=progress, cb=_Progress(progress, t0, objective), stats={})
+    handle = _build(ctx, ctx.window, within)
+    if auto and ctx.window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
+        ctx = dataclasses.replace(ctx, window=AUTO_WINDOW)
+        handle = _build(ctx, ctx.window, None)
+    ctx.stats.update(handle.stats)
+    ctx.stats["relaxation_bound"] = ctx.lb
+    ctx.stats["build_s"] = round(time.perf_counter() - t0, 3)
+    return ctx, handle
+
+
+def _build(ctx: _SolveContext, window: int | None, within: Plan | None) -> ModelHandle:
+    """The rule model with its objective; ``step`` adds the step variables of planner.step."""
+    if not ctx.step:
+        return build_model(ctx.problem, objective=ctx.objective, window=window, within=within, **ctx.bounds,
+                           **ctx.policy)
+    handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds, **ctx.policy)
+    step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0)
+    handle.objective = "step"
+    handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
+    return handle
+
+
+def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
+                 floor_plans: tuple[Plan, ...]) -> tuple[Plan | None, bool]:
+    """The plan the search starts from and whether it is feasible (then it is the result's floor),
+    fed to ``handle``'s model: the caller's hint, its repair when it breaks a rule, and for a step
+    search the fastest of the starting plans (_step_start)."""
+    hint_ok = hint is not None and not verify(ctx.problem, hint, **ctx.policy)
+    if hint is not None and not hint_ok and ctx.within is None:
+        hint, hint_ok = _repaired_hint(ctx, hint)
+    if ctx.step:
+        hint, hint_ok = _step_start(ctx, hint if hint_ok else None, floor_plans), True
     if hint is not None:
-        stats["hint_feasible"] = hint_ok
-        # Measured (experiments/results/greedy_vs_cpsat_80): in a windowed search the hint
-        # confines CP-SAT to its neighbourhood -- llama3-8b-ddp-80 stayed at greedy's 250 for
-        # 600 s with it and reached 42 in 402 s without it; on the other 80-layer runs both end
-        # at the same plan. There the hint is only the floor of the result; a full model gets it.
-        stats["hint_fed_to_search"] = window is None or step
-        if window is None or step:
-            stats["hint_buckets_fitted"] = handle.add_hint(hint)
-        # the full hint needs a second model built and solved: at 80 layers (windowed) the two
-        # builds alone took the step search 41 s past its 120 s limit (llama3-70b-fsdp-80)
-        if step and not cb.interrupted and window is None:
-            twin = _build(problem, objective, window, within, bounds, policy, floor_ms)
-            stats["hint_every_variable"] = hint_every_variable(handle, twin, hint,
-                                                               time_limit_s=min(10.0, time_limit_s / 6))
-    # full count models also probe the bound afterwards (see _probe) with what the main search leaves
-    probing = probe and window is None and within is None and objective == "count"
-    polish_s = POLISH_SHARE * time_limit_s if step and within is None else 0.0
-    main_s = max(0.5 * time_limit_s, min(time_limit_s, PROBE_MIN_MAIN_S)) if probing else time_limit_s - polish_s
-    focused = _portfolio(objective, windowed=window is not None)
-    stats["subsolvers"] = list(focused) or "default"
-    solver = _configured_solver(workers, seed, wall_factor * main_s - (time.perf_counter() - t0), main_s, focused)
-    p = solver.parameters
-    code = _run_search(solver, handle.model, cb)
-    status = solver.status_name(code)
-    stats.update(solve_wall_s=round(solver.wall_time, 3),
-                 deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,
-                 conflicts=solver.num_conflicts, workers=workers, seed=seed,
-                 wall_limit_hit=solver.wall_time >= p.max_time_in_seconds * 0.99 and code != cp_model.OPTIMAL,
-                 bound_scope="problem" if window is None and within is None else
-                 f"problem (relaxation; search in candidate window {window})" if within is None
-                 else f"search within plan {within.planner}")
-    params = {"objective": objective, "time_limit_s": time_limit_s, "workers": workers, "seed": seed,
-              "window": window, **policy}
+        _feed_hint(ctx, handle, hint, hint_ok)
+    return hint, hint_ok
+
+
+def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
+    """An infeasible hint (torch's greedy often breaks rule 9) misleads the search: its best
+    feasible repair instead, when there is one."""
+    # imported here, not at the top: planner.repair imports this module (its search is a solve
+    # within the plan's buckets), so a top-level import would be a circle
+    from planner.repair import repair
+
+    repaired = repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
+                      seed=ctx.seed, **ctx.policy)
+    ctx.stats["hint_repaired"] = repaired.plan is not None
+    if repaired.plan is not None:
+        return repaired.plan, True
+    return hint, False
+
+
+def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, ...]) -> Plan:
+    """The fastest feasible plan a step search starts from: the unbucketed schedule, the hint
+    and ``floor_plans``; none of them is ever beaten by the result. With no floor plans (and no
+    ``within``), a fewest-collectives plan is searched first: on multi-node presets the step
+    search started from greedy or unbucketed stayed near them (h100-8nodes fsdp-2: 129.7 ms
+    after 20 s) while the fewest-collectives plan is 114.7 ms."""
+    problem = ctx.problem
+    if not floor_plans and ctx.within is None:
+        count = solve(problem, objective="count", hint=hint, time_limit_s=STEP_COUNT_SHARE * ctx.time_limit_s,
+                      workers=ctx.workers, seed=ctx.seed, window="auto" if ctx.auto else ctx.window,
+                      deterministic=ctx.deterministic, **ctx.policy)
+        if count.plan is not None:
+            floor_plans = (count.plan,)
+        ctx.cb.interrupted = bool(count.stats.get("interrupted"))
+        ctx.stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
+    unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
+    starts = [unbucketed] + ([hint] if hint is not None else [])
+    starts += [p for p in floor_plans if not verify(problem, p, **ctx.policy)]
+    return min(starts, key=lambda p: simulate(problem, p).step_ms)
+
+
+def _feed_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan, hint_ok: bool) -> None:
+    """Hint ``handle``'s model with ``hint`` where that helps the search.
+
+    Measured (experiments/results/greedy_vs_cpsat_80): in a windowed search the hint confines
+    CP-SAT to its neighbourhood -- llama3-8b-ddp-80 stayed at greedy's 250 for 600 s with it and
+    reached 42 in 402 s without it; on the other 80-layer runs both end at the same plan. There
+    the hint is only the floor of the result; a full model gets it."""
+    stats = ctx.stats
+    stats["hint_feasible"] = hint_ok
+    stats["hint_fed_to_search"] = ctx.window is None or ctx.step
+    if ctx.window is None or ctx.step:
+        stats["hint_buckets_fitted"] = handle.add_hint(hint)
+    # the full hint needs a second model built and solved: at 80 layers (windowed) the two
+    # builds alone took the step search 41 s past its 120 s limit (llama3-70b-fsdp-80)
+    if ctx.step and not ctx.cb.interrupted and ctx.window is None:
+        twin = _build(ctx, ctx.window, ctx.within)
+        stats["hint_every_variable"] = hint_every_variable(handle, twin, hint,
+                                                           time_limit_s=min(10.0, ctx.time_limit_s / 6))
+
+
+def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) -> _Incumbent:
+    """The search of the main model with its share of the time limit; its verified plan, or
+    ``floor`` (a feasible hint) when that is better."""
+    focused = _portfolio(ctx.objective, windowed=ctx.window is not None)
+    ctx.stats["subsolvers"] = list(focused) or "default"
+    solver = _configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - (time.perf_counter() - ctx.t0),
+                                ctx.main_s, focused)
+    code = _run_search(solver, handle.model, ctx.cb)
+    scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
+    ctx.stats.update(solve_wall_s=round(solver.wall_time, 3),
+                     deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,
+                     conflicts=solver.num_conflicts, workers=ctx.workers, seed=ctx.seed,
+                     wall_limit_hit=solver.wall_time >= solver.parameters.max_time_in_seconds * 0.99
+                     and code != cp_model.OPTIMAL,
+                     bound_scope=_scope_text(scope, ctx.window, ctx.within))
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    plan = None
-    obj = bound = None
+    plan = obj = bound = None
+    status = solver.status_name(code)
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        plan, obj = _verified_plan(handle, solver, problem, objective, policy, stats, params=params, created=created)
+        plan, obj = _verified_plan(ctx, handle, solver, params=ctx.params, created=created)
         if plan is None:  # a modelling bug: never hand out an unverified plan
             status = "UNKNOWN"
+    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.UNKNOWN):
         bound = _problem_bound(handle, solver.best_objective_bound)
-    elif code == cp_model.UNKNOWN:
-        bound = _problem_bound(handle, solver.best_objective_bound)
-    if hint_ok:
-        hint_obj = plan_objective(problem, hint, objective)
-        if obj is None or hint_obj < obj:
-            plan = Plan(problem_fingerprint=problem.fingerprint, planner="cpsat", created=created,
-                        params={**params, "from_hint": hint.planner}, buckets=hint.buckets)
-            obj = hint_obj
-            status = "FEASIBLE" if status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else status
-    widened_exact = False
-    # later stages (wider windows, probes) stop short of the limit by the time it takes to
-    # extract and verify their plan (0.3 s at 32 layers), so that solve() ends within it
-    search_deadline = t0 + wall_factor * (time_limit_s - polish_s) - min(1.0, 0.02 * time_limit_s)
-    if auto and window is not None and within is None and code == cp_model.OPTIMAL and plan is not None:
-        # the restricted model is solved before the time limit: spend the rest on wider windows
-        plan, obj, bound, window, widened_exact = _widen(
-            problem, plan, obj, bound, window, search_deadline, time_limit_s - solver.deterministic_time, objective,
-            workers, seed, policy, lambda w: _build(problem, objective, w, None, bounds, policy, floor_ms), params, cb,
-            stats)
-        stats["bound_scope"] = "problem" if widened_exact else \
-            f"problem (relaxation; search in candidate window {window})"
-    if probing and plan is not None and status != "OPTIMAL":
-        det_left = time_limit_s - solver.deterministic_time
-        plan, obj, bound = _probe(problem, plan, obj, max(bound if bound is not None else lb, lb), search_deadline,
-                                  det_left, workers, seed, policy, key_bounds, cb, stats)
-    if polish_s and plan is not None and not cb.interrupted:
-        plan, obj = _polished(problem, plan, obj, t0 + wall_factor * time_limit_s - min(1.0, 0.02 * time_limit_s),
-                              int(POLISH_EVALUATIONS_PER_S * polish_s) if deterministic else None, seed, policy,
-                              progress, stats)
-    if widened_exact:
-        bound = max(bound, lb)  # the last window held every candidate: its bound is the problem's
-    elif window is not None or within is not None:
-        # the restricted model's bound is not the problem's; report the relaxation bound
-        stats["restricted_bound"] = bound
-        bound = None if within is not None else lb
-        if status == "OPTIMAL":
-            status = "FEASIBLE"
-    elif bound is not None:
-        bound = max(bound, lb)
-    if bound is not None:
-        bound = float(round(bound, 6))
-        tolerance = STEP_OPTIMAL_TOLERANCE_MS if step else 1e-9
-        if obj is not None and obj <= bound + tolerance:
-            status = "OPTIMAL"  # the incumbent meets a bound valid for the whole problem
-        elif step and status == "OPTIMAL":
-            status = "FEASIBLE"  # the relaxation is solved; the simulated step is above its bound
-    stats["interrupted"] = cb.interrupted
-    if plan is not None:  # how the search ended travels with the plan
-        plan = plan.model_copy(update={"params": {**plan.params, "interrupted": cb.interrupted,
-                                                  "wall_limit_hit": bool(stats.get("wall_limit_hit"))}})
-    result = SolveResult(plan=plan, status=status, objective=obj, bound=bound, gap=_gap(obj, bound),
-                         wall_s=round(time.perf_counter() - t0, 3), stats=stats, progress=cb.points)
-    return result
+    incumbent = _Incumbent(plan=plan, objective=obj, bound=bound, status=status, scope=scope, window=ctx.window,
+                           solved=code == cp_model.OPTIMAL, det_used=solver.deterministic_time)
+    return _floored(ctx, incumbent, floor, created) if floor is not None else incumbent
 
 
-def _polished(problem: Problem, plan: Plan, obj: float, deadline: float, max_evaluations: int | None, seed: int,
-              policy: dict, progress, stats: dict) -> tuple[Plan, float]:
-    """``planner.polish`` on the search's best plan; its result is verified and never slower."""
-    result = polish(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed, policy=policy,
-                    progress=progress)
-    stats["polish"] = result.stats
-    if result.step_ms < obj:
-        return result.plan.model_copy(update={"params": {**plan.params, "polished": True}}), result.step_ms
-    return plan, obj
+def _floored(ctx: _SolveContext, incumbent: _Incumbent, floor: Plan, created: str) -> _Incumbent:
+    """``incumbent``, or the feasible hint ``floor`` as a cpsat plan when the search found nothing
+    better: a feasible hint is never beaten by the result."""
+    value = plan_objective(ctx.problem, floor, ctx.objective)
+    if incumbent.objective is not None and value >= incumbent.objective:
+        return incumbent
+    plan = Plan(problem_fingerprint=ctx.problem.fingerprint, planner="cpsat", created=created,
+                params={**ctx.params, "from_hint": floor.planner}, buckets=floor.buckets)
+    status = "FEASIBLE" if incumbent.status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else incumbent.status
+    return dataclasses.replace(incumbent, plan=plan, objective=value, status=status)
 
 
-def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, deadline: float, det_left: float,
-           objective: str, workers: int, seed: int, policy: dict, build: Callable[[int], ModelHandle], params: dict,
-           cb: "_Progress", stats: dict) -> tuple[Plan, float, float | None, int, bool]:
+def _scope_text(scope: str, window: int | None, within: Plan | None) -> str:
+    """``stats['bound_scope']``: the space the search's bound holds for."""
+    if scope == "within":
+        return f"search within plan {within.planner}"
+    if scope == "window":
+        return f"problem (relaxation; search in candidate window {window})"
+    return "problem"
+
+
+def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     """Window widening: while time is left after a windowed search has solved its restricted
     model, double the window and search again with the incumbent as hint (it lies inside the
     wider space). Measured: llama3-8b-fsdp-32 with pre-bucketing, window 16 solved at 136 in 6 s;
     window 32 reached 134 and window 48 133 within 60-120 s. A window that holds every same-key
-    candidate is the full model, so its proof is a proof for the problem.
-    Returns (plan, objective, restricted bound, last window, whether that window was exact)."""
-    largest = max(Counter((c.kind, c.pg, c.key) for c in problem.collectives).values())
+    candidate is the full model, so its proof is a proof for the problem (scope ``"problem"``)."""
+    largest = max(Counter((c.kind, c.pg, c.key) for c in ctx.problem.collectives).values())
+    plan, obj, bound, window = incumbent.plan, incumbent.objective, incumbent.bound, incumbent.window
+    deadline, det_left = ctx.deadline(ctx.time_limit_s - ctx.polish_s), ctx.time_limit_s - incumbent.det_used
     # called after the previous window was solved: if it held every candidate, that was exact
     stages, exact = [], window >= largest
-    build_s = stats.get("build_s", 0.0)
+    build_s = ctx.stats.get("build_s", 0.0)
     while window < largest:
         # a wider model takes longer to build (and presolve): leave room for twice the last build
         if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S + 2 * build_s:
             break
         window = min(2 * window, largest)
-        if cb.say:
-            cb.say(f"restricted model solved at {obj:g}; widening the window to {window}")
+        if ctx.cb.say:
+            ctx.cb.say(f"restricted model solved at {obj:g}; widening the window to {window}")
         started = time.perf_counter()
-        handle = build(window)
+        handle = _build(ctx, window, None)
         build_s = time.perf_counter() - started
         handle.add_hint(plan)
-        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
-                                    _portfolio(objective, windowed=True))
-        code = _run_search(solver, handle.model, cb)
+        solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
+                                    _portfolio(ctx.objective, windowed=True))
+        code = _run_search(solver, handle.model, ctx.cb)
         det_left -= solver.deterministic_time
         stage = {"window": window, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2),
                  "x_vars": handle.stats["x_vars"]}
         stages.append(stage)
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            found, value = _verified_plan(handle, solver, problem, objective, policy, stats,
-                                          params={**params, "window": window}, created=plan.created)
+            found, value = _verified_plan(ctx, handle, solver, params={**ctx.params, "window": window},
+                                          created=plan.created)
             if found is None:  # a modelling bug: keep the verified incumbent
                 break
             stage["objective"] = value
@@ -493,30 +502,32 @@ def _widen(problem: Problem, plan: Plan, obj: float, bound: float, window: int, 
         if code != cp_model.OPTIMAL:
             break  # the time ran out inside this window
         exact = window >= largest
-    stats["widened"] = stages
-    return plan, obj, bound, window, exact
+    ctx.stats["widened"] = stages
+    scope = "problem" if exact else "window"
+    ctx.stats["bound_scope"] = _scope_text(scope, window, None)
+    return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound, window=window, scope=scope)
 
 
-def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: float, det_left: float,
-           workers: int, seed: int, policy: dict, key_bounds: dict, cb: "_Progress",
-           stats: dict) -> tuple[Plan, float, float]:
+def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     """Destructive lower bounding with the time the main search left: ask for a plan with at
     most B = ceil(bound) collectives. Infeasible proves B + 1 is a bound (probe again); a plan
     found there meets the bound, so it is optimal. On these problems the relaxation bound is
     often tight, and a search told the target finds it sooner (hf-qwen3-8: 83 found under the
-    constraint, not found in 120 s without it; llama3-8b-ddp-8: "at most 3" refuted in 3 s).
-    Returns (plan, objective, bound)."""
+    constraint, not found in 120 s without it; llama3-8b-ddp-8: "at most 3" refuted in 3 s)."""
+    plan, obj = incumbent.plan, incumbent.objective
+    bound = max(incumbent.bound if incumbent.bound is not None else ctx.lb, ctx.lb)
+    deadline, det_left = ctx.deadline(ctx.time_limit_s - ctx.polish_s), ctx.time_limit_s - incumbent.det_used
     probes = []
     target = math.ceil(bound - 1e-9)
     while target < obj:
         if deadline - time.perf_counter() < 0.5 or det_left < 0.05:
             break
-        handle = build_model(problem, objective="count", lower_bound=target, max_count=target,
-                             key_bounds=key_bounds, **policy)
+        handle = build_model(ctx.problem, objective="count", lower_bound=target, max_count=target,
+                             key_bounds=ctx.bounds["key_bounds"], **ctx.policy)
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
-        solver = _configured_solver(workers, seed, deadline - time.perf_counter(), det_left,
+        solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
                                     _portfolio("count", windowed=False))
-        code = _run_search(solver, handle.model, cb)
+        code = _run_search(solver, handle.model, ctx.cb)
         det_left -= solver.deterministic_time
         probes.append({"at_most": target, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2)})
         if code == cp_model.INFEASIBLE:
@@ -524,53 +535,149 @@ def _probe(problem: Problem, plan: Plan, obj: float, bound: float, deadline: flo
             target += 1
             continue
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            found, value = _verified_plan(handle, solver, problem, "count", policy, stats,
-                                          params=dict(plan.params), created=plan.created)
+            found, value = _verified_plan(ctx, handle, solver, params=dict(plan.params), created=plan.created)
             if found is not None:  # else a modelling bug: keep the verified incumbent
                 plan, obj = found, value
         break  # found (it meets the bound) or out of time
-    stats["probes"] = probes
-    return plan, obj, bound
+    ctx.stats["probes"] = probes
+    return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound)
 
 
-def _reanchor(problem: Problem, plan: Plan) -> Plan:
-    """A fast repair: keep every bucket's members, re-anchor them (``planner.polish.anchored``),
-    and break up buckets the verifier still rejects. Never fewer buckets than ``plan``."""
-    candidate = anchored(problem, plan)
-    for _ in range(len(candidate.buckets) + 1):
-        bad = {v.bucket for v in verify(problem, candidate) if v.bucket is not None}
-        if not bad:
+def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
+    """``planner.polish`` on the search's best plan, with the rest of the time limit (in
+    deterministic runs, POLISH_EVALUATIONS_PER_S evaluations per second of its share); its
+    result is verified and never slower."""
+    max_evaluations = int(POLISH_EVALUATIONS_PER_S * ctx.polish_s) if ctx.deterministic else None
+    result = polish(ctx.problem, incumbent.plan, deadline=ctx.deadline(ctx.time_limit_s),
+                    max_evaluations=max_evaluations, seed=ctx.seed, policy=ctx.policy, progress=ctx.progress)
+    ctx.stats["polish"] = result.stats
+    if result.step_ms < incumbent.objective:
+        plan = result.plan.model_copy(update={"params": {**incumbent.plan.params, "polished": True}})
+        return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms)
+    return incumbent
+
+
+def _verdict(ctx: _SolveContext, incumbent: _Incumbent) -> tuple[str, float | None, float | None]:
+    """The reported (status, bound, gap) of the final incumbent.
+
+    The bound is the problem's: a restricted search's own bound is not (the relaxation bound is
+    reported after a windowed search, none after a search within a plan, and neither is proved
+    optimal by its search alone); a search bound below the relaxation bound is raised to it. An
+    incumbent that meets a bound valid for the whole problem is OPTIMAL; a step search that
+    solved its relaxation but whose simulated step is above the bound is not."""
+    status, bound = incumbent.status, incumbent.bound
+    if incumbent.scope != "problem":
+        bound = None if ctx.within is not None else ctx.lb
+        if status == "OPTIMAL":
+            status = "FEASIBLE"
+    elif bound is not None:
+        bound = max(bound, ctx.lb)
+    if bound is not None:
+        bound = float(round(bound, 6))
+        tolerance = STEP_OPTIMAL_TOLERANCE_MS if ctx.step else 1e-9
+        if incumbent.objective is not None and incumbent.objective <= bound + tolerance:
+            status = "OPTIMAL"
+        elif ctx.step and status == "OPTIMAL":
+            status = "FEASIBLE"
+    return status, bound, _gap(incumbent.objective, bound)
+
+
+def _result(ctx: _SolveContext, incumbent: _Incumbent) -> SolveResult:
+    """The SolveResult of the final incumbent; how the search ended travels with the plan."""
+    if incumbent.scope != "problem":
+        ctx.stats["restricted_bound"] = incumbent.bound
+    status, bound, gap = _verdict(ctx, incumbent)
+    ctx.stats["interrupted"] = ctx.cb.interrupted
+    plan = incumbent.plan
+    if plan is not None:
+        plan = plan.model_copy(update={"params": {**plan.params, "interrupted": ctx.cb.interrupted,
+                                                  "wall_limit_hit": bool(ctx.stats.get("wall_limit_hit"))}})
+    return SolveResult(plan=plan, status=status, objective=incumbent.objective, bound=bound, gap=gap,
+                       wall_s=round(time.perf_counter() - ctx.t0, 3), stats=ctx.stats, progress=ctx.cb.points)
+
+
+def _verified_plan(ctx: _SolveContext, handle: ModelHandle, solver: cp_model.CpSolver, *, params: dict,
+                   created: str) -> tuple[Plan | None, float | None]:
+    """The solver's plan with its objective, re-checked by the independent verifier; (None, None)
+    when the verifier rejects it (a modelling bug, recorded in ``stats['model_bug']``)."""
+    plan = handle.extract(solver, planner="cpsat", params=params, created=created)
+    violations = verify(ctx.problem, plan, **ctx.policy)
+    if violations:
+        ctx.stats["model_bug"] = [str(v) for v in violations[:5]]
+        return None, None
+    return plan, plan_objective(ctx.problem, plan, ctx.objective)
+
+
+def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progress") -> int:
+    """``solver.solve`` that a Ctrl-C stops within a moment, keeping what it found.
+
+    CP-SAT's own SIGINT handling stops the search but says nothing, so the caller went on to
+    its next stage and exited 0. Here the search runs in a thread while this one waits, so
+    Python's KeyboardInterrupt arrives at once: the search is stopped, its incumbent kept, and
+    ``cb.interrupted`` tells every later stage not to start."""
+    if cb.interrupted:
+        return cp_model.UNKNOWN
+    solver.parameters.catch_sigint_signal = False
+    if threading.current_thread() is not threading.main_thread():
+        return solver.solve(model, cb)
+    outcome: list = []
+    done = threading.Event()  # not Thread.join: an interrupted join can report a live thread done
+
+    def search() -> None:
+        try:
+            outcome.append(solver.solve(model, cb))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            outcome.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=search, daemon=True).start()
+    while True:
+        try:
+            while not done.wait(0.1):
+                pass
             break
-        candidate = candidate.model_copy(update={"buckets": tuple(
-            b for k, b in enumerate(candidate.buckets) if k not in bad)})
-    return candidate
+        except KeyboardInterrupt:
+            cb.interrupted = True
+            solver.stop_search()  # then wait for the search to hand back its incumbent
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
-def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers: int | None = None,
-           seed: int = 0, protect_partly: bool = False, memory_budget_bytes: int | None = None) -> SolveResult:
-    """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
-    buckets split where needed): how a plan that breaks a rule is compared fairly.
+def _problem_bound(handle: ModelHandle, solver_bound: float) -> float:
+    """The solver's bound in the objective's units: a step model's ns less its rounding slack
+    (one ns per event and per duration) in ms."""
+    if handle.objective != "step":
+        return solver_bound
+    return (solver_bound - handle.stats["step_slack_ns"]) / NS_PER_MS
 
-    A fast re-anchoring comes first; when it keeps every bucket it is optimal for this
-    restricted space (no refinement has fewer buckets) and no search is needed."""
-    check_plan_matches(problem, plan)
-    t0 = time.perf_counter()
-    policy = {"protect_partly": protect_partly, "memory_budget_bytes": memory_budget_bytes}
-    quick = _reanchor(problem, plan)
-    quick_ok = not verify(problem, quick, **policy)
-    if quick_ok and len(quick.buckets) == len(plan.buckets):
-        result = SolveResult(plan=quick, status="FEASIBLE", objective=plan_objective(problem, quick, "count"),
-                             bound=None, gap=None, wall_s=round(time.perf_counter() - t0, 3),
-                             stats={"repair": "re-anchored", "restricted_bound": plan_objective(problem, quick,
-                                                                                                 "count")})
-    else:
-        # the plan itself (or its partial re-anchoring) is the hint: usually only anchors move
-        result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None,
-                       hint=quick if quick_ok else plan, **policy)
-    if result.plan is not None:
-        # the policy it was repaired under, as solve records it: the re-anchored plan carries the
-        # given plan's params, which may name no policy or another one (`bucketplan verify` reads it)
-        result.plan = result.plan.model_copy(update={"planner": f"{plan.planner}-repaired",
-                                                     "params": {**result.plan.params, "repaired": plan.planner,
-                                                                **policy}})
-    return result
+
+def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: float,
+                       subsolvers: tuple[str, ...] = ()) -> cp_model.CpSolver:
+    """CP-SAT with this package's search settings (deterministic for a fixed seed and workers);
+    ``subsolvers`` replaces CP-SAT's default full-problem portfolio."""
+    solver = cp_model.CpSolver()
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
+    p = solver.parameters
+    p.subsolvers.extend(subsolvers)
+    p.num_workers = workers
+    p.random_seed = seed
+    p.interleave_search = True
+    # one presolve pass: on 8-layer graphs repeated passes cost tens of seconds for little
+    # (hf-qwen3-8: proved in 57 s instead of not within 100 s, measured on this machine)
+    p.max_presolve_iterations = 1
+    # an explicit batch size: with the automatic one, interleaved search on these models was
+    # seen to stop early with large-neighbourhood workers never run (ddp-8: stuck at the hint)
+    p.interleave_batch_size = max(2, workers)
+    p.max_deterministic_time = max(0.01, deterministic_s)
+    p.max_time_in_seconds = max(0.05, wall_s)
+    return solver
+
+
+def _gap(obj: float | None, bound: float | None) -> float | None:
+    if obj is None or bound is None:
+        return None
+    if obj == 0:
+        return 0.0
+    return max(0.0, (obj - bound) / abs(obj))

@@ -223,7 +223,7 @@ def test_constraint_family_feasible_and_infeasible_pair(case):
 def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status():
     from tests.conftest import scheduled
 
-    from planner.solver import repair
+    from planner.repair import repair
 
     s = scheduled("llama3-8b-fsdp-2")
     hint = s.greedy if not verify(s.problem, s.greedy) else repair(s.problem, s.greedy).plan

@@ -12,7 +12,7 @@ import pytest
 import planner
 from fxglue.apply import PlanError, apply_plan
 from fxglue.pipeline import count_collectives
-from planner.solver import repair
+from planner.repair import repair
 from planner.verifier import check
 from tests.conftest import fresh_schedule, scheduled
 
