@@ -248,8 +248,11 @@ def run_pipeline(
     say = progress or (lambda msg: None)
     if isinstance(planner_, str) and planner_ not in PLANNERS and not os.path.exists(planner_):
         raise ValueError(f"unknown planner {planner_!r}; use one of {PLANNERS}, a Plan or a plan file")
+    # torch's greedy search only where it is the planner (minutes on a 405B-shaped graph)
+    wants_greedy = isinstance(planner_, str) and planner_ == "greedy"
     prepared = prepare(workload, preset=preset, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
-                       hardware=hardware, max_bucket_memory_gb=max_bucket_memory_gb, progress=progress)
+                       hardware=hardware, max_bucket_memory_gb=max_bucket_memory_gb, progress=progress,
+                       greedy=wants_greedy)
     traced, inputs, estimator, problem = prepared.traced, prepared.inputs, prepared.estimator, prepared.problem
     before = count_collectives(traced.gm)
     timings = dict(prepared.timings)
