@@ -145,6 +145,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        # mkstemp makes the file 0600; a result file gets the mode open() would give it
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -157,6 +159,12 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             pass
         raise
     return p
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # reading the umask means setting it; put it straight back
+    os.umask(mask)
+    return mask
 
 
 def save(obj: Union[Problem, Plan], path: str | os.PathLike) -> Path:

@@ -110,3 +110,16 @@ def test_cli_exits_non_zero_and_names_the_file(problem_file, capsys):
     err = capsys.readouterr().err
     assert code == 2
     assert str(problem_file) in err and "not valid JSON" in err
+
+
+def test_written_files_get_the_mode_open_would_give_not_0600(tmp_path):
+    import os
+
+    from planner.io import atomic_write_text
+
+    umask = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.json", "{}")
+        assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
+    finally:
+        os.umask(umask)
