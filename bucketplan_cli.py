@@ -34,7 +34,7 @@ def _fmt_counts(counts: dict[str, int]) -> str:
 
 
 def cmd_workloads(args) -> int:
-    from fxglue.workloads import workloads
+    from fxglue.models.workloads import workloads
 
     for name, wl in workloads().items():
         print(f"{name}\t{wl.description}")
@@ -63,8 +63,8 @@ def _preset(args):
 
 def _workload(args, *, required: bool = True):
     """The workload the flags name: a built-in name, --model, --hf-config or --hf (one of them)."""
-    from fxglue.custom import factory_workload, hf_config_workload
-    from fxglue.workloads import WorkloadError
+    from fxglue.models.custom import factory_workload, hf_config_workload
+    from fxglue.models.workloads import WorkloadError
 
     given = [x for x in (args.workload, args.model, args.hf_config, args.hf) if x]
     if len(given) > 1:
@@ -87,8 +87,8 @@ def _workload(args, *, required: bool = True):
 
 def _extract_tiny(args) -> int:
     """Each gloo rank's problem at tiny shapes, as `check` extracts it, for `check --plan`."""
-    from fxglue.gloo import check_workload
-    from fxglue.workloads import WorkloadError
+    from fxglue.run.gloo import check_workload
+    from fxglue.models.workloads import WorkloadError
 
     if args.hf_config or args.hf:
         raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
@@ -121,7 +121,7 @@ def _extract_tiny(args) -> int:
 def cmd_extract(args) -> int:
     import planner
     from fxglue.pipeline import run_pipeline
-    from fxglue.workloads import WorkloadError
+    from fxglue.models.workloads import WorkloadError
 
     if args.tiny:
         return _extract_tiny(args)
@@ -322,7 +322,7 @@ def cmd_solve_dir(args) -> int:
 
     root = Path(args.plan_dir)
     if not root.is_dir():
-        raise CLIError(f"{root}: no such plan directory (record one with fxglue.compile.record; README, "
+        raise CLIError(f"{root}: no such plan directory (record one with fxglue.run.compile.record; README, "
                        "'Use a plan in training')")
     if not recorded_problems(root):
         raise CLIError(f"{root}: no recorded problems (no */problem.json)")
@@ -365,7 +365,7 @@ def cmd_sweep(args) -> int:
         spec = load_spec(args.spec, default_preset=DEFAULT_PRESET)
         needs_torch = any(c.source != "problem" for c in spec.cases)
         if needs_torch:
-            from fxglue.sweep import check_cases
+            from fxglue.run.sweep import check_cases
 
             check_cases(spec.cases)  # every workload and preset resolves before anything is traced
     except SpecError as e:
@@ -375,7 +375,7 @@ def cmd_sweep(args) -> int:
         raise CLIError(f"-o {out}: exists and is not a folder")
     extract = apply = None
     if needs_torch:
-        from fxglue.sweep import apply_case, extract_case
+        from fxglue.run.sweep import apply_case, extract_case
 
         extract, apply = extract_case, apply_case
     say = _progress(args.quiet)
@@ -408,7 +408,7 @@ def cmd_apply(args) -> int:
     import planner
     from fxglue.apply import PlanError
     from fxglue.pipeline import run_pipeline
-    from fxglue.workloads import WorkloadError
+    from fxglue.models.workloads import WorkloadError
 
     say = _progress(args.quiet)
     plan = planner.load_plan(args.plan)
@@ -425,8 +425,8 @@ def cmd_apply(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from fxglue.gloo import check_workload
-    from fxglue.workloads import WorkloadError
+    from fxglue.run.gloo import check_workload
+    from fxglue.models.workloads import WorkloadError
 
     say = _progress(args.quiet)
     if args.hf_config or args.hf:
@@ -434,7 +434,7 @@ def cmd_check(args) -> int:
                        "hf-... workload of the same architecture (tiny shapes) or a --model factory")
     _workload(args)  # one workload, a factory that imports, --layers only with --model: before spawning
     if args.plan and Path(args.plan).is_dir():
-        from fxglue.gloo import rank_plan_file
+        from fxglue.run.gloo import rank_plan_file
 
         missing = [rank_plan_file(args.plan, r) for r in range(args.ranks) if not Path(rank_plan_file(args.plan, r)).is_file()]
         if missing:
@@ -456,10 +456,10 @@ def cmd_check(args) -> int:
 def cmd_compare(args) -> int:
     from fxglue.compare import DEFAULT_SUITE, OUTPUTS, markdown, run_compare
     from planner.io import check_replaceable
-    from fxglue.workloads import WorkloadError
+    from fxglue.models.workloads import WorkloadError
 
     say = _progress(args.quiet)
-    from fxglue.workloads import get_workload
+    from fxglue.models.workloads import get_workload
 
     for target in args.targets:  # every name is checked before anything is traced
         if not target.endswith(".json"):
@@ -549,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 
-    s = sub.add_parser("solve-dir", help="solve every problem recorded from torch.compile (fxglue.compile.record) "
+    s = sub.add_parser("solve-dir", help="solve every problem recorded from torch.compile (fxglue.run.compile.record) "
                                          "that has no plan yet; resumable; writes plan.json and a summary")
     s.add_argument("plan_dir")
     s.add_argument("--objective", choices=["count", "exposure", "step"], default="step",

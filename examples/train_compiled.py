@@ -22,8 +22,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def train(rank: int, world: int, store: str, mode: str, plan_dir: str, parallel: str, preset: str) -> None:
-    from fxglue import compile as bucketplan_compile
-    from fxglue.parallel import wrap
+    from fxglue.run import compile as bucketplan_compile
+    from fxglue.models.parallel import wrap
     from my_model import MyModel
 
     logging.basicConfig(level=logging.WARNING, format=f"[rank {rank}] %(message)s")

@@ -24,7 +24,7 @@ from fxglue.cpu_compat import cpu_compat
 from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
 from fxglue.pipeline import count_collectives, estimator_for, finalize_with_torch, schedule
-from fxglue.workloads import trace
+from fxglue.models.workloads import trace
 from planner.repair import repair
 from planner.verifier import check
 

@@ -2,7 +2,7 @@
 
     python -m experiments.gloo_matrix [--out experiments/results/gloo_matrix]
 
-Runs ``fxglue.gloo.check_workload`` (what ``bucketplan check`` runs) on the FSDP, DDP and 2-D
+Runs ``fxglue.run.gloo.check_workload`` (what ``bucketplan check`` runs) on the FSDP, DDP and 2-D
 workloads with 2 and 4 ranks (2-D: FSDP over 2 x TP over 2 on 4 ranks, FSDP over 2 x TP over 1
 on 2 ranks), for torch's greedy (applied by torch itself), its repair applied with our
 ``apply_plan``, and CP-SAT, in every bucket mode torch has. On DDP, where torch's greedy stops
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows
-from fxglue.gloo import check_workload
+from fxglue.run.gloo import check_workload
 
 MODES = ("default", "custom_ops", "custom_ops_multidtype", "coalesced")
 RUNS = [(w, r) for w in ("llama3-8b-fsdp-2", "llama3-8b-ddp-2", "llama3-8b-2d-2") for r in (2, 4)]
@@ -51,7 +51,7 @@ def write_table(rows: list[dict], out: Path) -> None:
              "per data-parallel rank) unbucketed and bucketed; `ok` = every output (loss and every gradient) "
              "bitwise equal on every rank (`bitwise`), or -- data-parallel groups of more than 2 ranks only -- "
              "within `tolerance` relative to the output's largest magnitude (gloo sums a merged buffer in "
-             "another order; see `fxglue.gloo.CheckResult`), and every rank applied the same buckets. "
+             "another order; see `fxglue.run.gloo.CheckResult`), and every rank applied the same buckets. "
              "`collectives` is before -> after on rank 0. Torch's plain greedy stops at its own cycle check on "
              "DDP (the error is in `rows.jsonl`); `greedy-autofix` is torch's escape hatch for it.", "",
              f"**{ok} of {len(rows)} runs ok, {bitwise} of them bitwise equal.**", "", *markdown_table(cols, rows)]

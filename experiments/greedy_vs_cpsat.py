@@ -30,7 +30,7 @@ from fxglue.apply import apply_plan
 from fxglue.extract import extract_problem
 from fxglue.greedy import greedy_plan
 from fxglue.pipeline import count_collectives, estimator_for, schedule
-from fxglue.workloads import trace
+from fxglue.models.workloads import trace
 from planner.repair import repair
 from planner.solver import solve
 from planner.verifier import check

@@ -10,7 +10,7 @@ _EXPORTS = {
     "apply_plan": "fxglue.apply",
     "PlanError": "fxglue.apply",
     "run_pipeline": "fxglue.pipeline",
-    "check_workload": "fxglue.gloo",
+    "check_workload": "fxglue.run.gloo",
 }
 
 __all__ = sorted(_EXPORTS)

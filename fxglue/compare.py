@@ -153,7 +153,7 @@ def _manual_row(name: str, preset, say) -> PlanRow | None:
     simulated as it leaves the graph; None for a workload whose blocks it cannot name."""
     from fxglue.manual import manual_bucketing_problem
     from fxglue.pipeline import estimator_for, resolve_preset
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     say(f"{name}: torch's manual per-block bucketing")
     p = resolve_preset(preset)

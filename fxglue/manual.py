@@ -120,7 +120,7 @@ def parameter_names(traced) -> list[str]:
 def _module_of(traced) -> nn.Module:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from fxglue.workloads import get_workload
+    from fxglue.models.workloads import get_workload
 
     wl = get_workload(traced.name)
     with FakeTensorMode():

@@ -24,7 +24,7 @@ from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator, Hardware, Preset, get_preset
 from fxglue.extract import extract_problem
 from fxglue.greedy import TORCH_BUCKETER_DEFAULTS, greedy_plan
-from fxglue.workloads import TracedWorkload, Workload, trace
+from fxglue.models.workloads import TracedWorkload, Workload, trace
 
 PLANNERS = ("greedy", "none", "cpsat")
 

@@ -1,5 +1,5 @@
-"""A plan directory: problems recorded from ``torch.compile`` (``fxglue.compile.record``),
-solved here offline (``bucketplan solve-dir``), used by ``fxglue.compile.use``.
+"""A plan directory: problems recorded from ``torch.compile`` (``fxglue.run.compile.record``),
+solved here offline (``bucketplan solve-dir``), used by ``fxglue.run.compile.use``.
 
 Layout (one place; the torch side imports it)::
 

@@ -2,7 +2,7 @@
 
 A sweep spec (TOML, below) names cases -- built-in workloads, ``--model`` factories or Hugging
 Face configs at cluster presets and world sizes, or problem files already extracted -- and the
-objectives to solve each with. The sweep extracts every case's problem once (``fxglue.sweep``
+objectives to solve each with. The sweep extracts every case's problem once (``fxglue.run.sweep``
 does the torch part, handed in as a callable), turns each (problem, objective) into one task,
 runs the tasks -- one by one in this process, or on Ray -- and checks every returned plan here,
 in the driver, with the independent verifier before it counts.
@@ -649,8 +649,8 @@ def run_sweep(spec: Spec, out: str | os.PathLike, *, extract: Extract | None, ap
               say: Callable[[str], None] = lambda m: None) -> SweepReport:
     """Extract every case once, solve every (case, objective) not already in ``rows.jsonl`` under the
     same settings, verify and tabulate. ``ray`` None: on Ray when it is installed, else one by one
-    here; ``extract`` (fxglue.sweep.extract_case) is needed only for cases that are not problem files;
-    ``apply`` (fxglue.sweep.apply_case) applies the plans of cases with ``apply = true``."""
+    here; ``extract`` (fxglue.run.sweep.extract_case) is needed only for cases that are not problem files;
+    ``apply`` (fxglue.run.sweep.apply_case) applies the plans of cases with ``apply = true``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ledger = _Ledger(spec, out, _extract_all(spec, out, extract, say), say)

@@ -1,9 +1,9 @@
 """One training step of a tiny Llama under ``torch.compile`` on a gloo rank, for test_compile.
 
-``compiled_step(rank, world, spec)`` runs on every rank of a ``fxglue.gloo.GlooWorld``:
+``compiled_step(rank, world, spec)`` runs on every rank of a ``fxglue.run.gloo.GlooWorld``:
 eager (``mode="eager"``), compiled as torch compiles by default, without overlap scheduling or
 bucketing (``"plain"``), with torch's overlap schedule and nothing merged
-(``"unbucketed"``), or compiled inside ``fxglue.compile.record`` / ``use`` on ``spec["plan_dir"]``. It returns the loss, every stored parameter's gradient and the pass's events.
+(``"unbucketed"``), or compiled inside ``fxglue.run.compile.record`` / ``use`` on ``spec["plan_dir"]``. It returns the loss, every stored parameter's gradient and the pass's events.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ def build(rank: int, world: int, style: str, layers: int, seq: int):
     own TP group, so the ranks' graphs and problems differ by the group's name)."""
     import torch
 
-    from fxglue import parallel
-    from fxglue.llama import LLAMA_TINY, Llama, lm_loss
-    from fxglue.workloads import mesh_groups
+    from fxglue.models import parallel
+    from fxglue.models.llama import LLAMA_TINY, Llama, lm_loss
+    from fxglue.models.workloads import mesh_groups
 
     groups = mesh_groups(style, world, tp_size=1)
     torch.manual_seed(0)  # the same full model on every rank
@@ -37,8 +37,8 @@ def compiled_step(rank: int, world: int, spec: dict) -> dict:
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
-    from fxglue import compile as bucketplan_compile
-    from fxglue import parallel
+    from fxglue.run import compile as bucketplan_compile
+    from fxglue.models import parallel
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(spec["cache_dir"], f"rank{rank}")
     inductor_config.compile_threads = 1

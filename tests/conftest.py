@@ -32,7 +32,7 @@ class Scheduled:
 
 def fresh_schedule(name: str, pre_bucketing: bool = False, preset: str | None = None):
     from fxglue.pipeline import estimator_for, resolve_preset, schedule
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     p = resolve_preset(preset)
     traced = trace(name, world_size=p.world_size, tp=p.tp) if p else trace(name)

@@ -21,7 +21,7 @@ GROUP_SIZE = 8
 def group() -> str:
     import torch.distributed as dist
 
-    from fxglue.workloads import ensure_fake_world
+    from fxglue.models.workloads import ensure_fake_world
 
     ensure_fake_world()
     return dist.group.WORLD.group_name

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import planner
-from fxglue.gloo import GlooWorld
+from fxglue.run.gloo import GlooWorld
 from planner.plan_dir import PLAN, PROBLEM, read_index, recorded_problems, solve_dir
 from tests.compile_steps import compiled_step
 

@@ -88,7 +88,7 @@ def _inserted_copy_bytes(graph_before: set[str], gm) -> int:
 @pytest.mark.parametrize("name", ["llama3-8b-fsdp-2", "llama3-8b-ddp-2"])
 def test_copy_bytes_charged_match_the_nodes_apply_plan_inserts(name):
     from fxglue.pipeline import run_pipeline
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     traced = trace(name)
     before = {n.name for n in traced.gm.graph.nodes}

@@ -14,7 +14,7 @@ SMALL = [f"llama3-8b-{v}-{n}" for v in ("fsdp", "2d", "ddp") for n in (2, 8)]
 
 def _hf_small():
     try:
-        from fxglue.hf_models import workloads
+        from fxglue.models.hf_models import workloads
     except ImportError:  # the `models` extra is not installed
         return []
     return [n for n in workloads() if n.endswith(("-2", "-8"))]
@@ -23,7 +23,7 @@ EXPECTED_KINDS = {"fsdp": {"all_gather", "reduce_scatter"}, "2d": {"all_gather",
 
 
 def test_builtin_workloads_follow_the_naming_scheme():
-    from fxglue.workloads import workloads
+    from fxglue.models.workloads import workloads
 
     names = list(workloads())
     for v in ("fsdp", "2d", "ddp"):
@@ -159,8 +159,8 @@ def test_generic_fsdp_wrapper_on_a_foreign_module():
     import torch
     import torch.nn as nn
 
-    from fxglue import parallel
-    from fxglue.workloads import ensure_fake_world, trace_step
+    from fxglue.models import parallel
+    from fxglue.models.workloads import ensure_fake_world, trace_step
 
     ensure_fake_world()
     import torch.distributed as dist

@@ -9,7 +9,7 @@ on the fake process group, so graphs are real ATen FX graphs.
 One example in ``FUZZ_GLOO_EVERY`` (default 5) also runs for real: the same program on two
 gloo ranks (real bf16/fp32 tensors, different data per rank), unbucketed and bucketed with each
 planner's plan, every output compared bitwise. The ranks stay alive between examples
-(``fxglue.gloo.GlooWorld``).
+(``fxglue.run.gloo.GlooWorld``).
 
 Budget: ``FUZZ_EXAMPLES`` (default 25 in CI). A longer run:
 ``FUZZ_EXAMPLES=10000 python3 -m pytest tests/test_fuzz.py -q``.
@@ -99,7 +99,7 @@ def _groups(n: int) -> list[str]:
     them in the same order, once)."""
     import torch.distributed as dist
 
-    from fxglue.workloads import ensure_fake_world
+    from fxglue.models.workloads import ensure_fake_world
 
     if not dist.is_initialized():
         ensure_fake_world()
@@ -173,7 +173,7 @@ def run_on_rank(rank: int, world: int, program: Program, plans: list[planner.Pla
     re-fingerprinted for this rank's problem (the buckets, by node names, are the same) and
     verified again by ``apply_plan``."""
     from fxglue.extract import extract_problem
-    from fxglue.gloo import bitwise_equal
+    from fxglue.run.gloo import bitwise_equal
 
     gm, info, sched, _ = build(program)
     problem = extract_problem(gm.graph, info, sched, estimator=Estimator())  # same for every fresh trace
@@ -202,7 +202,7 @@ def gloo_world():
 
     def get():
         if "world" not in holder or holder["world"].closed:  # a failed example closes it
-            from fxglue.gloo import GlooWorld
+            from fxglue.run.gloo import GlooWorld
 
             holder["world"] = GlooWorld(GLOO_RANKS)
         return holder["world"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fxglue.gloo import check_workload
+from fxglue.run.gloo import check_workload
 
 
 @pytest.mark.parametrize("workload,planner,mode,ranks", [
@@ -32,7 +32,7 @@ def test_check_cli_reports_and_exits_zero(capsys):
 
 
 def test_a_one_rank_data_parallel_group_is_refused():
-    from fxglue.workloads import WorkloadError
+    from fxglue.models.workloads import WorkloadError
 
     with pytest.raises(WorkloadError, match="data-parallel group of 1"):
         check_workload("llama3-8b-fsdp-2", ranks=1)
@@ -50,7 +50,7 @@ def _rank_value(rank, world, fail_on):
 
 
 def test_gloo_world_runs_on_every_rank_and_names_a_failing_one():
-    from fxglue.gloo import GlooWorld, RankError
+    from fxglue.run.gloo import GlooWorld, RankError
 
     with GlooWorld(2) as world:
         assert world.run(_rank_value, None) == [(0, 2, 3.0), (1, 2, 3.0)]
@@ -61,7 +61,7 @@ def test_gloo_world_runs_on_every_rank_and_names_a_failing_one():
 def test_bitwise_equal_compares_bytes_not_values():
     import torch
 
-    from fxglue.gloo import bitwise_equal
+    from fxglue.run.gloo import bitwise_equal
 
     nan = torch.tensor([float("nan")])
     assert bitwise_equal(nan, nan.clone())  # torch.equal says False for NaN
@@ -74,7 +74,7 @@ def test_bitwise_equal_compares_bytes_not_values():
 
 
 def test_the_sum_order_tolerance_applies_only_where_it_is_granted():
-    from fxglue.gloo import CheckResult, RankResult
+    from fxglue.run.gloo import CheckResult, RankResult
 
     close = RankResult(rank=0, bitwise_equal=False, max_abs_diff=7e-9, max_rel_diff=3e-8, plan_fingerprint="p")
     far = RankResult(rank=1, bitwise_equal=False, max_abs_diff=1e-3, max_rel_diff=1e-3, plan_fingerprint="p")

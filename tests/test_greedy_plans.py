@@ -21,7 +21,7 @@ WORKLOADS = [f"llama3-8b-{v}-{n}" for v in ("fsdp", "2d", "ddp") for n in (2, 8)
 
 def _hf_workloads():
     try:
-        from fxglue.hf_models import workloads
+        from fxglue.models.hf_models import workloads
     except ImportError:
         return []
     return [n for n in workloads() if n.endswith(("-2", "-8"))]

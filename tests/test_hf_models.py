@@ -1,6 +1,6 @@
 """The Hugging Face workloads trace with the project's own path and torch's scheduler runs on them.
 
-Why: ``fxglue.hf_models`` builds models from code we do not control, so a transformers or
+Why: ``fxglue.models.hf_models`` builds models from code we do not control, so a transformers or
 torch upgrade can silently break tracing (MoE routing falling back to a data-dependent loop)
 or change where the collectives land. These tests pin the 2-layer workloads: listed,
 traced under FakeTensorMode with one reduce_scatter per parameter, and bucketed by torch's
@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 import torch  # noqa: E402
 
-from fxglue import hf_models  # noqa: E402
-from fxglue import workloads as W  # noqa: E402
+from fxglue.models import hf_models  # noqa: E402
+from fxglue.models import workloads as W  # noqa: E402
 
 HF_2_LAYER = sorted(n for n, wl in hf_models.workloads().items() if wl.layers == 2)
 C10D = torch.ops._c10d_functional

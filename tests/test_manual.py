@@ -13,7 +13,7 @@ import functools
 import math
 
 import planner
-from fxglue.llama import LLAMA3_8B
+from fxglue.models.llama import LLAMA3_8B
 
 BLOCK_PARAMS = 9
 LAYERS = 2
@@ -33,7 +33,7 @@ def block_param_bytes(tp: int = 1) -> int:
 @functools.lru_cache(maxsize=None)
 def manual(name: str, phase_local: bool = True):
     from fxglue.manual import manual_bucketing_problem
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     traced = trace(name)
     problem, info = manual_bucketing_problem(traced, phase_local=phase_local)
@@ -116,7 +116,7 @@ def test_ddp_all_reduce_is_left_alone_and_the_emulated_plan_covers_it():
     from fxglue.extract import extract_problem
     from fxglue.manual import per_block_plan, transformer_block_plans, _module_of
     from fxglue.pipeline import estimator_for, schedule
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     _, problem, info = manual("llama3-8b-ddp-2")
     ddp = LAYERS * BLOCK_PARAMS + 3
@@ -142,7 +142,7 @@ def test_ddp_all_reduce_is_left_alone_and_the_emulated_plan_covers_it():
 def test_transformer_block_plans_match_torchtitan_layout():
     import torch.nn as nn
 
-    from fxglue.llama import LLAMA_TINY, Llama
+    from fxglue.models.llama import LLAMA_TINY, Llama
     from fxglue.manual import transformer_block_plans
 
     assert transformer_block_plans(Llama(LLAMA_TINY.with_(n_layers=3))) == [

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import planner
-from fxglue import compile as bucketplan_compile
+from fxglue.run import compile as bucketplan_compile
 from fxglue.pipeline import count_collectives
 from planner.plan_dir import GREEDY, PLAN, PROBLEM, read_index, recorded_problems, solve_dir
 
@@ -22,7 +22,7 @@ def _run_pass(ctx, caplog, workload=WORKLOAD):
     session, the graph's collectives after the pass and the warnings logged."""
     from torch._inductor import config
 
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     traced = trace(workload)
     caplog.clear()
@@ -37,7 +37,7 @@ def _run_pass(ctx, caplog, workload=WORKLOAD):
 def solved(tmp_path_factory):
     """A plan directory recorded from one traced graph and solved (count objective, 10 s)."""
     plan_dir = tmp_path_factory.mktemp("plans")
-    from fxglue.workloads import trace
+    from fxglue.models.workloads import trace
 
     traced = trace(WORKLOAD)
     with bucketplan_compile.record(plan_dir) as session:

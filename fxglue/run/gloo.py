@@ -111,7 +111,7 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     from fxglue.extract import extract_problem
     from fxglue.greedy import greedy_plan
     from fxglue.pipeline import estimator_for, finalize_with_torch, schedule
-    from fxglue.workloads import TracedWorkload
+    from fxglue.models.workloads import TracedWorkload
     from planner.repair import repair
     from planner.solver import solve
 
@@ -170,10 +170,10 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
 def _rank_workload(spec: dict):
     """The workload a rank runs: a built-in one at tiny shapes, or a user's factory (``--model``)
     at the shapes it builds -- rebuilt in the rank from its spec (functions do not travel)."""
-    from fxglue.workloads import get_workload
+    from fxglue.models.workloads import get_workload
 
     if spec.get("model"):
-        from fxglue.custom import factory_workload
+        from fxglue.models.custom import factory_workload
 
         return factory_workload(spec["model"], spec.get("parallel", "fsdp"), spec.get("layers"))
     return get_workload(spec["workload"], small=True)
@@ -183,9 +183,9 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     """One rank of ``check_workload``: trace, run, bucket, run again, compare."""
     result = RankResult(rank=rank)
     t0 = time.perf_counter()
-    from fxglue import parallel
+    from fxglue.models import parallel
     from fxglue.pipeline import count_collectives
-    from fxglue.workloads import get_workload, mesh_groups, trace_step
+    from fxglue.models.workloads import get_workload, mesh_groups, trace_step
 
     wl = _rank_workload(spec)
     groups = mesh_groups(wl.style, world, tp_size=spec.get("tp_size", 1))
@@ -322,10 +322,10 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
     file for every rank, or a folder of ``rank<R>/plan.json``; ``save_problems``: a folder that
     gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check
     with ``plan`` (``bucketplan extract --tiny``)."""
-    from fxglue.workloads import WorkloadError, get_workload
+    from fxglue.models.workloads import WorkloadError, get_workload
 
     if model:
-        from fxglue.custom import factory_workload
+        from fxglue.models.custom import factory_workload
 
         wl = factory_workload(model, parallel, layers)  # a factory that does not import: one line, nothing spawned
         workload = wl.name

@@ -40,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import transformers  # noqa: E402  (ImportError here means the `models` extra is absent)
 
-from fxglue.workloads import Groups, Workload, WorkloadError, default_dtype  # noqa: E402
+from fxglue.models.base import Groups, Workload, WorkloadError, default_dtype  # noqa: E402
 
 LAYERS = (2, 8)
 FAMILY = "hf"
@@ -152,7 +152,7 @@ def _experts_implementation(arch: Arch, tiny: bool) -> str | None:
 def lm_loss(module: nn.Module, input_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Next-token cross entropy on the logits (fp32), plus the MoE router's auxiliary loss.
 
-    The labels are given already aligned with the logits (as in ``fxglue.llama.lm_loss``);
+    The labels are given already aligned with the logits (as in ``fxglue.models.llama.lm_loss``);
     the shift HF's own loss performs changes no collective, only a slice.
     """
     out = module(input_ids=input_ids)

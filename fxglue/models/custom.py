@@ -6,7 +6,7 @@ example_inputs, loss_fn)`` -- so any model whose factory follows it is traced, s
 planned like the built-ins, with the same wrappers (SimpleFSDP, DDP, FSDP x TP for 2-D).
 
 - ``--model pkg.module:factory`` or ``--model path/to/file.py:factory``. ``factory(groups)`` is
-  called inside the tracing fake mode with ``fxglue.workloads.Groups`` (data-parallel group name
+  called inside the tracing fake mode with ``fxglue.models.workloads.Groups`` (data-parallel group name
   and size; for 2-D also the TP group, which the factory's module uses for its own tensor
   parallelism). It returns ``(module, example_inputs, loss_fn)``: an ``nn.Module`` built in the
   dtype it trains in, a tuple of input tensors, and ``loss_fn(module, *inputs) -> scalar``.
@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from fxglue.workloads import Groups, Workload, WorkloadError, default_dtype
+from fxglue.models.base import Groups, Workload, WorkloadError, default_dtype
 
 PARALLEL_STYLES = ("fsdp", "ddp", "2d")
 HF_SEQ_LEN = 4096  # the built-in models' sequence length; one unpadded sequence per rank
@@ -114,7 +114,7 @@ def hf_config_workload(config_path: str | None = None, *, model_id: str | None =
         import transformers
     except ImportError:
         raise WorkloadError("--hf-config/--hf need the `models` extra (transformers)") from None
-    from fxglue import hf_models
+    from fxglue.models import hf_models
 
     if parallel not in ("fsdp", "ddp"):
         raise WorkloadError(f"--parallel {parallel}: a Hugging Face model runs as fsdp or ddp (its layers have no "

@@ -57,9 +57,9 @@ class StageMeter:
 
 def resolve(case: Case):
     """The case's workload and cluster preset (``SpecError`` naming the case when either is unknown)."""
-    from fxglue.custom import factory_workload, hf_config_workload
+    from fxglue.models.custom import factory_workload, hf_config_workload
     from fxglue.presets import get_preset
-    from fxglue.workloads import WorkloadError, workloads
+    from fxglue.models.workloads import WorkloadError, workloads
 
     try:
         if case.source == "workload":

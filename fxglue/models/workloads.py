@@ -7,25 +7,22 @@ parallelism style; tracing happens under ``FakeTensorMode`` with torch's fake pr
 
 Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-70b-{fsdp,2d}-{2,8,80}``,
 ``llama3-405b-{fsdp,2d}-126`` and, with the
-``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.hf_models``). The world size and TP degree
+``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.models.hf_models``). The world size and TP degree
 are chosen when tracing (``trace(..., world_size, tp)``; the cluster presets of
 ``fxglue.estimator`` fix both).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 import torch.distributed as dist
 import torch.fx as fx
-import torch.nn as nn
 
-from fxglue import parallel
-from fxglue.llama import LLAMA3_8B, LLAMA3_70B, LLAMA3_405B, Llama, LlamaConfig, lm_loss
+from fxglue.models import parallel
+from fxglue.models.base import Groups, TracedWorkload, Workload, WorkloadError, default_dtype  # noqa: F401 (re-exported)
+from fxglue.models.llama import LLAMA3_8B, LLAMA3_70B, LLAMA3_405B, Llama, LlamaConfig, lm_loss
 
 FAKE_WORLD_SIZE = 8
 TP_SIZE = 2
@@ -37,57 +34,6 @@ LLAMA405B_LAYERS = (126,)  # the real depth only: the production-scale case of t
 LLAMA405B_VARIANTS = ("fsdp", "2d")
 
 
-class WorkloadError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class Groups:
-    """Process-group names a workload uses: ``dp`` shards/replicates, ``tp`` splits layers."""
-
-    dp: str
-    dp_size: int
-    tp: str | None = None
-    tp_size: int = 1
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A named training step: how to build the module and its inputs, and how to parallelize.
-
-    ``build(groups)`` returns ``(module, example_inputs, loss_fn)`` and is called inside the
-    tracing fake mode (or for real, at small shapes, by the gloo runner).
-    """
-
-    name: str
-    description: str
-    style: str  # "fsdp" | "2d" | "ddp"
-    build: Callable[[Groups], tuple[nn.Module, tuple[torch.Tensor, ...], Callable]]
-    layers: int
-    family: str = "llama3-8b"
-
-
-@dataclass
-class TracedWorkload:
-    """A traced training step graph and what produced it."""
-
-    name: str
-    gm: fx.GraphModule
-    fake_mode: object
-    groups: Groups
-    trace_s: float
-    meta: dict = field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def default_dtype(dtype: torch.dtype):
-    # Build parameters directly in the model dtype: Module.to() cannot swap fake parameters.
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        yield
-    finally:
-        torch.set_default_dtype(old)
 
 
 def _llama_builder(cfg: LlamaConfig, variant: str):
@@ -125,7 +71,7 @@ def _registry() -> dict[str, Workload]:
                     family=family,
                 )
     try:
-        from fxglue import hf_models
+        from fxglue.models import hf_models
     except ImportError:  # the optional `models` extra is not installed
         hf_models = None
     if hf_models is not None:
@@ -151,11 +97,11 @@ def get_workload(name: str, *, small: bool = False) -> Workload:
 def small_variant(wl: Workload) -> Workload:
     """The same structure (layers, collectives) at shapes small enough to run for real."""
     if wl.family in ("llama3-8b", "llama3-70b", "llama3-405b"):
-        from fxglue.llama import LLAMA_TINY
+        from fxglue.models.llama import LLAMA_TINY
 
         return Workload(wl.name, wl.description + " (tiny shapes)", wl.style,
                         _llama_builder(LLAMA_TINY.with_(n_layers=wl.layers), wl.style), wl.layers, wl.family)
-    from fxglue import hf_models
+    from fxglue.models import hf_models
 
     return hf_models.small_variant(wl)
 

@@ -1,7 +1,7 @@
 """A Llama-3-shaped decoder as a plain ``nn.Module``, optionally tensor-parallel (Megatron).
 
 Why this exists: it is the built-in workload family. Its parameters are ordinary
-``nn.Linear``/``nn.Embedding`` weights, so the generic wrappers in ``fxglue.parallel`` shard
+``nn.Linear``/``nn.Embedding`` weights, so the generic wrappers in ``fxglue.models.parallel`` shard
 it exactly as they would any user module. With ``tp_group`` set, attention and MLP are split
 Megatron-style over a second process group: column-parallel q/k/v and w1/w3 behind an
 identity whose backward all-reduces (``tp_copy``), row-parallel o and w2 followed by an
@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fxglue.parallel import tp_copy, tp_reduce
+from fxglue.models.parallel import tp_copy, tp_reduce
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,85 @@
+"""The architecture as the package READMEs state it, checked on the source: no import circle,
+and every import points down (planner <- fxglue bridge <- fxglue.run; fxglue.models below the bridge)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("planner", "fxglue")
+
+
+def _modules() -> dict[str, Path]:
+    out = {"bucketplan_cli": ROOT / "bucketplan_cli.py"}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(path: Path, module_level: bool) -> set[str]:
+    """Project modules ``path`` imports (at module level only, or anywhere)."""
+    tree = ast.parse(path.read_text())
+    nodes = [n for n in ast.walk(tree)] if not module_level else [
+        n for top in tree.body for n in ([top] if not isinstance(top, (ast.If, ast.Try)) else ast.walk(top))]
+    found = set()
+    for n in nodes:
+        if isinstance(n, ast.Import):
+            found |= {a.name for a in n.names}
+        elif isinstance(n, ast.ImportFrom) and n.module and n.level == 0:
+            found.add(n.module)
+            found |= {f"{n.module}.{a.name}" for a in n.names}  # `from fxglue.models import parallel`
+    return found
+
+
+def _graph(module_level: bool) -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: {i for i in _imports(p, module_level) if i in mods and i != m} for m, p in mods.items()}
+
+
+def test_no_import_circle_at_module_level():
+    graph = _graph(module_level=True)
+    state: dict[str, int] = {}
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                raise AssertionError("import circle: " + " -> ".join(path[path.index(n):] + [n]))
+            if n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+
+
+def _room(m: str) -> str:
+    if m.startswith("planner"):
+        return "planner"
+    if m.startswith("fxglue.models"):
+        return "models"
+    if m.startswith("fxglue.run"):
+        return "run"
+    return "cli" if m == "bucketplan_cli" else "bridge"
+
+
+# what each room may import (anywhere in a module, lazy imports included)
+ALLOWED = {"planner": {"planner"}, "models": {"models"}, "bridge": {"planner", "models", "bridge"},
+           "run": {"planner", "models", "bridge", "run"}, "cli": {"planner", "models", "bridge", "run"}}
+
+
+def test_every_import_points_down_the_layers():
+    wrong = [f"{m} imports {n}" for m, deps in _graph(module_level=False).items() for n in deps
+             if _room(n) not in ALLOWED[_room(m)] and n != "fxglue"]
+    assert not wrong, wrong
+
+
+def test_planner_never_imports_torch_or_fxglue():
+    for m, path in _modules().items():
+        if m.startswith("planner"):
+            bad = {i for i in _imports(path, module_level=False) if i.split(".")[0] in ("torch", "fxglue")}
+            assert not bad, f"{m}: {bad}"
