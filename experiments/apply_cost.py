@@ -21,10 +21,7 @@ from pathlib import Path
 from experiments.common import git_revision, machine
 from fxglue.apply import apply_plan
 from fxglue.cpu_compat import cpu_compat
-from fxglue.extract import extract_problem
-from fxglue.greedy import greedy_plan
-from fxglue.pipeline import count_collectives, estimator_for, finalize_with_torch, schedule
-from fxglue.models.workloads import trace
+from fxglue.pipeline import count_collectives, finalize_with_torch, prepare
 from planner.repair import repair
 from planner.verifier import check
 
@@ -38,9 +35,9 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    traced = trace(args.workload)
-    est = estimator_for(traced)
-    inputs = schedule(traced, est)
+    # torch's own search-and-apply on one schedule; ours (extract, greedy plan, apply) on another
+    first = prepare(args.workload, greedy=False)
+    traced, est, inputs = first.traced, first.estimator, first.inputs
     t0 = time.perf_counter()
     torch_error = None
     with cpu_compat(est), traced.fake_mode:
@@ -51,13 +48,9 @@ def main() -> None:
     torch_s = time.perf_counter() - t0
     torch_after = sum(count_collectives(inputs.gm).values())
 
-    traced2 = trace(args.workload)
-    inputs2 = schedule(traced2, est)
-    t0 = time.perf_counter()
-    problem = extract_problem(inputs2.gm.graph, inputs2.collective_info, inputs2.scheduled, estimator=est)
-    extract_s = time.perf_counter() - t0
-    plan = greedy_plan(inputs2.gm.graph, inputs2.collective_info, inputs2.scheduled, estimator=est,
-                       problem_fingerprint=problem.fingerprint, **inputs2.bucketer_kwargs)
+    second = prepare(args.workload)
+    traced2, inputs2, problem, plan = second.traced, second.inputs, second.problem, second.greedy
+    extract_s = second.timings["extract_s"]
     violations = check(problem, plan).by_rule()
     if violations:
         plan = repair(problem, plan, time_limit_s=60).plan

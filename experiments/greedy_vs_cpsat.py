@@ -27,10 +27,7 @@ from collections import Counter
 
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
 from fxglue.apply import apply_plan
-from fxglue.extract import extract_problem
-from fxglue.greedy import greedy_plan
-from fxglue.pipeline import count_collectives, estimator_for, schedule
-from fxglue.models.workloads import trace
+from fxglue.pipeline import count_collectives, prepare
 from planner.repair import repair
 from planner.solver import solve
 from planner.verifier import check
@@ -38,17 +35,10 @@ from planner.verifier import check
 
 def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     row: dict = {"workload": name, "pre_bucketing": pre, "revision": REVISION}
-    t0 = time.perf_counter()
-    traced = trace(name)
-    row["trace_s"] = round(time.perf_counter() - t0, 2)
-    est = estimator_for(traced)
-    t0 = time.perf_counter()
-    inputs = schedule(traced, est, pre_bucketing=pre)
-    row["schedule_s"] = round(time.perf_counter() - t0, 2)
-    t0 = time.perf_counter()
-    problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                              meta={**traced.meta, "pre_bucketing": pre})
-    row["extract_s"] = round(time.perf_counter() - t0, 2)
+    # prepare: trace (8 ranks, TP 2), schedule, extract and torch's greedy, on the α-β figures
+    prepared = prepare(name, pre_bucketing=pre)
+    traced, inputs, problem, greedy = prepared.traced, prepared.inputs, prepared.problem, prepared.greedy
+    row.update({k: round(v, 2) for k, v in prepared.timings.items()})
     row["nodes"] = problem.n_scheduled
     row["collectives"] = len(problem.collectives)
     row["by_kind_pg"] = dict(sorted(Counter(f"{c.kind}@{c.pg}" for c in problem.collectives).items()))
@@ -56,10 +46,6 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     row["hidden_partly_exposed"] = f"{status['hidden']} / {status['partly']} / {status['exposed']}"
     row["pinned_nodes"] = len(problem.nodes)
     row["dependency_edges"] = sum(len(n.deps) for n in problem.nodes)
-    t0 = time.perf_counter()
-    greedy = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                         problem_fingerprint=problem.fingerprint, **inputs.bucketer_kwargs)
-    row["greedy_s"] = round(time.perf_counter() - t0, 2)
     row["greedy_after"] = planner.collectives_after(problem, greedy)
     g_report = check(problem, greedy)
     row["greedy_violations"] = g_report.by_rule()
