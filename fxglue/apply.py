@@ -194,8 +194,14 @@ def apply_plan(
     _stable_topological_sort(graph, extra)
     graph.lint()
 
-    # Final order on the real graph: each fully hidden member's hiding nodes between its bucket's
-    # merged start and wait.
+    _check_hidden_kept(graph, plan, colls, replaced, by_name)
+    if insert_overlap_deps:  # keep that order through inductor, as torch does (after the check: this rewrites nodes)
+        _insert_overlap_deps(graph, extra)
+
+
+def _check_hidden_kept(graph: fx.Graph, plan: planner.Plan, colls: dict, replaced: dict, by_name: dict) -> None:
+    """Final order on the real graph: each fully hidden member's hiding nodes lie between its
+    bucket's merged start and wait (the verifier promised it; a failure is our bug)."""
     index = {n: i for i, n in enumerate(graph.nodes)}
     for b, bucket in enumerate(plan.buckets):
         if len(bucket.members) < 2:
@@ -211,14 +217,15 @@ def apply_plan(
                     raise RuntimeError(f"apply_plan: bucket {b}: hiding node {h} of {m} ended outside the bucket "
                                        "(bug: the verifier accepted this plan)")
 
-    # Keep that order through inductor, as torch does (after the check: this rewrites nodes).
-    if insert_overlap_deps:
-        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-        from torch._inductor.fx_passes.overlap_preserving_bucketer import is_collective_or_wait
 
-        filtered = {n: OrderedSet(d for d in deps if not (is_collective_or_wait(n) and is_collective_or_wait(d)))
-                    for n, deps in extra.items()}
-        filtered = {n: d for n, d in filtered.items() if d}
-        if filtered:
-            preserve_node_ordering(graph, filtered)
-        graph.lint()
+def _insert_overlap_deps(graph: fx.Graph, extra: dict) -> None:
+    """torch's control dependencies for the final order, except between two collectives/waits."""
+    from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+    from torch._inductor.fx_passes.overlap_preserving_bucketer import is_collective_or_wait
+
+    filtered = {n: OrderedSet(d for d in deps if not (is_collective_or_wait(n) and is_collective_or_wait(d)))
+                for n, deps in extra.items()}
+    filtered = {n: d for n, d in filtered.items() if d}
+    if filtered:
+        preserve_node_ordering(graph, filtered)
+    graph.lint()

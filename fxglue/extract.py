@@ -109,6 +109,29 @@ def _pinned_dependencies(scheduled: list[fx.Node], pinned_idx: dict[fx.Node, int
 
 
 
+def _collective(s: fx.Node, info, pos: dict, mode) -> planner.Collective:
+    """One collective as torch's scheduler left it: where it starts and waits, what hides it, and
+    whether torch estimated it fully hidden, partly hidden or exposed."""
+    from torch._inductor.fx_passes.bucketing import is_all_gather_into_tensor
+    from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather
+    from torch._inductor.fx_passes.overlap_scheduling import get_group_name
+
+    if info.exposed_time_ms == 0:
+        status = "hidden"
+    elif info.hiding_nodes and info.exposed_time_ms < info.estimated_time_ms:
+        status = "partly"
+    else:
+        status = "exposed"
+    return planner.Collective(
+        name=s.name, wait=info.wait_node.name, kind=collective_kind(s), pg=get_group_name(s), key=_key_str(s, mode),
+        dtype=str(s.meta["val"].dtype).removeprefix("torch."), size_bytes=int(info.size_bytes),
+        wire_bytes=wire_bytes(s), est_ms=float(info.estimated_time_ms),
+        exposed_ms=float(info.exposed_time_ms), start_pos=pos[s], wait_pos=pos[info.wait_node],
+        hiding=tuple(h.name for h in sorted(info.hiding_nodes, key=pos.__getitem__)), status=status,
+        fsdp=bool(is_all_gather_into_tensor(s) and is_fsdp_all_gather(s)),
+    )
+
+
 def extract_problem(
     graph: fx.Graph,
     collective_info: dict,
@@ -125,9 +148,8 @@ def extract_problem(
     times and the per-group α-β links; by default the documented hardware with every group on
     the data-parallel link.
     """
-    from torch._inductor.fx_passes.bucketing import _default_bucket_mode, is_all_gather_into_tensor
-    from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather
-    from torch._inductor.fx_passes.overlap_scheduling import get_group_name, is_compute_node
+    from torch._inductor.fx_passes.bucketing import _default_bucket_mode
+    from torch._inductor.fx_passes.overlap_scheduling import is_compute_node
 
     estimator = estimator or Estimator()
     mode = bucket_mode or _default_bucket_mode()
@@ -157,25 +179,8 @@ def extract_problem(
             est = 0.0 if k == "wait" else float(estimator(n) or 0.0)
             nodes.append(planner.Node(name=n.name, kind=k, pos=pos[n], est_ms=est, deps=deps[i]))
 
-        colls = []
-        pgs: dict[str, None] = {}
-        for s, info in collective_info.items():
-            pg = get_group_name(s)
-            pgs[pg] = None
-            if info.exposed_time_ms == 0:
-                status = "hidden"
-            elif info.hiding_nodes and info.exposed_time_ms < info.estimated_time_ms:
-                status = "partly"
-            else:
-                status = "exposed"
-            colls.append(planner.Collective(
-                name=s.name, wait=info.wait_node.name, kind=collective_kind(s), pg=pg, key=_key_str(s, mode),
-                dtype=str(s.meta["val"].dtype).removeprefix("torch."), size_bytes=int(info.size_bytes),
-                wire_bytes=wire_bytes(s), est_ms=float(info.estimated_time_ms),
-                exposed_ms=float(info.exposed_time_ms), start_pos=pos[s], wait_pos=pos[info.wait_node],
-                hiding=tuple(h.name for h in sorted(info.hiding_nodes, key=pos.__getitem__)), status=status,
-                fsdp=bool(is_all_gather_into_tensor(s) and is_fsdp_all_gather(s)),
-            ))
+        colls = [_collective(s, info, pos, mode) for s, info in collective_info.items()]
+        pgs = dict.fromkeys(c.pg for c in colls)
 
         timelines = []
         for pg in pgs:

@@ -212,6 +212,24 @@ def prepare(
     return prepared
 
 
+def _apply_torch_greedy(prepared: Prepared) -> float:
+    """Torch's own search and merge inside its finalize, on the prepared graph; seconds taken."""
+    traced = prepared.traced
+    t0 = time.perf_counter()
+    with cpu_compat(prepared.estimator), traced.fake_mode:
+        try:
+            finalize_with_torch(prepared.inputs)
+        except RuntimeError as e:
+            if "cyclic extra dep" not in str(e):
+                raise
+            raise TorchGreedyError(
+                f"{traced.name}: torch's own greedy bucketing failed its cycle check ({str(e)[:200]}...). "
+                "Its step-by-step checks accepted merges whose final order is cyclic; "
+                "`bucketplan verify` on the recorded greedy plan names them (rule 9). "
+                "See planner/README.md, 'Where torch differs'.") from e
+    return time.perf_counter() - t0
+
+
 @dataclass
 class PipelineResult:
     """A scheduled (and, unless ``apply=False``, bucketed) graph with its problem and plan."""
@@ -265,19 +283,7 @@ def run_pipeline(
         plan = prepared.greedy
         timings["plan_s"] = timings["greedy_s"]
         if apply:
-            t0 = time.perf_counter()
-            with cpu_compat(estimator), traced.fake_mode:
-                try:
-                    finalize_with_torch(inputs)
-                except RuntimeError as e:
-                    if "cyclic extra dep" not in str(e):
-                        raise
-                    raise TorchGreedyError(
-                        f"{traced.name}: torch's own greedy bucketing failed its cycle check ({str(e)[:200]}...). "
-                        "Its step-by-step checks accepted merges whose final order is cyclic; "
-                        "`bucketplan verify` on the recorded greedy plan names them (rule 9). "
-                        "See planner/README.md, 'Where torch differs'.") from e
-            timings["apply_s"] = time.perf_counter() - t0
+            timings["apply_s"] = _apply_torch_greedy(prepared)
     elif isinstance(planner_, str) and planner_ == "none":
         if apply:
             with cpu_compat(estimator), traced.fake_mode:

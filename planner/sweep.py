@@ -66,11 +66,12 @@ CASES, ROWS = "cases", "rows.jsonl"
 PROBLEM, GREEDY, STAGES = "problem.json", "greedy.json", "stages.json"
 # where a problem file's sibling greedy plan may be, in this order (extract's, compile's, experiments')
 GREEDY_SIBLINGS = ("greedy.json", "greedy-plan.json", "torch-greedy-plan.json", "torch-greedy-plan.json.gz")
-RESULT_COLUMNS = ("case", "objective", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
+RESULT_COLUMNS = ("case", "objective", "nodes", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
                   "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "status", "bound", "gap_pct", "plan_sha",
                   "note")
 STAGE_COLUMNS = ("case", "stage", "wall_s", "peak_rss_gb", "attempts", "note")
 MAX_ATTEMPTS = 2  # a task that fails or whose worker dies is retried once, then reported
+HEARTBEAT_S = 30.0  # on Ray, a line at least this often while tasks run (their solver lines stay there)
 
 
 class SpecError(ValueError):
@@ -312,11 +313,12 @@ class Task:
     settings: Settings
 
 
-def run_task(task: Task) -> dict:
+def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
     """Solve one task (in whatever process runs it) and return the plan as JSON with the figures.
 
     Torch-free and self-contained, so a Ray worker needs only this package. The driver verifies
-    the plan again before it counts (the worker's answer is not trusted)."""
+    the plan again before it counts (the worker's answer is not trusted). ``progress``: the
+    solver's incumbent/bound lines (in this process; a Ray worker's stay there)."""
     from planner.plan_dir import start_plan
     from planner.problem import Plan, Problem
     from planner.solver import solve
@@ -328,7 +330,8 @@ def run_task(task: Task) -> dict:
         start, note = start_plan(problem, greedy)
         s = task.settings
         result = solve(problem, objective=task.objective, time_limit_s=s.time_limit_s, workers=s.workers, seed=s.seed,
-                       deterministic=s.deterministic, hint=start, floor_plans=(start,) if start is not None else ())
+                       deterministic=s.deterministic, hint=start, floor_plans=(start,) if start is not None else (),
+                       progress=progress)
     return {"plan_json": dumps(result.plan) if result.plan is not None else None, "status": result.status,
             "objective_value": result.objective, "bound": result.bound, "gap": result.gap,
             "wall_s": round(time.perf_counter() - t0, 2), "peak_rss_gb": mem["peak_rss_gb"],
@@ -352,7 +355,7 @@ def run_sequential(tasks: list[Task], done: Done, say: Callable[[str], None]) ->
     for task in tasks:
         for attempt in range(1, MAX_ATTEMPTS + 1):
             try:
-                result = run_task(task)
+                result = run_task(task, progress=lambda msg, t=task: say(f"  {t.case} {t.objective}: {msg}"))
             except Exception as e:  # noqa: BLE001 - reported in the table, never dropped
                 if attempt < MAX_ATTEMPTS:
                     say(f"{task.case} {task.objective}: failed ({_error_line(e)}); retrying once")
@@ -398,8 +401,14 @@ def run_on_ray(tasks: list[Task], done: Done, say: Callable[[str], None], *, add
 
         for t in tasks:
             submit(t, 1)
+        t0 = time.perf_counter()
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_S)
+            if not ready:  # a long task: say the sweep is alive, with what is in flight
+                say(f"{len(pending)} task(s) in flight after {time.perf_counter() - t0:.0f}s: "
+                    + ", ".join(sorted({f"{t.case} {t.objective}" for t, _ in pending.values()})[:4])
+                    + (" ..." if len(pending) > 4 else ""))
+                continue
             task, attempt = pending.pop(ready[0])
             try:
                 result = ray.get(ready[0])
@@ -454,7 +463,8 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
 
     unbucketed = simulate(problem).step_ms
     floor = step_floor(problem).floor_ms
-    row = {"case": case.key, "objective": objective, "collectives": len(problem.collectives),
+    row = {"case": case.key, "objective": objective, "nodes": problem.n_scheduled,
+           "collectives": len(problem.collectives),
            "unbucketed_ms": round(unbucketed, 3), "floor_ms": round(floor, 3)}
     # torch's greedy as recorded, or the repair the task started from where it breaks a rule
     # (checked here too: the worker's answer is not trusted)
@@ -629,6 +639,9 @@ class _Ledger:
 
     def write_tables(self) -> SweepReport:
         order = [self.rows[(c.key, o)] for c, o in self.spec.tasks() if (c.key, o) in self.rows]
+        for r in order:  # rows written before the column existed
+            if "nodes" not in r and r.get("status") != "NOT EXTRACTED":
+                r["nodes"] = self.loaded(r["case"])[0].n_scheduled
         stage_rows = [{"case": c.key, **st} for c in self.spec.cases for st in _stages(self.out, c)]
         stage_rows += [{"case": r["case"], "stage": f"solve {r['objective']}", "wall_s": r.get("wall_s"),
                         "peak_rss_gb": r.get("peak_rss_gb"), "attempts": r.get("attempts"), "note": r.get("status")}

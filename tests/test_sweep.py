@@ -153,7 +153,7 @@ def test_a_failing_task_is_retried_once_then_reported_not_dropped(tmp_path, monk
     calls = []
     real = sweep.run_task
 
-    def flaky(task):
+    def flaky(task, progress=None):
         calls.append(task.objective)
         if task.objective == "count" or calls.count("step") == 1:  # count always fails; step fails once
             raise RuntimeError("worker lost")
@@ -179,7 +179,7 @@ def test_the_driver_rejects_a_plan_the_worker_got_wrong(tmp_path, monkeypatch):
     """The worker's answer is not trusted: a plan that breaks a rule is REJECTED, not tabulated."""
     real = sweep.run_task
 
-    def wrong(task):
+    def wrong(task, progress=None):
         result = real(task)
         problem = planner.Problem.model_validate_json(task.problem_json)
         kinds = {}
