@@ -141,7 +141,8 @@ def hf_config_workload(config_path: str | None = None, *, model_id: str | None =
         hf_models._register_attention()
         cfg = transformers.AutoConfig.for_model(**{**config.to_dict(), **hf_models._COMMON,
                                                    "num_hidden_layers": n_layers})
-        dtype = getattr(torch, str(getattr(config, "torch_dtype", None) or getattr(config, "dtype", None)
+        # `dtype` first: transformers 5 warns on every read of the deprecated `torch_dtype`
+        dtype = getattr(torch, str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
                                    or "bfloat16").removeprefix("torch."), torch.bfloat16)
         try:
             with default_dtype(dtype):
