@@ -139,6 +139,11 @@ def dumps(obj: Union[Problem, Plan]) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """``atomic_write_bytes`` of the text in UTF-8."""
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write atomically: a temporary file in the same folder, fsync, then rename. A reader never
     sees a half-written file, and a failure leaves no temporary file behind."""
     p = Path(path)
@@ -147,8 +152,8 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     try:
         # mkstemp makes the file 0600; a result file gets the mode open() would give it
         os.fchmod(fd, 0o666 & ~_umask())
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, p)
@@ -168,7 +173,10 @@ def _umask() -> int:
 
 
 def save(obj: Union[Problem, Plan], path: str | os.PathLike) -> Path:
-    """Write a problem or plan as JSON, atomically."""
+    """Write a problem or plan as JSON, atomically; gzipped when the name ends in ``.gz`` (with
+    no timestamp in the header, so the same content gives the same bytes)."""
+    if str(path).endswith(".gz"):
+        return atomic_write_bytes(path, gzip.compress(dumps(obj).encode("utf-8"), mtime=0))
     return atomic_write_text(path, dumps(obj))
 
 

@@ -9,8 +9,8 @@ in the driver, with the independent verifier before it counts.
 
 Layout of the output folder (one place)::
 
-    DIR/cases/<case>/problem.json       extracted once (a rerun reuses it)
-    DIR/cases/<case>/greedy.json        torch's greedy plan on it, recorded (when there is one)
+    DIR/cases/<case>/problem.json.gz    extracted once (a rerun reuses it)
+    DIR/cases/<case>/greedy.json.gz     torch's greedy plan on it, recorded (when there is one)
     DIR/cases/<case>/stages.json        extraction stages: wall seconds and peak memory
     DIR/cases/<case>/<objective>-plan.json   the verified plan of each task
     DIR/rows.jsonl                      one line per finished task (the sweep resumes from it)
@@ -63,7 +63,8 @@ from planner.io import SchemaError, atomic_write_text, dumps, load_plan, load_pr
 
 OBJECTIVES = ("count", "step", "exposure")
 CASES, ROWS = "cases", "rows.jsonl"
-PROBLEM, GREEDY, STAGES = "problem.json", "greedy.json", "stages.json"
+# gzipped: a 405B-shaped problem is 3 MB of JSON, 10x less compressed, and sweeps are committed
+PROBLEM, GREEDY, STAGES = "problem.json.gz", "greedy.json.gz", "stages.json"
 # where a problem file's sibling greedy plan may be, in this order (extract's, compile's, experiments')
 GREEDY_SIBLINGS = ("greedy.json", "greedy-plan.json", "torch-greedy-plan.json", "torch-greedy-plan.json.gz")
 RESULT_COLUMNS = ("case", "objective", "nodes", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",

@@ -94,7 +94,7 @@ problems = ['{PRESETS / "llama3-8b-fsdp-2--h100-1node" / "problem.json.gz"}']
     assert len(rows) == 1 + 4 and all(",OPTIMAL," in r or ",FEASIBLE," in r for r in rows[1:])
     # the driver's own figures: each plan verifies and simulates as the table says
     for case in ("llama3-8b-ddp-2--h100-1node", "llama3-8b-fsdp-2--h100-1node"):
-        problem = planner.load_problem(one / "cases" / case / "problem.json")
+        problem = planner.load_problem(one / "cases" / case / "problem.json.gz")
         for objective in ("count", "step"):
             plan = planner.load_plan(one / "cases" / case / f"{objective}-plan.json")
             assert not planner.verify(problem, plan)
@@ -143,7 +143,7 @@ def test_a_killed_ray_worker_is_retried_and_the_table_is_complete(tmp_path):
     assert "retrying once" in stderr
     (line,) = [r for r in (out / "stages.csv").read_text().splitlines() if r.startswith(f"{case},solve step,")]
     assert line.split(",")[4] == "2"  # attempts: the killed one and its retry
-    problem = planner.load_problem(out / "cases" / case / "problem.json")
+    problem = planner.load_problem(out / "cases" / case / "problem.json.gz")
     plan = planner.load_plan(out / "cases" / case / "step-plan.json")
     assert not planner.verify(problem, plan)
     assert len(_csv(out).splitlines()) == 2 and f"{case},step," in _csv(out)
