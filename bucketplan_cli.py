@@ -7,6 +7,7 @@ Torch-free commands (``verify``, ``solve``) import only ``planner``; the others 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -25,6 +26,47 @@ def _progress(quiet: bool):
             print(f"[{time.perf_counter() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
 
     return say
+
+
+class LiveLine:
+    """The latest progress line kept alive while a long search runs, so it is never silent: on a
+    terminal rewritten in place every ``interval`` seconds with the elapsed time; elsewhere (a
+    log) repeated every ``log_interval`` seconds as its own line."""
+
+    def __init__(self, say, *, interval: float = 1.0, log_interval: float = 15.0, tty: bool | None = None):
+        import threading
+
+        self.say, self.last, self.start = say, "", time.perf_counter()
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self.interval = interval if self.tty else log_interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def __call__(self, msg: str) -> None:
+        self.last = msg
+        if self.tty:
+            print("\r\033[K", end="", file=sys.stderr)
+        self.say(msg)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            if not self.last:
+                continue
+            elapsed = time.perf_counter() - self.start
+            if self.tty:
+                print(f"\r\033[K  ... {elapsed:.0f}s: {self.last[:120]}", end="", file=sys.stderr, flush=True)
+            else:
+                self.say(f"still searching ({elapsed:.0f}s); last: {self.last}")
+
+    def __enter__(self) -> "LiveLine":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self.tty:
+            print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def _fmt_counts(counts: dict[str, int]) -> str:
@@ -289,9 +331,10 @@ def cmd_solve(args) -> int:
     say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective {args.objective}, "
         f"time limit {args.time_limit}s")
     try:
-        result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
-                       seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
-                       memory_budget_bytes=budget, deterministic=args.deterministic, progress=say)
+        with LiveLine(say) if not args.quiet else contextlib.nullcontext(say) as live:
+            result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
+                           seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
+                           memory_budget_bytes=budget, deterministic=args.deterministic, progress=live)
     except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
     if result.plan is None:
