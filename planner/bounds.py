@@ -137,21 +137,22 @@ def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tup
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     limits = fixed_limits(problem)
-    protected = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
+    # hiding nodes of protected (fully hidden) collectives: their owners stay alone (rule 4)
+    protected_hiders = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
     groups: dict[tuple, list] = {}
     for c in problem.collectives:
         groups.setdefault((c.kind, c.pg, c.key), []).append(c)
     out: dict[tuple, int] = {}
     for group_key, cs in groups.items():
-        alone = [c for c in cs if c.name in protected or c.wait in protected]
-        rest = [c for c in cs if not (c.name in protected or c.wait in protected)]
+        alone = [c for c in cs if c.name in protected_hiders or c.wait in protected_hiders]
+        rest = [c for c in cs if not (c.name in protected_hiders or c.wait in protected_hiders)]
         need = len(alone)
         if rest:
             starts, waits = [], []
             for c in rest:
                 s_lo, w_hi = limits[c.name]
-                guarded = c.status == "hidden" or (protect_partly and c.status == "partly")
-                hp = sorted(pos[index[h]] for h in c.hiding) if guarded else []
+                is_protected = c.status == "hidden" or (protect_partly and c.status == "partly")
+                hp = sorted(pos[index[h]] for h in c.hiding) if is_protected else []
                 s_hi = hp[0] if hp else w_hi
                 w_lo = hp[-1] if hp else s_lo
                 starts.append((s_lo, s_hi))

@@ -43,7 +43,7 @@ class _Coll:
     s: int  # start position
     w: int  # wait position
     size: int
-    hidden: bool
+    protected: bool  # its overlap must be kept (fully hidden; under protect_partly also partly)
     hiders: tuple[int, ...]  # positions of hiding nodes
     hider: bool  # its start or wait hides a protected collective (rule 4): stays alone
     s_lo: int = -1  # FS > s_lo
@@ -59,8 +59,8 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     pos = [n.pos for n in nodes]
     # rule 4: a collective whose start or wait hides a protected collective (fully hidden; under
     # protect_partly also partly hidden) stays alone -- merging would erase or move that hider
-    protected = {h for c in problem.collectives
-                 if c.status == "hidden" or (protect_partly and c.status == "partly") for h in c.hiding}
+    protected_hiders = {h for c in problem.collectives
+                        if c.status == "hidden" or (protect_partly and c.status == "partly") for h in c.hiding}
     wait_owner = {c.wait: k for k, c in enumerate(problem.collectives)}
     succ: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
@@ -68,10 +68,10 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
             succ.setdefault(d, []).append(i)
     out = []
     for k, c in enumerate(problem.collectives):
-        hidden = c.status == "hidden" or (protect_partly and c.status == "partly")
+        protected = c.status == "hidden" or (protect_partly and c.status == "partly")
         hp = tuple(sorted(pos[index[h]] for h in c.hiding))
-        cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, hidden, hp,
-                   c.name in protected or c.wait in protected)
+        cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, protected, hp,
+                   c.name in protected_hiders or c.wait in protected_hiders)
         for d in nodes[index[c.name]].deps:  # immediate pinned predecessors of the start
             if nodes[d].kind == "wait" and nodes[d].name in wait_owner:
                 cc.wait_preds_of_start.append(wait_owner[nodes[d].name])
@@ -80,7 +80,7 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
         for s in succ.get(index[c.wait], []):  # immediate pinned successors of the wait
             if nodes[s].kind != "start":
                 cc.w_hi = min(cc.w_hi, pos[s])
-        if hidden and hp:  # rule 7
+        if protected and hp:  # rule 7
             cc.s_hi = min(cc.s_hi, hp[0])
             cc.w_lo = max(cc.w_lo, hp[-1])
         out.append(cc)
@@ -344,7 +344,7 @@ def _no_new_stream_blocking(m: cp_model.CpModel, v: _Variables, colls: list[_Col
     by_pg = _anchor_arrays_by_pg(v, colls)
     n = 0
     for c in colls:
-        if not c.hidden:
+        if not c.protected:
             continue
         fs_dom = v.s_dom[c.idx]
         anchors, a_s, bw_min, bw_max = by_pg[c.pg]

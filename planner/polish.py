@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from planner.bounds import fixed_limits
+from planner.policy import Policy
 from planner.problem import Bucket, Plan, Problem
 from planner.simulator import simulate
 from planner.verifier import verify
@@ -110,10 +111,9 @@ def _apply(groups: list[list[str]], move: tuple, pos: dict[str, int]) -> list[li
 
 
 def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None = None, seed: int = 0,
-           policy: dict | None = None, progress: Callable[[str], None] | None = None) -> PolishResult:
+           policy: Policy = Policy(), progress: Callable[[str], None] | None = None) -> PolishResult:
     """The best plan found from ``plan`` by single moves before ``deadline`` (a ``time.perf_counter``
     value) or ``max_evaluations`` simulations (the reproducible limit). ``plan`` must be feasible."""
-    policy = policy or {}
     rng = random.Random(seed)
     pos = {c.name: c.start_pos for c in problem.collectives}
     key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
@@ -148,7 +148,7 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
             stats["evaluations"] += 1
             ms = simulate(problem, candidate).step_ms
             if ms < best_ms - MIN_GAIN_MS:
-                if verify(problem, candidate, **policy):
+                if verify(problem, candidate, **policy.as_params()):
                     stats["rejected_by_verifier"] += 1
                     continue
                 best_plan, best_ms, groups = candidate, ms, trial

@@ -14,6 +14,7 @@ import time
 
 from planner.cpsat import plan_objective
 from planner.polish import anchored
+from planner.policy import Policy
 from planner.problem import Plan, Problem
 # planner.solver imports this module only inside solve (to repair an infeasible hint), so this
 # top-level import is no circle
@@ -43,7 +44,7 @@ def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers:
     restricted space (no refinement has fewer buckets) and no search is needed."""
     check_plan_matches(problem, plan)
     t0 = time.perf_counter()
-    policy = {"protect_partly": protect_partly, "memory_budget_bytes": memory_budget_bytes}
+    policy = Policy(protect_partly, memory_budget_bytes).as_params()
     quick = _reanchor(problem, plan)
     quick_ok = not verify(problem, quick, **policy)
     if quick_ok and len(quick.buckets) == len(plan.buckets):

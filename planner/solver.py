@@ -28,6 +28,7 @@ from ortools.sat.python import cp_model
 from planner.bounds import key_lower_bounds, step_floor
 from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
 from planner.polish import polish
+from planner.policy import Policy
 from planner.problem import Plan, Problem
 from planner.simulator import simulate
 from planner.step import NS_PER_MS, add_step_objective, hint_every_variable
@@ -153,7 +154,7 @@ class _SolveContext:
 
     problem: Problem
     objective: str
-    policy: dict
+    policy: Policy
     within: Plan | None
     window: int | None  # the main search's candidate window (None: full model)
     auto: bool  # the window was chosen automatically (then it may widen)
@@ -206,7 +207,7 @@ class _SolveContext:
     def params(self) -> dict:
         """The search's settings, recorded in every plan it returns."""
         return {"objective": self.objective, "time_limit_s": self.time_limit_s, "workers": self.workers,
-                "seed": self.seed, "window": self.window, **self.policy}
+                "seed": self.seed, "window": self.window, **self.policy.as_params()}
 
 
 @dataclass(frozen=True)
@@ -275,8 +276,7 @@ def solve(
     _validate(problem, time_limit_s, objective, hint)
     ctx, handle = _prepare(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed,
                            window=window, within=within, probe=probe, deterministic=deterministic,
-                           progress=progress, policy={"protect_partly": protect_partly,
-                                                      "memory_budget_bytes": memory_budget_bytes})
+                           progress=progress, policy=Policy(protect_partly, memory_budget_bytes))
     hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans)
     incumbent = _main_search(ctx, handle, hint if hint_ok else None)
     if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None:
@@ -300,7 +300,7 @@ def _validate(problem: Problem, time_limit_s: float, objective: str, hint: Plan 
 
 def _prepare(problem: Problem, *, time_limit_s: float, objective: str, workers: int | None, seed: int,
              window: int | str | None, within: Plan | None, probe: bool, deterministic: bool,
-             progress: Callable[[str], None] | None, policy: dict) -> tuple[_SolveContext, ModelHandle]:
+             progress: Callable[[str], None] | None, policy: Policy) -> tuple[_SolveContext, ModelHandle]:
     """The context of one solve and its main model. ``window="auto"`` is a full model up to
     AUTO_FULL_MODEL_MAX_COLLECTIVES collectives and AUTO_FULL_MODEL_MAX_PAIRS candidate pairs,
     a window of AUTO_WINDOW beyond."""
@@ -308,7 +308,7 @@ def _prepare(problem: Problem, *, time_limit_s: float, objective: str, workers: 
     auto = window == "auto"
     if auto:
         window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
-    key_bounds = key_lower_bounds(problem, protect_partly=policy["protect_partly"])
+    key_bounds = key_lower_bounds(problem, protect_partly=policy.protect_partly)
     lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
     floor_ms = step_floor(problem).floor_ms if objective == "step" else None
     ctx = _SolveContext(
@@ -331,8 +331,8 @@ def _build(ctx: _SolveContext, window: int | None, within: Plan | None) -> Model
     """The rule model with its objective; ``step`` adds the step variables of planner.step."""
     if not ctx.step:
         return build_model(ctx.problem, objective=ctx.objective, window=window, within=within, **ctx.bounds,
-                           **ctx.policy)
-    handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds, **ctx.policy)
+                           **ctx.policy.as_params())
+    handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds, **ctx.policy.as_params())
     step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0)
     handle.objective = "step"
     handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
@@ -344,7 +344,7 @@ def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
     """The plan the search starts from and whether it is feasible (then it is the result's floor),
     fed to ``handle``'s model: the caller's hint, its repair when it breaks a rule, and for a step
     search the fastest of the starting plans (_step_start)."""
-    hint_ok = hint is not None and not verify(ctx.problem, hint, **ctx.policy)
+    hint_ok = hint is not None and not verify(ctx.problem, hint, **ctx.policy.as_params())
     if hint is not None and not hint_ok and ctx.within is None:
         hint, hint_ok = _repaired_hint(ctx, hint)
     if ctx.step:
@@ -362,7 +362,7 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     from planner.repair import repair
 
     repaired = repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
-                      seed=ctx.seed, **ctx.policy)
+                      seed=ctx.seed, **ctx.policy.as_params())
     ctx.stats["hint_repaired"] = repaired.plan is not None
     if repaired.plan is not None:
         return repaired.plan, True
@@ -379,14 +379,14 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
     if not floor_plans and ctx.within is None:
         count = solve(problem, objective="count", hint=hint, time_limit_s=STEP_COUNT_SHARE * ctx.time_limit_s,
                       workers=ctx.workers, seed=ctx.seed, window="auto" if ctx.auto else ctx.window,
-                      deterministic=ctx.deterministic, **ctx.policy)
+                      deterministic=ctx.deterministic, **ctx.policy.as_params())
         if count.plan is not None:
             floor_plans = (count.plan,)
         ctx.cb.interrupted = bool(count.stats.get("interrupted"))
         ctx.stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
     starts = [unbucketed] + ([hint] if hint is not None else [])
-    starts += [p for p in floor_plans if not verify(problem, p, **ctx.policy)]
+    starts += [p for p in floor_plans if not verify(problem, p, **ctx.policy.as_params())]
     return min(starts, key=lambda p: simulate(problem, p).step_ms)
 
 
@@ -523,7 +523,7 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
         if deadline - time.perf_counter() < 0.5 or det_left < 0.05:
             break
         handle = build_model(ctx.problem, objective="count", lower_bound=target, max_count=target,
-                             key_bounds=ctx.bounds["key_bounds"], **ctx.policy)
+                             key_bounds=ctx.bounds["key_bounds"], **ctx.policy.as_params())
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
         solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
                                     _portfolio("count", windowed=False))
@@ -601,7 +601,7 @@ def _verified_plan(ctx: _SolveContext, handle: ModelHandle, solver: cp_model.CpS
     """The solver's plan with its objective, re-checked by the independent verifier; (None, None)
     when the verifier rejects it (a modelling bug, recorded in ``stats['model_bug']``)."""
     plan = handle.extract(solver, planner="cpsat", params=params, created=created)
-    violations = verify(ctx.problem, plan, **ctx.policy)
+    violations = verify(ctx.problem, plan, **ctx.policy.as_params())
     if violations:
         ctx.stats["model_bug"] = [str(v) for v in violations[:5]]
         return None, None

@@ -1,0 +1,24 @@
+"""Which overlap a plan must keep, and how much extra memory it may hold alive: one frozen value.
+
+The verifier, the model, the bounds and the search each take the two options as keyword
+arguments (their public signatures); inside the search they travel as one ``Policy`` so a stage
+cannot drop or misspell one, and a plan records them in its ``params`` (``as_params``), which
+``bucketplan verify`` reads back (``planner.verifier.recorded_policy``)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``protect_partly``: rules 4, 7 and 8 protect partly hidden collectives too, not only fully
+    hidden ones. ``memory_budget_bytes``: the extra bytes moved starts and waits keep alive stay
+    within it at every position (rule 10); None: no budget."""
+
+    protect_partly: bool = False
+    memory_budget_bytes: int | None = None
+
+    def as_params(self) -> dict:
+        """The keyword arguments of verify/check/build_model, and what a plan records."""
+        return asdict(self)
