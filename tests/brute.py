@@ -30,3 +30,31 @@ def feasible_plans(problem: planner.Problem, **policy) -> Iterator[planner.Plan]
                                               for b, (s, w) in zip(multi, anchors)))
             if not planner.verify(problem, plan, **policy):
                 yield plan
+
+
+def exposure_objective(problem, plan) -> int:
+    """The ``exposure`` objective of ``plan`` from its definition (README, *Planning*), written
+    apart from the model's own scoring (``cpsat.TimeTerms``/``plan_objective``), so a wrong
+    formula there cannot check itself: per bucket (a collective in no bucket is its own), the
+    link's cost at 0 bytes once plus each member's cost beyond it, in µs, less the compute
+    scheduled between the bucket's start and its wait, never below 0; summed, then times
+    (collectives + 1) plus the collectives left (fewer collectives break ties)."""
+    links = {link.pg: link for link in problem.links}
+    colls = {c.name: c for c in problem.collectives}
+    in_bucket = {m for b in plan.buckets for m in b.members}
+    groups = [(b.members, colls[b.start].start_pos, colls[b.wait].wait_pos) for b in plan.buckets]
+    groups += [((c.name,), c.start_pos, c.wait_pos) for c in problem.collectives if c.name not in in_bucket]
+
+    def compute_before_us(pos: int) -> int:
+        return int(round(sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other") and n.pos < pos) * 1e3))
+
+    total = 0
+    for members, start, wait in groups:
+        first = colls[members[0]]
+        link, kind = links[first.pg], first.kind
+        fixed = link.time_ms(kind, 0)
+        comm = int(round(fixed * 1e3)) + sum(int(round((link.time_ms(kind, colls[m].wire_bytes) - fixed) * 1e3))
+                                             for m in members)
+        total += max(0, comm - (compute_before_us(wait) - compute_before_us(start)))
+    left = len(problem.collectives) - len(in_bucket) + len(plan.buckets)
+    return total * (len(problem.collectives) + 1) + left
