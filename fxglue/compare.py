@@ -26,6 +26,7 @@ from planner.io import atomic_write_text, replace_dir_atomically
 from planner.bounds import step_floor
 from planner.repair import repair
 from planner.simulator import simulate, write_chrome_trace
+from planner.progress import LiveLine
 from planner.solver import solve
 from planner.verifier import check
 
@@ -123,8 +124,9 @@ def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say) -> None:
     floor_plans: tuple = ()
     for label, objective in CPSAT_VARIANTS:
         say(f"{row.name}: {label}")
-        res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2,
-                    floor_plans=floor_plans, progress=lambda msg: say(f"{row.name}: {label}: {msg}"))
+        with LiveLine(lambda msg: say(f"{row.name}: {label}: {msg}")) as live:  # never silent for long
+            res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2,
+                        floor_plans=floor_plans, progress=live)
         note = "stopped by the wall clock" if res.stats.get("wall_limit_hit") else ""
         row.plans.append(PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note))
         if res.plan is not None:

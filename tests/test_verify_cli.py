@@ -161,7 +161,7 @@ def test_a_long_search_is_never_silent_in_a_log():
     every interval while the search is quiet, and nothing is repeated before the first line."""
     import time
 
-    from bucketplan_cli import LiveLine
+    from planner.progress import LiveLine
 
     lines = []
     with LiveLine(lines.append, log_interval=0.05, tty=False) as live:
