@@ -8,7 +8,7 @@ latencies but issue late and hold the FIFO stream; which split pays is exactly w
 ``planner.simulate`` answers in milliseconds, so the search asks it directly.
 
 Every move keeps each bucket's members and re-chooses its anchors as the repair does
-(``anchored``: the earliest start and the latest wait the members allow; ``repair._reanchor``
+(``anchored``: the earliest start and the latest wait the members allow; ``reanchored``
 uses it too), is scored by ``simulate`` and, only
 when it is faster, checked by the independent verifier: the result is a verified plan never
 slower than the one given. First improvement, moves in a seeded random order; a sweep with no
@@ -36,7 +36,7 @@ def anchored(problem: Problem, plan: Plan) -> Plan:
     """Every bucket of ``plan`` with its anchors moved to the earliest start and latest wait its
     members allow (after every fixed predecessor of a member's start, before a fully hidden
     member's hiding nodes; after those, before every fixed consumer of a wait); a bucket with no
-    such anchors is dropped. Not verified: ``repair._reanchor`` and ``polish`` check."""
+    such anchors is dropped. Not verified: ``reanchored`` and ``polish`` check."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     limits = fixed_limits(problem)
@@ -108,6 +108,19 @@ def _apply(groups: list[list[str]], move: tuple, pos: dict[str, int]) -> list[li
     elif kind == "take_first":
         out[i] = sorted(out[i] + [out[arg].pop(0)], key=pos.__getitem__)
     return sorted((g for g in out if g), key=lambda g: pos[g[0]])
+
+
+def reanchored(problem: Problem, plan: Plan) -> Plan:
+    """A fast repair: keep every bucket's members, re-anchor them (``anchored``), and break up
+    buckets the verifier still rejects. Never fewer buckets than ``plan``."""
+    candidate = anchored(problem, plan)
+    for _ in range(len(candidate.buckets) + 1):
+        bad = {v.bucket for v in verify(problem, candidate) if v.bucket is not None}
+        if not bad:
+            break
+        candidate = candidate.model_copy(update={"buckets": tuple(
+            b for k, b in enumerate(candidate.buckets) if k not in bad)})
+    return candidate
 
 
 def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None = None, seed: int = 0,

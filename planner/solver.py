@@ -8,8 +8,9 @@ independent verifier, and never returns a plan worse than a feasible hint.
 ``solve`` reads as its stages: prepare (validate, build the model, choose the hint), the main
 search, then widening (windowed searches), probing (count searches) and polish (step searches)
 while time is left. One frozen ``_Incumbent`` passes from stage to stage; ``_verdict`` alone
-turns the last one into the reported status, bound and gap. ``repair`` lives in
-``planner.repair``.
+turns the last one into the reported status, bound and gap. ``planner.repair.repair``, the
+public repair of a rule-breaking plan, is ``_repair`` here: a solve within the plan's buckets, which
+``solve`` itself uses on an infeasible hint (one module, so no import circle).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ortools.sat.python import cp_model
 
 from planner.bounds import key_lower_bounds, step_floor
 from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
-from planner.polish import polish
+from planner.polish import polish, reanchored
 from planner.policy import Policy
 from planner.problem import Plan, Problem
 from planner.simulator import simulate
@@ -357,16 +358,40 @@ def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
 def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     """An infeasible hint (torch's greedy often breaks rule 9) misleads the search: its best
     feasible repair instead, when there is one."""
-    # imported here, not at the top: planner.repair imports this module (its search is a solve
-    # within the plan's buckets), so a top-level import would be a circle
-    from planner.repair import repair
-
-    repaired = repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
-                      seed=ctx.seed, **ctx.policy.as_params())
+    repaired = _repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
+                       seed=ctx.seed, policy=ctx.policy)
     ctx.stats["hint_repaired"] = repaired.plan is not None
     if repaired.plan is not None:
         return repaired.plan, True
     return hint, False
+
+
+def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int | None, seed: int,
+            policy: Policy) -> SolveResult:
+    """``planner.repair.repair`` (the public entry, which checks the plan first): here, because
+    it is a solve within the plan's buckets and ``solve`` repairs an infeasible hint with it. A
+    fast re-anchoring first; when it keeps every bucket it is optimal for this restricted space
+    (no refinement has fewer buckets) and no search is needed."""
+    t0 = time.perf_counter()
+    params = policy.as_params()
+    quick = reanchored(problem, plan)
+    quick_ok = not verify(problem, quick, **params)
+    if quick_ok and len(quick.buckets) == len(plan.buckets):
+        count = plan_objective(problem, quick, "count")
+        result = SolveResult(plan=quick, status="FEASIBLE", objective=count, bound=None, gap=None,
+                             wall_s=round(time.perf_counter() - t0, 3),
+                             stats={"repair": "re-anchored", "restricted_bound": count})
+    else:
+        # the plan itself (or its partial re-anchoring) is the hint: usually only anchors move
+        result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None,
+                       hint=quick if quick_ok else plan, **params)
+    if result.plan is not None:
+        # the policy it was repaired under, as solve records it: the re-anchored plan carries the
+        # given plan's params, which may name no policy or another one (`bucketplan verify` reads it)
+        result.plan = result.plan.model_copy(update={"planner": f"{plan.planner}-repaired",
+                                                     "params": {**result.plan.params, "repaired": plan.planner,
+                                                                **params}})
+    return result
 
 
 def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, ...]) -> Plan:

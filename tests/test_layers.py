@@ -83,3 +83,10 @@ def test_planner_never_imports_torch_or_fxglue():
         if m.startswith("planner"):
             bad = {i for i in _imports(path, module_level=False) if i.split(".")[0] in ("torch", "fxglue")}
             assert not bad, f"{m}: {bad}"
+
+
+def test_no_two_modules_import_each_other_even_lazily():
+    """A lazy import inside a function is still a dependency: solve and repair once needed one."""
+    graph = _graph(module_level=False)
+    pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())})
+    assert not pairs, pairs
