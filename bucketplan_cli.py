@@ -458,7 +458,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from fxglue.compare import DEFAULT_SUITE, OUTPUTS, markdown, run_compare
+    from fxglue.compare import DEFAULT_SUITE, OUTPUTS, run_compare
+    from planner.report import markdown
     from planner.io import check_replaceable
     from fxglue.models.workloads import WorkloadError
 

@@ -8,6 +8,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from planner.report import markdown_lines
+
 
 def git_revision() -> str:
     try:
@@ -58,6 +60,6 @@ def append_row(path, row: dict) -> None:
 
 
 def markdown_table(cols: list[str], rows: list[dict]) -> list[str]:
-    """Header, rule and one line per row (missing cells empty)."""
-    return (["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-            + ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows])
+    """Header, rule and one line per row (missing cells empty, None as "None", "|" kept: the
+    committed results tables as they were written)."""
+    return markdown_lines(cols, rows, cell=str, pipe=None)

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
-from fxglue.compare import COLUMNS, _slug, compare_workload, table_rows
+from fxglue.compare import _slug, compare_workload
+from planner.report import COLUMNS, table_rows
 
 REVISION = git_revision()
 
@@ -41,7 +42,8 @@ def run_one(name: str, preset: str, time_limit: float, out: Path, manual: bool =
 def add_pre_step(name: str, preset: str, time_limit: float, out: Path, rows: list[dict]) -> list[dict]:
     """Only the ``cpsat (step, pre-bucketed)`` row, for a case run before compare had it; the
     floor and the unbucketed step come from that case's rows."""
-    from fxglue.compare import PRE_STEP_LABEL, WorkloadRow, _greedy_row, pre_step_row
+    from fxglue.compare import PRE_STEP_LABEL, _greedy_row, pre_step_row
+    from planner.report import WorkloadRow
     from fxglue.pipeline import prepare
     from planner.simulator import simulate
 

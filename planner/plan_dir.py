@@ -15,7 +15,6 @@ Torch-free: solving needs no torch, so the directory can be copied to a machine 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -23,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from planner.io import SchemaError, atomic_write_text, load_plan, load_problem, save
+from planner.io import SchemaError, load_plan, load_problem, save
+from planner.report import write_table
 
 INDEX = "index.jsonl"
 PROBLEM, GREEDY, PLAN = "problem.json", "greedy.json", "plan.json"
@@ -150,18 +150,8 @@ def _graphs_by_problem(plan_dir: Path) -> dict[str, str]:
 
 
 def write_summary(plan_dir: Path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=SUMMARY_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: "" if r.get(k) is None else r.get(k) for k in SUMMARY_COLUMNS})
-    atomic_write_text(plan_dir / "summary.csv", buf.getvalue())
-    lines = ["| " + " | ".join(SUMMARY_COLUMNS) + " |", "|" + "---|" * len(SUMMARY_COLUMNS)]
-    for r in rows:
-        cells = [str(r.get(k, "")) if r.get(k) is not None else "" for k in SUMMARY_COLUMNS]
-        cells[0] = cells[0][:12] + "…"
-        lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-    atomic_write_text(plan_dir / "summary.md", "\n".join(lines) + "\n")
+    """``summary.csv`` and ``summary.md``, fingerprints cut to 12 characters in the Markdown."""
+    write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12)
 
 
 def solve_dir(plan_dir: str | os.PathLike, *, objective: str = "step", time_limit_s: float = 60.0, jobs: int = 1,

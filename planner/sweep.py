@@ -43,10 +43,8 @@ Spec::
 
 from __future__ import annotations
 
-import csv
 import glob
 import hashlib
-import io
 import json
 import math
 import os
@@ -57,9 +55,10 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterator
 
 from planner.io import SchemaError, atomic_write_text, dumps, load_plan, load_problem, save
+from planner.report import sweep_plot, write_table
 
 OBJECTIVES = ("count", "step", "exposure")
 CASES, ROWS = "cases", "rows.jsonl"
@@ -523,57 +522,6 @@ def _append_row(path: Path, row: dict) -> None:
         os.close(fd)
 
 
-def _fmt(v) -> str:
-    return "" if v is None else str(v)
-
-
-def _write_table(out: Path, stem: str, columns: Iterable[str], rows: list[dict], title: str) -> None:
-    columns = list(columns)
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=columns, lineterminator="\n", extrasaction="ignore")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: _fmt(r.get(k)) for k in columns})
-    atomic_write_text(out / f"{stem}.csv", buf.getvalue())
-    lines = [f"# {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_fmt(r.get(k)).replace("|", "/") for k in columns) + " |" for r in rows]
-    atomic_write_text(out / f"{stem}.md", "\n".join(lines) + "\n")
-
-
-def _plot(out: Path, rows: list[dict]) -> None:
-    """Each case's simulated step relative to its floor: unbucketed, torch's greedy, each objective."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    objectives = list(dict.fromkeys(r["objective"] for r in rows))
-    series = {"unbucketed": "unbucketed_ms", "torch greedy": "greedy_ms"}
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cases)), 4.6))
-    labels = list(series) + [f"cpsat ({o})" for o in objectives]
-    width = 0.8 / len(labels)
-    for k, label in enumerate(labels):
-        ys = []
-        for c in cases:
-            mine = [r for r in rows if r["case"] == c]
-            r = next((x for x in mine if f"cpsat ({x['objective']})" == label), None) if label.startswith(
-                "cpsat") else mine[0]
-            key = "plan_ms" if label.startswith("cpsat") else series[label]
-            v, floor = (r or {}).get(key), (r or {}).get("floor_ms")
-            ys.append(100 * (v - floor) / floor if v is not None and floor else 0.0)
-        ax.bar([i + k * width for i in range(len(cases))], ys, width, label=label)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=25, ha="right", fontsize=7)
-    ax.set_ylabel("simulated step above the floor (% of floor)")
-    ax.set_title("Sweep: distance to the step floor per case (lower is better)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = out / ".results.png.tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out / "results.png")
-
-
 @dataclass
 class SweepReport:
     results: list[dict] = field(default_factory=list)
@@ -648,12 +596,12 @@ class _Ledger:
                         "peak_rss_gb": r.get("peak_rss_gb"), "attempts": r.get("attempts"), "note": r.get("status")}
                        for r in order if r.get("status") != "NOT EXTRACTED"]
         name = self.spec.path.name
-        _write_table(self.out, "results", RESULT_COLUMNS, order,
-                     f"Sweep {name}: simulated step per case and objective (every plan verified by the driver)")
-        _write_table(self.out, "stages", STAGE_COLUMNS, stage_rows,
-                     f"Sweep {name}: wall time and peak memory of each stage")
+        write_table(self.out, "results", RESULT_COLUMNS, order,
+                    title=f"Sweep {name}: simulated step per case and objective (every plan verified by the driver)")
+        write_table(self.out, "stages", STAGE_COLUMNS, stage_rows,
+                    title=f"Sweep {name}: wall time and peak memory of each stage")
         if any(r.get("plan_ms") is not None for r in order):
-            _plot(self.out, order)
+            sweep_plot(self.out, order)
         return SweepReport(order, stage_rows, [f"{r['case']} {r['objective']}" for r in order
                                                if r.get("plan_ms") is None])
 

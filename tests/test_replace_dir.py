@@ -135,7 +135,7 @@ def test_compare_writes_through_the_swap(tmp_path, previous_run, monkeypatch, ca
         return target
     monkeypatch.setattr(compare, "compare_workload", completed)
     monkeypatch.setattr(compare, "table_rows", lambda rows: [])
-    monkeypatch.setattr(compare, "_plots", lambda rows, out: (out / "timeline.png").write_bytes(b"png"))
+    monkeypatch.setattr(compare, "plots", lambda rows, out: (out / "timeline.png").write_bytes(b"png"))
     compare.run_compare(["llama3-8b-ddp-2"], out=previous_run)
     assert sorted(_tree(previous_run)) == ["compare.csv", "compare.json", "compare.md", "timeline.png", "traces",
                                            "traces/llama3-8b-ddp-2--cpsat.json"]
