@@ -596,10 +596,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = s.add_mutually_exclusive_group()
     g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload, or a folder of "
                    "rank<R>/plan.json, one per rank (`bucketplan extract --tiny` writes each rank's problem)")
-    g.add_argument("--planner", choices=["greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none"],
-                   default="greedy", help="greedy: torch's own greedy, applied by torch; greedy-autofix: the same "
-                   "with torch's overlap_scheduling_autofix_cycles on; greedy-repaired: torch's greedy plan "
-                   "repaired and applied by bucketplan; cpsat; none: torch's schedule, nothing merged")
+    _add_planner_option(g)
     s.add_argument("--ranks", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--pre-bucketing", action="store_true")
@@ -614,6 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_pipeline_options(s)
     s.set_defaults(func=cmd_apply)
     return p
+
+
+def _add_planner_option(s) -> None:
+    from fxglue import planners  # torch-free: the registry's names and descriptions
+
+    s.add_argument("--planner", choices=planners.names(), default="greedy", help=planners.help_text())
 
 
 def _add_model_options(s) -> None:

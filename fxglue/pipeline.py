@@ -21,12 +21,11 @@ import torch.fx as fx
 
 import planner
 from fxglue.cpu_compat import cpu_compat
+from fxglue import planners
 from fxglue.estimator import Estimator, Hardware, Preset, get_preset
 from fxglue.extract import extract_problem
 from fxglue.greedy import TORCH_BUCKETER_DEFAULTS, greedy_plan
 from fxglue.models.workloads import TracedWorkload, Workload, trace
-
-PLANNERS = ("greedy", "none", "cpsat")
 
 
 class TorchGreedyError(RuntimeError):
@@ -65,13 +64,20 @@ def capture_bucketing_inputs():
         opb.finalize_overlap_scheduling = original
 
 
-def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool = True) -> None:
-    """Torch's own bucketing + dependency application, exactly as the scheduler would run it."""
+def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool = True,
+                        autofix_cycles: bool | None = None) -> None:
+    """Torch's own bucketing + dependency application, exactly as the scheduler would run it.
+    ``autofix_cycles``: torch's ``overlap_scheduling_autofix_cycles`` set to this meanwhile
+    (None: torch's config as it is)."""
+    import torch._inductor.config as inductor_config
     import torch._inductor.fx_passes.overlap_preserving_bucketer as opb
 
     kwargs = dict(inputs.kwargs)
     kwargs["collective_bucketing"] = collective_bucketing
-    opb.finalize_overlap_scheduling(inputs.gm, inputs.collective_info, inputs.scheduled, **kwargs)
+    patch = (contextlib.nullcontext() if autofix_cycles is None
+             else inductor_config.patch({planners.AUTOFIX_CONFIG: autofix_cycles}))
+    with patch:
+        opb.finalize_overlap_scheduling(inputs.gm, inputs.collective_info, inputs.scheduled, **kwargs)
 
 
 def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None, preset: Preset | None = None) -> Estimator:
@@ -212,13 +218,15 @@ def prepare(
     return prepared
 
 
-def _apply_torch_greedy(prepared: Prepared) -> float:
-    """Torch's own search and merge inside its finalize, on the prepared graph; seconds taken."""
+def _finalize_by_torch(prepared: Prepared, finalize: planners.TorchFinalize) -> float:
+    """Torch's own finalize on the prepared graph (its search and merge, or, without collective
+    bucketing, its schedule only); seconds taken."""
     traced = prepared.traced
     t0 = time.perf_counter()
     with cpu_compat(prepared.estimator), traced.fake_mode:
         try:
-            finalize_with_torch(prepared.inputs)
+            finalize_with_torch(prepared.inputs, collective_bucketing=finalize.collective_bucketing,
+                                autofix_cycles=finalize.autofix_cycles)
         except RuntimeError as e:
             if "cyclic extra dep" not in str(e):
                 raise
@@ -227,6 +235,19 @@ def _apply_torch_greedy(prepared: Prepared) -> float:
                 "Its step-by-step checks accepted merges whose final order is cyclic; "
                 "`bucketplan verify` on the recorded greedy plan names them (rule 9). "
                 "See planner/README.md, 'Where torch differs'.") from e
+    return time.perf_counter() - t0
+
+
+def _apply_our_plan(prepared: Prepared, plan: planner.Plan, insert_overlap_deps: bool) -> float:
+    """``apply_plan`` on the prepared graph (verified first; refused untouched); seconds taken."""
+    from fxglue.apply import apply_plan
+
+    inputs = prepared.inputs
+    t0 = time.perf_counter()
+    with prepared.traced.fake_mode:
+        apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan,
+                   max_bucket_memory_gb=prepared.max_bucket_memory_gb, bucket_mode=prepared.bucket_mode,
+                   insert_overlap_deps=insert_overlap_deps, problem=prepared.problem, estimator=prepared.estimator)
     return time.perf_counter() - t0
 
 
@@ -244,6 +265,28 @@ class PipelineResult:
     solve_result: Any = None
 
 
+def _registry_entry(planner_: str | planner.Plan | os.PathLike) -> planners.Planner | None:
+    """The registry's entry a name selects; None for a Plan or a plan file. A string that is
+    neither a registry name nor a file is refused in one line naming every entry."""
+    if not isinstance(planner_, str):
+        return None
+    if planner_ in planners.PLANNERS or not os.path.exists(planner_):
+        return planners.get(planner_, or_else="a Plan or a plan file")
+    return None
+
+
+def _make_plan(entry: planners.Planner, prepared: Prepared, timings: dict[str, float], solve_kwargs: dict | None,
+               repair_kwargs: dict | None, progress) -> planners.PlannerOutput:
+    """The entry's plan for the prepared problem; ``plan_s`` (torch's greedy search included
+    where the planner starts from it) when it made one."""
+    request = planners.PlanRequest(prepared.problem, greedy=prepared.greedy, solve_kwargs=solve_kwargs or {},
+                                   repair_kwargs=repair_kwargs or {}, progress=progress)
+    out = entry.plan(request)
+    if out.plan is not None:
+        timings["plan_s"] = (timings["greedy_s"] if entry.needs_greedy else 0.0) + out.wall_s
+    return out
+
+
 def run_pipeline(
     workload: str | Workload | TracedWorkload,
     *,
@@ -257,60 +300,38 @@ def run_pipeline(
     max_bucket_memory_gb: float = 2.0,
     progress=None,
     solve_kwargs: dict | None = None,
+    repair_kwargs: dict | None = None,
 ) -> PipelineResult:
     """``prepare``, then plan and apply.
 
-    ``planner_``: ``"greedy"`` (torch's own search and apply), ``"none"`` (no bucketing),
-    ``"cpsat"``, or a ``Plan`` / path to a plan file (applied with ``apply_plan``).
+    ``planner_``: a name of the registry (``fxglue.planners``: ``"greedy"`` and
+    ``"greedy-autofix"`` searched and applied by torch, ``"none"`` no bucketing, ``"cpsat"``
+    with ``solve_kwargs``, ``"greedy-repaired"`` with ``repair_kwargs``), or a ``Plan`` / path
+    to a plan file. Plans that torch does not apply itself are applied with ``apply_plan``.
     """
     say = progress or (lambda msg: None)
-    if isinstance(planner_, str) and planner_ not in PLANNERS and not os.path.exists(planner_):
-        raise ValueError(f"unknown planner {planner_!r}; use one of {PLANNERS}, a Plan or a plan file")
-    # torch's greedy search only where it is the planner (minutes on a 405B-shaped graph)
-    wants_greedy = isinstance(planner_, str) and planner_ == "greedy"
+    entry = _registry_entry(planner_)
+    # torch's greedy search only where the planner starts from it (minutes on a 405B-shaped graph)
     prepared = prepare(workload, preset=preset, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
                        hardware=hardware, max_bucket_memory_gb=max_bucket_memory_gb, progress=progress,
-                       greedy=wants_greedy)
-    traced, inputs, estimator, problem = prepared.traced, prepared.inputs, prepared.estimator, prepared.problem
+                       greedy=entry is not None and entry.needs_greedy)
+    traced, inputs, problem = prepared.traced, prepared.inputs, prepared.problem
     before = count_collectives(traced.gm)
     timings = dict(prepared.timings)
-    plan = None
     solve_result = None
-    if isinstance(planner_, str) and planner_ == "greedy":
-        # The search runs twice on purpose: once recorded as a plan (graph untouched), once inside
-        # torch's own finalize, so the applied graph is exactly torch's -- even where its recorded
-        # anchors break rule 9 and apply_plan would refuse them.
-        plan = prepared.greedy
-        timings["plan_s"] = timings["greedy_s"]
-        if apply:
-            timings["apply_s"] = _apply_torch_greedy(prepared)
-    elif isinstance(planner_, str) and planner_ == "none":
-        if apply:
-            with cpu_compat(estimator), traced.fake_mode:
-                finalize_with_torch(inputs, collective_bucketing=False)
+    if entry is not None:
+        out = _make_plan(entry, prepared, timings, solve_kwargs, repair_kwargs, say)
+        plan, solve_result = out.plan, out.solve_result
     else:
-        if isinstance(planner_, str) and planner_ == "cpsat":
-            from planner.solver import solve
-
-            say("solving with CP-SAT")
-            t0 = time.perf_counter()
-            solve_result = solve(problem, **(solve_kwargs or {}))
-            timings["plan_s"] = time.perf_counter() - t0
-            plan = solve_result.plan
-        elif isinstance(planner_, planner.Plan):
-            plan = planner_
-        else:
-            plan = planner.load_plan(planner_)
-        if apply and plan is not None:
-            from fxglue.apply import apply_plan
-
-            say("applying the plan")
-            t0 = time.perf_counter()
-            with traced.fake_mode:
-                apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan,
-                           max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
-                           insert_overlap_deps=insert_overlap_deps, problem=problem, estimator=estimator)
-            timings["apply_s"] = time.perf_counter() - t0
+        plan = planner_ if isinstance(planner_, planner.Plan) else planner.load_plan(planner_)
+    if apply and entry is not None and entry.finalize is not None:
+        # Torch's greedy search runs twice on purpose: once recorded as a plan (graph untouched),
+        # once inside torch's own finalize, so the applied graph is exactly torch's -- even where
+        # its recorded anchors break rule 9 and apply_plan would refuse them.
+        timings["apply_s"] = _finalize_by_torch(prepared, entry.finalize)
+    elif apply and plan is not None:
+        say("applying the plan")
+        timings["apply_s"] = _apply_our_plan(prepared, plan, insert_overlap_deps)
     if apply:
         inputs.gm.recompile()
     return PipelineResult(name=traced.name, gm=inputs.gm, problem=problem, plan=plan, timings=timings,

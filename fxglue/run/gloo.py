@@ -23,7 +23,10 @@ import torch
 import torch.distributed as dist
 
 SUM_ORDER_EPS_PER_RANK = 8  # see CheckResult.sum_order_tolerance
-PLANNERS = ("greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none")
+# Rank 0's search parameters at these tiny shapes: one worker (every rank is a process on this
+# machine) and a fixed seed; CP-SAT starts from torch's greedy plan.
+RANK0_SOLVE = {"time_limit_s": 20, "workers": 1, "seed": 0}
+RANK0_REPAIR = {"time_limit_s": 10, "workers": 1}
 
 
 @dataclass
@@ -101,19 +104,19 @@ def _save_rank_problem(folder: str, problem, greedy) -> None:
 
 def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketing, result: RankResult,
             save_problems: str | None = None):
-    """Schedule and bucket ``gm`` in place with the chosen planner; returns it. ``save_problems``:
-    a folder that gets this rank's problem and torch's greedy plan (``rank<R>/``) first."""
+    """Schedule and bucket ``gm`` in place with the chosen planner (a name of ``fxglue.planners``)
+    or ``plan_path``; returns it. ``save_problems``: a folder that gets this rank's problem and
+    torch's greedy plan (``rank<R>/``) first."""
     import planner
     from torch._guards import detect_fake_mode
 
+    from fxglue import planners
     from fxglue.apply import apply_plan
     from fxglue.cpu_compat import cpu_compat
     from fxglue.extract import extract_problem
     from fxglue.greedy import greedy_plan
     from fxglue.pipeline import estimator_for, finalize_with_torch, schedule
     from fxglue.models.workloads import TracedWorkload
-    from planner.repair import repair
-    from planner.solver import solve
 
     fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     traced = TracedWorkload(name=name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=0.0)
@@ -122,49 +125,47 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
     problem = extract_problem(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
                               estimator=est)
     result.problem_fingerprint = problem.fingerprint
-    if save_problems:
-        _save_rank_problem(save_problems, problem, greedy_plan(
-            gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
-            problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs))
-    if planner_name in ("greedy", "greedy-autofix"):
-        import torch._inductor.config as inductor_config
 
-        # greedy-autofix: torch's own escape hatch for its cycle error (it drops the cyclic
-        # extra dependencies it added); torch's greedy on llama3-8b-ddp-2 needs it
-        autofix = {"aten_distributed_optimizations.overlap_scheduling_autofix_cycles": planner_name != "greedy"}
-        with cpu_compat(est), fake_mode, inductor_config.patch(autofix):
-            finalize_with_torch(inputs)
-        result.plan_fingerprint = f"torch-{planner_name}"
-        return gm
-    if planner_name == "none":
-        with cpu_compat(est), fake_mode:
-            finalize_with_torch(inputs, collective_bucketing=False)
-        result.plan_fingerprint = "none"
-        return gm
+    def record_greedy():
+        return greedy_plan(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
+                           problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs)
+
+    if save_problems:
+        _save_rank_problem(save_problems, problem, record_greedy())
     if plan_path:
         plan = planner.load_plan(rank_plan_file(plan_path, dist.get_rank()))
-    elif planner_name in ("greedy-repaired", "cpsat"):
-        # Rank 0 plans and sends the buckets (by node names) to every rank: a solver cut by the
-        # wall clock on a busy machine need not give every rank the same plan. Ranks of other
-        # groups have other problems (group names differ), so each rank re-fingerprints the
-        # buckets for its own problem, and apply_plan verifies them against it.
-        box = [None]
-        if dist.get_rank() == 0:
-            greedy = greedy_plan(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
-                                 problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs)
-            if planner_name == "greedy-repaired":
-                box[0] = repair(problem, greedy, time_limit_s=10, workers=1).plan or greedy
-            else:
-                box[0] = solve(problem, time_limit_s=20, workers=1, seed=0, hint=greedy).plan
-        dist.broadcast_object_list(box, src=0)
-        plan = box[0].model_copy(update={"problem_fingerprint": problem.fingerprint})
     else:
-        raise ValueError(f"unknown planner {planner_name!r}; use one of {PLANNERS}")
+        entry = planners.get(planner_name)
+        if entry.finalize is not None:  # torch buckets by itself, on every rank
+            with cpu_compat(est), fake_mode:
+                finalize_with_torch(inputs, collective_bucketing=entry.finalize.collective_bucketing,
+                                    autofix_cycles=entry.finalize.autofix_cycles)
+            result.plan_fingerprint = f"torch-{entry.name}"
+            return gm
+        plan = _rank0_plan(entry, problem, record_greedy)
     result.plan_fingerprint = repr([(b.members, b.start, b.wait) for b in plan.buckets])
     with fake_mode:
         apply_plan(gm.graph, inputs.collective_info, inputs.scheduled, plan, bucket_mode=bucket_mode,
                    problem=problem)
     return gm
+
+
+def _rank0_plan(entry, problem, record_greedy):
+    """``entry``'s plan, made on rank 0 from torch's greedy plan there (CP-SAT's hint, or the plan
+    repaired) and sent to every rank by node names: a solver cut by the wall clock on a busy
+    machine need not give every rank the same plan. Ranks of other groups have other problems
+    (group names differ), so each rank re-fingerprints the buckets for its own problem, and
+    apply_plan verifies them against it."""
+    from fxglue import planners
+
+    box = [None]
+    if dist.get_rank() == 0:
+        greedy = record_greedy()
+        request = planners.PlanRequest(problem, greedy=greedy, solve_kwargs={**RANK0_SOLVE, "hint": greedy},
+                                       repair_kwargs=RANK0_REPAIR)
+        box[0] = entry.plan(request).plan
+    dist.broadcast_object_list(box, src=0)
+    return box[0].model_copy(update={"problem_fingerprint": problem.fingerprint})
 
 
 def _rank_workload(spec: dict):
@@ -322,8 +323,11 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
     file for every rank, or a folder of ``rank<R>/plan.json``; ``save_problems``: a folder that
     gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check
     with ``plan`` (``bucketplan extract --tiny``)."""
+    from fxglue import planners
     from fxglue.models.workloads import WorkloadError, get_workload
 
+    if not plan:
+        planners.get(planner)  # an unknown name: one line naming every planner, before spawning anything
     if model:
         from fxglue.models.custom import factory_workload
 
