@@ -181,9 +181,12 @@ def apply_plan(
             coalesced_waits[colls[bucket.wait].wait] = waits
 
     chain: list[fx.Node] = []
+    present = set(graph.nodes)  # a dtype conversion a merge folded into its copy is gone (Collective.folded)
     for name, _, _ in order:
         nodes = coalesced_waits.get(name) or [replaced.get(name) or by_name[name]]
         for node in nodes:
+            if node not in present:
+                continue
             if not chain or chain[-1] is not node:
                 chain.append(node)
     extra: dict[fx.Node, OrderedSet[fx.Node]] = {}

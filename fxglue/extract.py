@@ -109,10 +109,11 @@ def _pinned_dependencies(scheduled: list[fx.Node], pinned_idx: dict[fx.Node, int
 
 
 
-def _collective(s: fx.Node, info, pos: dict, mode) -> planner.Collective:
-    """One collective as torch's scheduler left it: where it starts and waits, what hides it, and
-    whether torch estimated it fully hidden, partly hidden or exposed."""
-    from torch._inductor.fx_passes.bucketing import is_all_gather_into_tensor
+def _collective(s: fx.Node, info, pos: dict, mode, pinned: dict) -> planner.Collective:
+    """One collective as torch's scheduler left it: where it starts and waits, what hides it,
+    whether torch estimated it fully hidden, partly hidden or exposed, and the pinned node a merge
+    would erase (its input's dtype conversion: torch's ``has_mergeable_all_gather_convert_dtype``)."""
+    from torch._inductor.fx_passes.bucketing import has_mergeable_all_gather_convert_dtype, is_all_gather_into_tensor
     from torch._inductor.fx_passes.fsdp import is_fsdp_all_gather
     from torch._inductor.fx_passes.overlap_scheduling import get_group_name
 
@@ -129,6 +130,7 @@ def _collective(s: fx.Node, info, pos: dict, mode) -> planner.Collective:
         exposed_ms=float(info.exposed_time_ms), start_pos=pos[s], wait_pos=pos[info.wait_node],
         hiding=tuple(h.name for h in sorted(info.hiding_nodes, key=pos.__getitem__)), status=status,
         fsdp=bool(is_all_gather_into_tensor(s) and is_fsdp_all_gather(s)),
+        folded=(s.args[0].name,) if has_mergeable_all_gather_convert_dtype(s) and s.args[0] in pinned else (),
     )
 
 
@@ -179,7 +181,7 @@ def extract_problem(
             est = 0.0 if k == "wait" else float(estimator(n) or 0.0)
             nodes.append(planner.Node(name=n.name, kind=k, pos=pos[n], est_ms=est, deps=deps[i]))
 
-        colls = [_collective(s, info, pos, mode) for s, info in collective_info.items()]
+        colls = [_collective(s, info, pos, mode, pinned_idx) for s, info in collective_info.items()]
         pgs = dict.fromkeys(c.pg for c in colls)
 
         timelines = []

@@ -9,7 +9,7 @@ CP-SAT's linear relaxation: hf-qwen3-moe-8 with pre-bucketing, 20 against a boun
 60 s without it, 20 proved by it).
 
 Per bucket key (buckets never mix keys):
-- a collective whose start or wait hides a fully hidden collective is alone (rule 4);
+- a collective whose start, wait or folded conversion hides a fully hidden collective is alone (rule 4);
 - the others need at least as many buckets as a bin packing of their bytes into buckets of the
   cap (rule 3): ceil(total bytes / cap), raised by a small exact bin-packing model over the
   distinct sizes when first-fit decreasing does not already meet that;
@@ -144,8 +144,8 @@ def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tup
         groups.setdefault((c.kind, c.pg, c.key), []).append(c)
     out: dict[tuple, int] = {}
     for group_key, cs in groups.items():
-        alone = [c for c in cs if c.name in protected_hiders or c.wait in protected_hiders]
-        rest = [c for c in cs if not (c.name in protected_hiders or c.wait in protected_hiders)]
+        alone = [c for c in cs if any(n in protected_hiders for n in c.merge_replaces)]
+        rest = [c for c in cs if not any(n in protected_hiders for n in c.merge_replaces)]
         need = len(alone)
         if rest:
             starts, waits = [], []

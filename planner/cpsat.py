@@ -45,7 +45,7 @@ class _Coll:
     size: int
     protected: bool  # its overlap must be kept (fully hidden; under protect_partly also partly)
     hiders: tuple[int, ...]  # positions of hiding nodes
-    hider: bool  # its start or wait hides a protected collective (rule 4): stays alone
+    hider: bool  # its start, wait or folded conversion hides a protected collective (rule 4): stays alone
     s_lo: int = -1  # FS > s_lo
     s_hi: int = 1 << 60  # FS < s_hi
     w_lo: int = -1  # FW > w_lo
@@ -57,7 +57,7 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     nodes = problem.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     pos = [n.pos for n in nodes]
-    # rule 4: a collective whose start or wait hides a protected collective (fully hidden; under
+    # rule 4: a collective whose start, wait or folded conversion hides a protected collective (fully hidden; under
     # protect_partly also partly hidden) stays alone -- merging would erase or move that hider
     protected_hiders = {h for c in problem.collectives
                         if c.status == "hidden" or (protect_partly and c.status == "partly") for h in c.hiding}
@@ -71,7 +71,7 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
         protected = c.status == "hidden" or (protect_partly and c.status == "partly")
         hp = tuple(sorted(pos[index[h]] for h in c.hiding))
         cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, protected, hp,
-                   c.name in protected_hiders or c.wait in protected_hiders)
+                   any(n in protected_hiders for n in c.merge_replaces))
         for d in nodes[index[c.name]].deps:  # immediate pinned predecessors of the start
             if nodes[d].kind == "wait" and nodes[d].name in wait_owner:
                 cc.wait_preds_of_start.append(wait_owner[nodes[d].name])

@@ -182,6 +182,16 @@ class Collective(_Frozen):
     wait_pos: int = Field(ge=0)
     hiding: tuple[str, ...] = ()
     status: Status
+    # torch's merge of an all_gather erases the dtype conversion that feeds it (when it is that
+    # conversion's only user) and does the conversion in the bucket's copy instead; a pinned node
+    # that goes so is listed here, because it may hide another collective (rule 4)
+    folded: tuple[str, ...] = Field(default=(), description="pinned nodes torch's merge erases when this joins a bucket")
+
+    @property
+    def merge_replaces(self) -> tuple[str, ...]:
+        """The pinned nodes that stop existing where they were when this collective joins a
+        bucket: its start and wait (erased, or replaced by the bucket's) and what it folds."""
+        return (self.name, self.wait, *self.folded)
     fsdp: bool = False
 
 
@@ -236,6 +246,9 @@ class Problem(_Frozen):
         # existed keep their fingerprints (and their plans stay bound to them).
         if data["bucketing"] is None:
             del data["bucketing"]
+        for coll in data["collectives"]:
+            if not coll["folded"]:
+                del coll["folded"]
         for link in data["links"]:
             for added in ("table", "latency_ms", "bandwidth_gbps"):
                 if link[added] is None:
@@ -271,6 +284,9 @@ class Problem(_Frozen):
                     raise ValueError(f"{where}: node {ref!r} is not a {kind} at position {pos}")
             if c.wait_pos <= c.start_pos:
                 raise ValueError(f"{where}: wait is scheduled before its start")
+            for f in c.folded:
+                if f not in names:
+                    raise ValueError(f"{where}: folded node {f!r} is not among nodes")
             for h in c.hiding:
                 if h not in names:
                     raise ValueError(f"{where}: hiding node {h!r} is not among nodes")

@@ -237,11 +237,13 @@ def _rule_3_byte_cap(s: _FinalState) -> list[Violation]:
 
 
 def _rule_4_hider_never_merges(s: _FinalState) -> list[Violation]:
-    """A collective whose start or wait is a hiding node of a protected collective (fully hidden;
-    under protect_partly also partly hidden) stays alone (torch, for fully hidden ones: "nyi:
-    bucketing collective used for overlap"). Why: merging it erases those nodes or replaces them
-    by the bucket's (elsewhere, when it is not the anchor), while rules 7 and 8 judge every hiding
-    node at its scheduled position; the violation names both the hider and what it hides."""
+    """A collective whose start or wait, or the dtype conversion a merge folds into the bucket's
+    copy (``Collective.folded``), is a hiding node of a protected collective (fully hidden; under
+    protect_partly also partly hidden) stays alone (torch, for its start and wait and fully hidden
+    ones: "nyi: bucketing collective used for overlap"; for a folded conversion torch merges and
+    the hider is gone). Why: merging it erases those nodes or replaces them by the bucket's
+    (elsewhere, when it is not the anchor), while rules 7 and 8 judge every hiding node at its
+    scheduled position; the violation names both the hider and what it hides."""
     hidden_by: dict[str, list[str]] = {}  # hiding node -> the protected collectives it hides
     for c in s.problem.collectives:
         if c.status in s.protected:
@@ -250,13 +252,13 @@ def _rule_4_hider_never_merges(s: _FinalState) -> list[Violation]:
     out = []
     for b, bucket in enumerate(s.plan.buckets):
         if len(bucket.members) > 1:
-            hides = {m: list(dict.fromkeys(hidden_by.get(m, []) + hidden_by.get(s.colls[m].wait, [])))
+            hides = {m: list(dict.fromkeys(x for n in s.colls[m].merge_replaces for x in hidden_by.get(n, [])))
                      for m in bucket.members}
             hiders = [m for m in bucket.members if hides[m]]
             if hiders:
                 what = "; ".join(f"{m} hides {', '.join(hides[m])}" for m in hiders)
                 out.append(Violation(4, b, tuple(hiders),
-                                     f"{hiders} hide another collective (start or wait is a hiding node): {what}"))
+                                     f"{hiders} hide another collective (start, wait or folded conversion is a hiding node): {what}"))
     return out
 
 
@@ -411,7 +413,7 @@ def _quality(s: _FinalState, broken: set[tuple[str, str]]) -> Quality:
     q = Quality(collectives_before=len(s.problem.collectives), collectives_after=len(s.members_of),
                 buckets=sum(1 for bucket in s.plan.buckets if len(bucket.members) > 1))
     gone = {n for bucket in s.plan.buckets if len(bucket.members) > 1
-            for m in bucket.members for n in (m, s.colls[m].wait)}
+            for m in bucket.members for n in s.colls[m].merge_replaces}
     for c in s.problem.collectives:
         if c.status == "exposed" or not c.hiding:
             continue

@@ -189,7 +189,8 @@ def test_apply_plan_erases_the_hider_the_quality_figures_no_longer_count(start_a
 @st.composite
 def _problems_with_collective_hiders(draw):
     """Random tiny problems whose hidden and partly hidden collectives may also be hidden by the
-    starts and waits of other collectives lying strictly inside their interval."""
+    starts and waits of other collectives lying strictly inside their interval, and whose
+    collectives may fold a compute node (which may be a hider) when merged."""
     p = draw(problems(max_collectives=4, max_compute=3, max_pgs=2, dtypes=("bfloat16",)))
     pos = {n.name: n.pos for n in p.nodes}
     one_kind = draw(st.booleans())  # often one kind: more collectives share a key and could merge
@@ -203,6 +204,11 @@ def _problems_with_collective_hiders(draw):
             update.update(status=status, exposed_ms=0.0 if status == "hidden" else c.est_ms / 2)
         if one_kind:
             update.update(kind="all_gather", key=f"all_gather/{c.pg}/{c.dtype}")
+        kinds = {n.name: n.kind for n in p.nodes}  # mostly another collective's compute hider
+        computes = [h for o in p.collectives for h in o.hiding if kinds[h] == "compute" and o is not c] or \
+            [n.name for n in p.nodes if n.kind == "compute"]
+        if computes and draw(st.booleans()):  # a conversion its merge folds away (Collective.folded)
+            update["folded"] = (draw(st.sampled_from(computes)),)
         colls.append(c.model_copy(update=update))
     fields = {k: getattr(p, k) for k in type(p).model_fields if k not in ("collectives", "fingerprint")}
     return planner.Problem(**fields, collectives=tuple(colls)).with_fingerprint()
@@ -221,3 +227,73 @@ def test_cpsat_matches_brute_force_when_starts_and_waits_hide(problem, protect_p
     result = planner.solve(problem, time_limit_s=10, workers=1, protect_partly=protect_partly)
     assert result.status == "OPTIMAL" and result.objective == expected
     assert verify(problem, result.plan, protect_partly=protect_partly) == []
+
+
+def _folded_conversion_graph(status: str):
+    """c0 an all_reduce hidden (``status``) by the dtype conversion that feeds the all_gather c1;
+    c2 another all_gather of the same key, after c1's wait."""
+    import torch
+
+    from tests.handmade import ag, ar, build, hide_by, wait
+
+    def fn(g, x1, x2, a):
+        r = ar(g)
+        y1 = x1.to(torch.bfloat16)
+        s1 = ag(y1)
+        m0 = torch.mm(a, a)
+        wr = wait(r)
+        w1 = wait(s1)
+        s2 = ag(x2.to(torch.bfloat16))
+        return wr, w1, wait(s2), m0
+
+    f32 = torch.float32
+    h = build(fn, [((64, 64), f32), ((8, 64), f32), ((8, 64), f32), ((64, 64), f32)], {})
+    conversion = next(n for n in h.gm.graph.nodes if n.target is torch.ops.aten._to_copy.default)
+    hide_by(h, "c0", [conversion], status)
+    return h, conversion
+
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops_multidtype"])
+def test_a_folded_conversion_hiding_a_collective_keeps_its_all_gather_alone(mode):
+    # torch's merge of c1 with c2 folds c1's input conversion into the bucket's copy and erases
+    # it, and that conversion is what hides c0 (torch merges anyway; its hider is gone). Extraction
+    # records the conversion; rule 4 keeps c1 alone, in the verifier and in the model alike, and
+    # the solved plan applies.
+    from fxglue.apply import PlanError, apply_plan
+    from tests.handmade import plan_for
+
+    h, conversion = _folded_conversion_graph("hidden")
+    p = h.problem(bucket_mode=mode)
+    c0, c1, c2 = (h.names[k] for k in ("c0", "c1", "c2"))
+    assert {c.name: c for c in p.collectives}[c1].folded == (conversion.name,)
+    merged = plan_for(p, [([c1, c2], c2, c2)])
+    violations = verify(p, merged)
+    assert [(v.rule, v.collectives) for v in violations] == [(4, (c1,))]
+    assert f"{c1} hides {c0}" in violations[0].message
+    with h.fake_mode, pytest.raises(PlanError):
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, merged, problem=p, bucket_mode=mode)
+    result = planner.solve(p, time_limit_s=5, workers=1)
+    assert result.status == "OPTIMAL" and result.objective == 3 and verify(p, result.plan) == []
+    with h.fake_mode:
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, result.plan, problem=p, bucket_mode=mode)
+
+
+def test_a_folded_conversion_of_a_partly_hidden_one_applies_and_counts_as_lost():
+    # under the default policy a partly hidden collective may lose a hider: the merge applies
+    # (it crashed torch's cycle check inside apply_plan before the folded node was known) and
+    # the quality figures no longer count the relation; the stricter policy refuses the merge
+    from fxglue.apply import apply_plan
+    from tests.handmade import plan_for
+
+    h, conversion = _folded_conversion_graph("partly")
+    p = h.problem(bucket_mode="custom_ops_multidtype")
+    c1, c2 = h.names["c1"], h.names["c2"]
+    merged = plan_for(p, [([c1, c2], c2, c2)])
+    report = check(p, merged)
+    assert report.feasible, report.violations
+    assert (report.quality.partly_relations, report.quality.partly_kept) == (1, 0)
+    assert [v.rule for v in verify(p, merged, protect_partly=True)] == [4]
+    with h.fake_mode:
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, merged, problem=p,
+                   bucket_mode="custom_ops_multidtype")
+    assert conversion.name not in {n.name for n in h.gm.graph.nodes}
