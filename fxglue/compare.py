@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import planner
+from fxglue import planners
 from planner.io import replace_dir_atomically
 from planner.bounds import step_floor
 from planner.repair import repair
@@ -26,7 +27,6 @@ from planner.simulator import simulate, write_chrome_trace
 from planner.progress import LiveLine
 from planner.report import PlanRow, WorkloadRow, table_rows, write_compare_table
 from planner.report import plots
-from planner.solver import solve
 from planner.verifier import check
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
@@ -97,12 +97,20 @@ def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say) -> None:
     for label, objective in CPSAT_VARIANTS:
         say(f"{row.name}: {label}")
         with LiveLine(lambda msg: say(f"{row.name}: {label}: {msg}")) as live:  # never silent for long
-            res = solve(prob, time_limit_s=time_limit_s, objective=objective, hint=hint, workers=2,
-                        floor_plans=floor_plans, progress=live)
-        note = "stopped by the wall clock" if res.stats.get("wall_limit_hit") else ""
-        row.plans.append(PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note))
-        if res.plan is not None:
-            floor_plans = (res.plan,)
+            row.plans.append(_solved_row(label, prob, dict(objective=objective, hint=hint, floor_plans=floor_plans,
+                                                           progress=live), time_limit_s))
+        if row.plans[-1].plan is not None:
+            floor_plans = (row.plans[-1].plan,)
+
+
+def _solved_row(label: str, prob, solve_kwargs: dict, time_limit_s: float, note: str = "") -> PlanRow:
+    """A row planned by the registry's ``cpsat`` (two workers, as every compare row)."""
+    out = planners.get("cpsat").plan(planners.PlanRequest(
+        prob, greedy=solve_kwargs.get("hint"), solve_kwargs=dict(time_limit_s=time_limit_s, workers=2, **solve_kwargs)))
+    res = out.solve_result
+    note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
+    return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
+                   objective=solve_kwargs["objective"])
 
 
 PRE_STEP_LABEL = "cpsat (step, pre-bucketed)"
@@ -114,12 +122,10 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
     On 64 nodes pre-bucketing before scheduling gave torch's default pipeline a better schedule
     than any plan on the unbucketed one (llama3-8b-2d-8: 98.6 ms against 165.6)."""
     say(f"{name}: {PRE_STEP_LABEL}")
-    res = solve(prob_pre, time_limit_s=time_limit_s, objective="step", hint=default_plan, workers=2,
-                floor_plans=(default_plan,) if default_plan is not None else (),
-                progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}"))
-    note = "on torch's pre-bucketed schedule" + ("; stopped by the wall clock" if res.stats.get("wall_limit_hit")
-                                                  else "")
-    return PlanRow(PRE_STEP_LABEL, prob_pre, res.plan, res.wall_s, res.status, res.bound, res.gap, note)
+    return _solved_row(PRE_STEP_LABEL, prob_pre, dict(
+        objective="step", hint=default_plan, floor_plans=(default_plan,) if default_plan is not None else (),
+        progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), time_limit_s,
+        note="on torch's pre-bucketed schedule")
 
 
 def _manual_row(name: str, preset, say) -> PlanRow | None:

@@ -90,6 +90,7 @@ class PlanRow:
     bound: float | None = None
     gap: float | None = None
     note: str = ""
+    objective: str = ""  # the search's objective where one ran: what ``bound`` counts
 
     @property
     def after(self) -> int | None:
@@ -117,7 +118,7 @@ _COMPARE_STYLE = {"pipe": None, "csv_newline": "\r\n"}
 def _bound_text(p: PlanRow):
     if p.bound is None:
         return ""
-    if "exposure" in p.planner:  # decode exposure x (n+1) + count to exposed ms
+    if p.objective == "exposure":  # decode exposure x (n+1) + count to exposed ms
         return f"{int(p.bound) // (len(p.problem.collectives) + 1) / 1000:.3f} ms exposed"
     return p.bound
 
