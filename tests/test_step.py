@@ -74,3 +74,32 @@ def test_step_search_finds_the_brute_force_optimum_and_its_bound_holds(problem, 
     assert result.objective <= planner.simulate(problem).step_ms  # never slower than unbucketed
     if not tables:
         assert result.objective <= best + 1e-5  # exact model: the search finds the optimum
+
+
+def test_the_chord_cut_lies_under_the_link_curve_on_a_torch_nccl_table():
+    # the duration cut (planner.step.chord_cut) against the curve itself, ``Link.time_ms`` of a
+    # committed problem priced with torch's NCCL model (h100-8nodes: 627 points per kind), at
+    # every byte count of a grid between a collective's own bytes and its widest bucket
+    import random
+
+    from pathlib import Path
+
+    from planner.step import BYTE_UNIT, chord_cut, duration_lines
+
+    case = Path(__file__).parent.parent / "experiments/results/sweep_presets_step/cases/llama3-8b-ddp-2--h100-8nodes"
+    link = planner.load_problem(case / "problem.json.gz").links[0]
+    rng = random.Random(0)
+    cuts = 0
+    for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+        for _ in range(40):
+            lo = rng.choice([4096, 1 << 20, 8 << 20, 117440512])
+            hi = lo * rng.choice([2, 7, 64, 1000])
+            scale, lines = duration_lines(link, kind, lo, hi)
+            cut = chord_cut(lines, lo // BYTE_UNIT, hi // BYTE_UNIT)
+            if cut is None:  # a falling chord (the minorant under torch's tree all_reduce can fall)
+                continue
+            cuts += 1
+            for b in [lo, hi] + [rng.randrange(lo, hi) for _ in range(50)]:
+                u = b // BYTE_UNIT  # what the model's byte count is for b bytes (rounded down)
+                assert (cut[0] + cut[1] * u) / scale <= link.time_ms(kind, b) * NS_PER_MS + 1e-6
+    assert cuts >= 100  # of 120 ranges
