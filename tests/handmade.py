@@ -114,3 +114,32 @@ def hide_by(h: Handmade, label: str, hiders: list, status: str) -> None:
 
 def _info(h: Handmade, label: str):
     return next(i for s, i in h.collective_info.items() if s.name == h.names[label])
+
+
+def two_hidden_gathers() -> Handmade:
+    """ag0 hidden by mm0, ag1 hidden by mm1; both gathers used at the end (merging them is
+    feasible with the bucket anchored at ag0's start and ag1's wait)."""
+    bf16 = torch.bfloat16
+
+    def fn(x0, x1, a):
+        s0 = ag(x0)
+        m0 = torch.mm(a, a)
+        w0 = wait(s0)
+        s1 = ag(x1)
+        m1 = torch.mm(m0, a)
+        w1 = wait(s1)
+        return torch.mm(w0, w1), m1
+
+    return build(fn, [((8, 64), bf16), ((8, 64), bf16), ((64, 64), bf16)], {0: ([0], "hidden"), 1: ([1], "hidden")})
+
+
+def apply_and_count(h: Handmade, plan, problem, bucket_mode=None) -> int:
+    """``apply_plan`` on the hand-made graph (under its fake mode), then the collectives left in
+    it, counted by ``fxglue.pipeline.count_collectives``."""
+    from fxglue.apply import apply_plan
+    from fxglue.pipeline import count_collectives
+
+    with h.fake_mode:
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, plan, problem=problem, bucket_mode=bucket_mode)
+    h.gm.recompile()
+    return sum(count_collectives(h.gm).values())

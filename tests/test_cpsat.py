@@ -178,12 +178,12 @@ def _fixed(problem, plan) -> str:
 
 
 def _rule_cases():
-    """(rule, feasible plan, plan breaking that rule) on the hand-made graphs of test_rules."""
+    """(rule, feasible plan, plan breaking that rule) on the hand-made graphs of handmade.py and test_rules."""
     import tests.test_rules as tr
-    from tests.handmade import plan_for
+    from tests.handmade import plan_for, two_hidden_gathers
 
     cases = []
-    h = tr.two_hidden_gathers()
+    h = two_hidden_gathers()
     p = h.problem()
     a, b = h.names["c0"], h.names["c1"]
     cases.append(("rule7-hiding", p, plan_for(p, [([a, b], a, b)]), plan_for(p, [([a, b], a, a)])))

@@ -6,21 +6,13 @@ import pytest
 import torch
 
 import planner
-from fxglue.apply import PlanError, apply_plan
-from fxglue.pipeline import count_collectives
+from fxglue.apply import PlanError
 from planner.verifier import check, verify
-from tests.handmade import ag, ar, build, plan_for, rs, wait
+from tests.handmade import ag, apply_and_count, ar, build, plan_for, rs, two_hidden_gathers, wait
 
 BF16 = torch.bfloat16
 F32 = torch.float32
 VEC = ((64, 64), BF16)
-
-
-def _apply(h, plan, problem, bucket_mode=None):
-    with h.fake_mode:
-        apply_plan(h.gm.graph, h.collective_info, h.scheduled, plan, problem=problem, bucket_mode=bucket_mode)
-    h.gm.recompile()
-    return sum(count_collectives(h.gm).values())
 
 
 def _rejects(h, plan, problem, rule):
@@ -29,25 +21,10 @@ def _rejects(h, plan, problem, rule):
     assert rule in found, found
     before = str(h.gm.graph)
     with pytest.raises(PlanError) as err:
-        _apply(h, plan, problem)
+        apply_and_count(h, plan, problem)
     assert err.value.rule in found and f"rule {err.value.rule} " in str(err.value)
     assert str(h.gm.graph) == before
     return found
-
-
-def two_hidden_gathers():
-    """ag0 hidden by mm0, ag1 hidden by mm1; both gathers used at the end."""
-
-    def fn(x0, x1, a):
-        s0 = ag(x0)
-        m0 = torch.mm(a, a)
-        w0 = wait(s0)
-        s1 = ag(x1)
-        m1 = torch.mm(m0, a)
-        w1 = wait(s1)
-        return torch.mm(w0, w1), m1
-
-    return build(fn, [((8, 64), BF16), ((8, 64), BF16), VEC], {0: ([0], "hidden"), 1: ([1], "hidden")})
 
 
 def gathers_around_reduce_scatter(rs_status):
@@ -80,7 +57,7 @@ def test_two_gathers_each_hidden_by_its_own_mm_merge():
     report = check(p, plan)
     assert report.feasible, report.violations
     assert report.quality.hidden_kept == report.quality.hidden_relations == 2
-    assert _apply(h, plan, p) == 1
+    assert apply_and_count(h, plan, p) == 1
 
 
 def test_two_gathers_with_a_hidden_reduce_scatter_between_do_not_merge():
@@ -100,7 +77,7 @@ def test_two_gathers_with_an_exposed_reduce_scatter_between_do_merge():
     a, b = h.names["c0"], h.names["c2"]
     plan = plan_for(p, [([a, b], a, b)])
     assert verify(p, plan) == []
-    assert _apply(h, plan, p) == 2
+    assert apply_and_count(h, plan, p) == 2
 
 
 def test_nested_interval_whose_outer_hider_consumes_the_inner_output_does_not_merge():
@@ -164,25 +141,9 @@ def test_mixed_dtypes_share_a_bucket_only_in_multidtype_mode(mode):
     plan = plan_for(p, [([a, b], a, b)])
     if mode == "custom_ops_multidtype":
         assert verify(p, plan) == []
-        assert _apply(h, plan, p, bucket_mode=mode) == 1
+        assert apply_and_count(h, plan, p, bucket_mode=mode) == 1
     else:
         assert {v.rule for v in verify(p, plan)} == {2}
-
-
-@pytest.mark.parametrize("mode", ["default", "custom_ops", "coalesced"])
-def test_every_bucket_mode_applies_reduce_scatters(mode):
-    def fn(x, y, a):
-        s0 = rs(x)
-        m = torch.mm(a, a)
-        s1 = rs(y)
-        return wait(s0), wait(s1), m
-
-    h = build(fn, [((64, 64), F32), ((64, 64), F32), ((64, 64), F32)], {})
-    p = h.problem(bucket_mode=mode)
-    a, b = h.names["c0"], h.names["c1"]
-    plan = plan_for(p, [([a, b], a, b)])
-    assert verify(p, plan) == []
-    assert _apply(h, plan, p, bucket_mode=mode) == 1
 
 
 def test_over_cap_bucket_is_rejected():
@@ -246,18 +207,6 @@ def test_hiding_node_left_outside_the_bucket_is_rejected():
     assert _rejects(h, plan_for(p, [([a, b], a, a)]), p, 7) == {7}
 
 
-def test_insert_overlap_deps_pins_the_order_with_control_dependencies():
-    h = two_hidden_gathers()
-    p = h.problem()
-    a, b = h.names["c0"], h.names["c1"]
-    with h.fake_mode:
-        apply_plan(h.gm.graph, h.collective_info, h.scheduled, plan_for(p, [([a, b], a, b)]), problem=p,
-                   insert_overlap_deps=True)
-    h.gm.graph.lint()
-    targets = {str(n.target) for n in h.gm.graph.nodes}
-    assert any("control_deps" in t for t in targets), targets
-
-
 # One feasible/infeasible pair per rule: a small graph and two plans that differ in one member or
 # one anchor. The good plan verifies and applies; the bad one breaks the rule (apply_plan refuses
 # it too, except rule 10, which apply_plan does not take), and its violations of that rule are
@@ -282,7 +231,7 @@ def _pair(h, p, good, bad, rule, expected, *, rules=None, applies=True, **policy
     if applies:
         _rejects(h, bad, p, rule)  # first: it leaves the graph as it was
         merged = sum(len(bucket.members) - 1 for bucket in good.buckets)
-        assert _apply(h, good, p) == len(p.collectives) - merged  # it applies: one collective per bucket
+        assert apply_and_count(h, good, p) == len(p.collectives) - merged  # it applies: one collective per bucket
 
 
 def _collectives(p):

@@ -1,0 +1,48 @@
+"""``fxglue.apply.apply_plan`` itself: a plan realized on a hand-made graph in every bucket mode,
+and torch's control dependencies pinning the final order.
+
+Where else ``apply_plan`` is tested (tests/README.md): rule by rule, agreeing with the verifier
+and leaving the graph untouched when it refuses (test_rules.py); on random graphs and on gloo
+ranks (test_fuzz.py); on mutants of solved plans (test_mutants.py); on torch's greedy plans of
+the built-in workloads (test_greedy_plans.py); the copies it inserts against what the problem
+charges (test_costs.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxglue.apply import apply_plan
+from planner.verifier import verify
+from tests.handmade import apply_and_count, build, plan_for, rs, two_hidden_gathers, wait
+
+F32 = torch.float32
+
+
+@pytest.mark.parametrize("mode", ["default", "custom_ops", "coalesced"])
+def test_every_bucket_mode_applies_reduce_scatters(mode):
+    def fn(x, y, a):
+        s0 = rs(x)
+        m = torch.mm(a, a)
+        s1 = rs(y)
+        return wait(s0), wait(s1), m
+
+    h = build(fn, [((64, 64), F32), ((64, 64), F32), ((64, 64), F32)], {})
+    p = h.problem(bucket_mode=mode)
+    a, b = h.names["c0"], h.names["c1"]
+    plan = plan_for(p, [([a, b], a, b)])
+    assert verify(p, plan) == []
+    assert apply_and_count(h, plan, p, bucket_mode=mode) == 1
+
+
+def test_insert_overlap_deps_pins_the_order_with_control_dependencies():
+    h = two_hidden_gathers()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    with h.fake_mode:
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, plan_for(p, [([a, b], a, b)]), problem=p,
+                   insert_overlap_deps=True)
+    h.gm.graph.lint()
+    targets = {str(n.target) for n in h.gm.graph.nodes}
+    assert any("control_deps" in t for t in targets), targets

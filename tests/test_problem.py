@@ -1,0 +1,60 @@
+"""planner/problem.py: the Problem and Plan types refuse what breaks their schema, each error
+naming the file (read by ``planner.io``) and the field.
+
+Round trips, atomic writes and files refused before the types see them are in test_io.py; the
+numbers and structures no torch graph produces (non-finite, beyond any machine, hiding nodes
+outside their interval) in test_hostile.py; ``copy_bytes`` and ``Link`` pricing in test_costs.py
+and test_simulator.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import planner
+from tests.conftest import edit_json
+
+# a valid file (the ``problem_file`` fixture) edited to break the Problem type: its fields, its
+# references between collectives and nodes, its fingerprint
+BROKEN = {
+    "unknown top field": (lambda p: edit_json(p, lambda d: d.update(colour="red")), "colour: unknown field"),
+    "unknown nested field": (lambda p: edit_json(p, lambda d: d["collectives"][0].update(extra=1)),
+                             "collectives[0].extra: unknown field"),
+    "missing nested field": (lambda p: edit_json(p, lambda d: d["collectives"][0].pop("kind")),
+                             "collectives[0].kind: missing field"),
+    "bad kind": (lambda p: edit_json(p, lambda d: d["collectives"][0].update(kind="broadcast")),
+                 "collectives[0].kind"),
+    "edited content": (lambda p: edit_json(p, lambda d: d["nodes"][1].update(est_ms=9.0)),
+                       "fingerprint does not match"),
+    "dangling wait": (lambda p: edit_json(p, lambda d: d["collectives"][0].update(wait="nope")),
+                      "collectives[0] (ag): wait node 'nope' is not among nodes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN))
+def test_broken_problem_file_names_file_and_field(problem_file, case):
+    breaker, expected = BROKEN[case]
+    breaker(problem_file)
+    with pytest.raises(planner.SchemaError) as err:
+        planner.load_problem(problem_file)
+    assert str(problem_file) in str(err.value)
+    assert expected in str(err.value)
+
+
+def test_plan_with_anchor_outside_bucket_is_rejected(tmp_path):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"schema_version": 1, "problem_fingerprint": "x", "planner": "hand",
+                                "created": "now", "buckets": [{"members": ["a", "b"], "start": "c", "wait": "a"}]}))
+    with pytest.raises(planner.SchemaError, match=r"plan.json: invalid plan: buckets\[0\].*start anchor 'c' is not a member"):
+        planner.load_plan(path)
+
+
+def test_plan_with_collective_in_two_buckets_is_rejected(tmp_path):
+    path = tmp_path / "plan.json"
+    b = {"members": ["a", "b"], "start": "a", "wait": "b"}
+    path.write_text(json.dumps({"schema_version": 1, "problem_fingerprint": "x", "planner": "hand",
+                                "created": "now", "buckets": [b, {"members": ["b", "c"], "start": "b", "wait": "c"}]}))
+    with pytest.raises(planner.SchemaError, match="collective 'b' is in bucket 0 and bucket 1"):
+        planner.load_plan(path)
