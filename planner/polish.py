@@ -24,29 +24,46 @@ from typing import Callable
 
 from planner.bounds import fixed_limits
 from planner.policy import Policy
-from planner.problem import Bucket, Plan, Problem
-from planner.simulator import simulate
+from planner.problem import Bucket, Collective, Plan, Problem
+from planner.simulator import step_ms
 from planner.verifier import verify
 
 # an improvement smaller than this is noise of float sums, not a faster step
 MIN_GAIN_MS = 1e-6
 
 
-def anchored(problem: Problem, plan: Plan) -> Plan:
+@dataclass(frozen=True)
+class Anchoring:
+    """What ``anchored`` reads of a problem, computed once by ``anchoring`` (polish anchors
+    hundreds of candidates on one problem): each collective's fixed limits and hiders' positions."""
+
+    colls: dict[str, Collective]
+    limits: dict[str, tuple[int, int]]  # planner.bounds.fixed_limits
+    hider_pos: dict[str, list[int]]  # fully hidden collective -> positions of its hiding nodes
+    end: int  # past the last position
+
+
+def anchoring(problem: Problem) -> Anchoring:
+    pos = {n.name: n.pos for n in problem.nodes}
+    return Anchoring(colls={c.name: c for c in problem.collectives}, limits=fixed_limits(problem),
+                     hider_pos={c.name: [pos[h] for h in c.hiding] for c in problem.collectives
+                                if c.status == "hidden"},
+                     end=problem.n_scheduled + 1)
+
+
+def anchored(problem: Problem, plan: Plan, where: Anchoring | None = None) -> Plan:
     """Every bucket of ``plan`` with its anchors moved to the earliest start and latest wait its
     members allow (after every fixed predecessor of a member's start, before a fully hidden
     member's hiding nodes; after those, before every fixed consumer of a wait); a bucket with no
-    such anchors is dropped. Not verified: ``reanchored`` and ``polish`` check."""
-    index = {n.name: i for i, n in enumerate(problem.nodes)}
-    pos = [n.pos for n in problem.nodes]
-    limits = fixed_limits(problem)
-    colls = {c.name: c for c in problem.collectives}
-
+    such anchors is dropped. Not verified: ``reanchored`` and ``polish`` check. ``where``:
+    ``anchoring(problem)`` when the caller has it."""
+    where = where or anchoring(problem)
+    colls, limits = where.colls, where.limits
     buckets = []
     for b in plan.buckets:
         ms = [colls[m] for m in b.members]
-        hiders = [pos[index[h]] for m in ms if m.status == "hidden" for h in m.hiding]
-        lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=problem.n_scheduled + 1)
+        hiders = [p for m in ms for p in where.hider_pos.get(m.name, ())]
+        lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=where.end)
         lo_w, hi_w = max(hiders, default=-1), min(limits[m.name][1] for m in ms)
         starts = [m for m in sorted(ms, key=lambda m: m.start_pos) if lo < m.start_pos < hi_s]
         waits = [m for m in sorted(ms, key=lambda m: -m.wait_pos) if lo_w < m.wait_pos < hi_w]
@@ -130,14 +147,15 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
     rng = random.Random(seed)
     pos = {c.name: c.start_pos for c in problem.collectives}
     key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
-    best_plan, best_ms = plan, simulate(problem, plan).step_ms
+    best_plan, best_ms = plan, step_ms(problem, plan)
     groups = _groups(problem, plan)
+    where = anchoring(problem)  # of the problem alone: once, not per candidate
     stats = {"start_ms": round(best_ms, 6), "evaluations": 0, "accepted": 0, "rejected_by_verifier": 0,
              "local_optimum": False}
 
     def as_plan(gs: list[list[str]]) -> Plan | None:
         buckets = tuple(Bucket(members=tuple(g), start=g[0], wait=g[0]) for g in gs if len(g) > 1)
-        candidate = anchored(problem, best_plan.model_copy(update={"buckets": buckets}))
+        candidate = anchored(problem, best_plan.model_copy(update={"buckets": buckets}), where)
         # anchored drops a bucket it cannot anchor; then the move is not what was asked
         return candidate if len(candidate.buckets) == len(buckets) else None
 
@@ -159,7 +177,7 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
             if candidate is None:
                 continue
             stats["evaluations"] += 1
-            ms = simulate(problem, candidate).step_ms
+            ms = step_ms(problem, candidate)
             if ms < best_ms - MIN_GAIN_MS:
                 if verify(problem, candidate, **policy.as_params()):
                     stats["rejected_by_verifier"] += 1

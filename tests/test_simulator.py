@@ -10,6 +10,7 @@ import json
 
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import planner
 from planner.simulator import simulate, to_chrome_trace, write_chrome_trace
@@ -209,3 +210,19 @@ def test_all_gather_bucket_copies_its_shards_in_and_its_outputs_out():
     assert planner.problem.copy_bytes("reduce_scatter", [800, 400], 4, "default") == (1200, 0)
     assert planner.problem.copy_bytes("reduce_scatter", [800, 400], 4, "coalesced") == (0, 0)
     assert planner.problem.copy_bytes("all_gather", [800], 4, "default") == (0, 0)  # not merged
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_step_ms_is_the_recorded_replays_step_to_the_bit(data):
+    # planner.step_ms (what polish scores thousands of plans with) replays without recording the
+    # runs; it must be the same float as simulate's, bucketing costs and mixed kinds included
+    from planner.simulator import step_ms
+    from tests.strategies import plans
+
+    problem = data.draw(problems(costs=data.draw(st.booleans())))
+    plan = data.draw(plans(problem))
+    if planner.verify(problem, plan):  # an infeasible plan may not be replayable (waited before issued)
+        plan = None
+    assert step_ms(problem, plan) == simulate(problem, plan).step_ms
+    assert step_ms(problem) == simulate(problem).step_ms
