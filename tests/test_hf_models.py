@@ -76,6 +76,16 @@ def test_traces_with_fsdp_collectives(traced):
 
 
 @pytest.mark.slow
+def test_traced_step_writes_into_no_tensor(traced):
+    # the MoE router's in-place division (`router_top_value /= ...`) is functionalized at trace
+    # time: torch's scheduler orders by data edges only (fxglue.models.workloads.trace_step)
+    _, t, _ = traced
+    assert not W.mutating_nodes(t.gm)
+    if hf_models._arch_of(W.get_workload(t.name)).moe:
+        assert any(n.target is torch.ops.aten.div.Tensor for n in t.gm.graph.nodes)
+
+
+@pytest.mark.slow
 def test_greedy_pipeline_buckets(traced):
     from fxglue import pipeline as P
 

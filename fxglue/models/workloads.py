@@ -180,17 +180,47 @@ def prepare(wl: Workload, groups: Groups, dp_rank: int = 0):
     return wrapped, parallel.make_train_step(wrapped, loss_fn), inputs
 
 
-def trace_step(step, args, *, fake_mode=None) -> fx.GraphModule:
+def mutating_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes that write into one of their arguments (``div_``, ``index_put_``, ``copy_``)."""
+    def writes(n: fx.Node) -> bool:
+        schema = getattr(n.target, "_schema", None)
+        return n.op == "call_function" and schema is not None and any(
+            a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+    return [n for n in gm.graph.nodes if writes(n)]
+
+
+def _make_fx(fn, args, fake_mode) -> fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     if fake_mode is None:
         # a real module (the gloo runner's) may hold real buffers that are not inputs, such as
         # Hugging Face's rotary inv_freq: they are constants of the graph, not fake inputs
-        gm = make_fx(step, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
-    else:
-        with fake_mode:
-            gm = make_fx(step, tracing_mode="real")(*args)
+        return make_fx(fn, tracing_mode="fake", _allow_non_fake_inputs=True)(*args)
+    with fake_mode:
+        return make_fx(fn, tracing_mode="real")(*args)
+
+
+def trace_step(step, args, *, fake_mode=None) -> fx.GraphModule:
+    """The step as a functional ATen graph: no node writes into a tensor another node reads.
+
+    ``make_fx`` alone keeps a model's in-place ops, and torch's overlap scheduler -- written for
+    the functional graphs AOT autograd gives it under ``torch.compile`` -- orders nodes by data
+    edges only, so it may move a read of a tensor past the op that overwrites it. Measured on
+    transformers' Qwen3-MoE router (``router_top_value /= router_top_value.sum(...)``): autograd
+    saves a ``clone`` of the top-k values for the division's backward, with no edge to the
+    ``div_``; the scheduler moved the clone into the backward, after the ``div_``, so the
+    scheduled graph's gradients differed from the traced one's (``bucketplan check
+    hf-qwen3-moe-2 --planner none``: up to 0.0035 on 2 ranks, nothing bucketed). A graph with
+    such ops is traced once more through ``torch.func.functionalize`` (the flat ATen graph, so the
+    step's autograd.Functions are gone), which turns each into its out-of-place form and points
+    later readers at the result. Graphs without them (every Llama) are left as traced.
+    """
+    gm = _make_fx(step, args, fake_mode)
     _strip_detach(gm)
+    if mutating_nodes(gm):
+        gm = _make_fx(torch.func.functionalize(gm, remove="mutations"), args, fake_mode)
+        _strip_detach(gm)
     return gm
 
 
