@@ -84,3 +84,15 @@ def edit_json(path, fn) -> None:
     data = json.loads(path.read_text())
     fn(data)
     path.write_text(json.dumps(data))
+
+
+def load_fails_naming_file_and_field(path, breaker, expected: str) -> None:
+    """Break the problem file at ``path`` with ``breaker``; loading it then fails with a
+    SchemaError naming the file and saying ``expected`` (test_io's and test_problem's cases)."""
+    import planner
+
+    breaker(path)
+    with pytest.raises(planner.SchemaError) as err:
+        planner.load_problem(path)
+    assert str(path) in str(err.value)
+    assert expected in str(err.value)
