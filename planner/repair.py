@@ -17,10 +17,11 @@ from planner.solver import SolveResult, _repair, check_plan_matches
 
 
 def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers: int | None = None,
-           seed: int = 0, protect_partly: bool = False, memory_budget_bytes: int | None = None) -> SolveResult:
+           seed: int = 0, protect_partly: bool = False, memory_budget_bytes: int | None = None,
+           deterministic: bool = False) -> SolveResult:
     """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
     buckets split where needed): how a plan that breaks a rule is compared fairly. A plan made for
-    another problem raises ``PlanMismatchError`` first."""
+    another problem raises ``PlanMismatchError`` first. ``deterministic``: as ``solve``'s."""
     check_plan_matches(problem, plan)
     return _repair(problem, plan, time_limit_s=time_limit_s, workers=workers, seed=seed,
-                   policy=Policy(protect_partly, memory_budget_bytes))
+                   policy=Policy(protect_partly, memory_budget_bytes), deterministic=deterministic)

@@ -358,8 +358,10 @@ def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
 def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     """An infeasible hint (torch's greedy often breaks rule 9) misleads the search: its best
     feasible repair instead, when there is one."""
+    # deterministic like the search it seeds: a repair cut by the wall clock under load gave a
+    # deterministic solve another hint, hence another plan (hf-qwen3-moe-8, seen once in 46 runs)
     repaired = _repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
-                       seed=ctx.seed, policy=ctx.policy)
+                       seed=ctx.seed, policy=ctx.policy, deterministic=ctx.deterministic)
     ctx.stats["hint_repaired"] = repaired.plan is not None
     if repaired.plan is not None:
         return repaired.plan, True
@@ -367,7 +369,7 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
 
 
 def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int | None, seed: int,
-            policy: Policy) -> SolveResult:
+            policy: Policy, deterministic: bool = False) -> SolveResult:
     """``planner.repair.repair`` (the public entry, which checks the plan first): here, because
     it is a solve within the plan's buckets and ``solve`` repairs an infeasible hint with it. A
     fast re-anchoring first; when it keeps every bucket it is optimal for this restricted space
@@ -384,7 +386,7 @@ def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int |
     else:
         # the plan itself (or its partial re-anchoring) is the hint: usually only anchors move
         result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None,
-                       hint=quick if quick_ok else plan, **params)
+                       hint=quick if quick_ok else plan, deterministic=deterministic, **params)
     if result.plan is not None:
         # the policy it was repaired under, as solve records it: the re-anchored plan carries the
         # given plan's params, which may name no policy or another one (`bucketplan verify` reads it)
