@@ -128,7 +128,7 @@ def _replay(problem: Problem, plan: Plan | None, record: bool) -> Simulation:
     done: dict[int, BucketRun] = {}
     issue_order: list[int] = []
     compute: list[ComputeRun] = []
-    compute_ms = overhead_ms = 0.0
+    compute_ms = overhead_ms = last_end = 0.0
     cost = problem.bucketing
 
     def run_on_compute(name: str, ms: float, kind: str) -> None:
@@ -140,10 +140,7 @@ def _replay(problem: Problem, plan: Plan | None, record: bool) -> Simulation:
 
     for node in problem.nodes:
         if node.kind in ("compute", "other"):
-            if record:
-                run_on_compute(node.name, node.est_ms, "compute")
-            elif node.est_ms > 0:
-                clock += node.est_ms
+            run_on_compute(node.name, node.est_ms, "compute")
             compute_ms += node.est_ms
         elif node.kind == "start" and node.name in issue_at:
             b = issue_at[node.name]
@@ -166,6 +163,7 @@ def _replay(problem: Problem, plan: Plan | None, record: bool) -> Simulation:
             begin = max(clock, stream_free.get(first.pg, 0.0))
             end = begin + link.time_ms(first.kind, nbytes)
             stream_free[first.pg] = end
+            last_end = max(last_end, end)
             issue_order.append(b)
             issued[b] = dict(members=members, kind=first.kind, pg=first.pg, wire_bytes=nbytes,
                              issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=copy_out_ms)
@@ -184,13 +182,9 @@ def _replay(problem: Problem, plan: Plan | None, record: bool) -> Simulation:
     if issued:  # cannot happen for a valid problem: every collective has a wait
         raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
 
-    if not record:
-        return Simulation(step_ms=max([clock] + [r["end_ms"] for r in done.values()]), compute_ms=compute_ms,
-                          exposed_ms_by_pg=exposed, buckets=(), compute=(), overhead_ms=overhead_ms)
-    runs = tuple(done[b] for b in issue_order)
-    step = max([clock] + [r.end_ms for r in runs])
-    return Simulation(step_ms=step, compute_ms=compute_ms, exposed_ms_by_pg=exposed,
-                      buckets=runs, compute=tuple(compute), overhead_ms=overhead_ms)
+    return Simulation(step_ms=max(clock, last_end), compute_ms=compute_ms, exposed_ms_by_pg=exposed,
+                      buckets=tuple(done[b] for b in issue_order) if record else (), compute=tuple(compute),
+                      overhead_ms=overhead_ms)
 
 
 def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
