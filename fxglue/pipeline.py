@@ -225,8 +225,7 @@ def _finalize_by_torch(prepared: Prepared, finalize: planners.TorchFinalize) -> 
     t0 = time.perf_counter()
     with cpu_compat(prepared.estimator), traced.fake_mode:
         try:
-            finalize_with_torch(prepared.inputs, collective_bucketing=finalize.collective_bucketing,
-                                autofix_cycles=finalize.autofix_cycles)
+            finalize_with_torch(prepared.inputs, **finalize.as_kwargs())
         except RuntimeError as e:
             if "cyclic extra dep" not in str(e):
                 raise

@@ -37,6 +37,10 @@ class TorchFinalize:
     collective_bucketing: bool = True
     autofix_cycles: bool | None = None
 
+    def as_kwargs(self) -> dict:
+        """The keywords of ``fxglue.pipeline.finalize_with_torch``."""
+        return {"collective_bucketing": self.collective_bucketing, "autofix_cycles": self.autofix_cycles}
+
 
 @dataclass(frozen=True)
 class PlanRequest:

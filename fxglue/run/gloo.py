@@ -138,8 +138,7 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
         entry = planners.get(planner_name)
         if entry.finalize is not None:  # torch buckets by itself, on every rank
             with cpu_compat(est), fake_mode:
-                finalize_with_torch(inputs, collective_bucketing=entry.finalize.collective_bucketing,
-                                    autofix_cycles=entry.finalize.autofix_cycles)
+                finalize_with_torch(inputs, **entry.finalize.as_kwargs())
             result.plan_fingerprint = f"torch-{entry.name}"
             return gm
         plan = _rank0_plan(entry, problem, record_greedy)
