@@ -109,8 +109,7 @@ def _solved_row(label: str, prob, solve_kwargs: dict, time_limit_s: float, note:
         prob, greedy=solve_kwargs.get("hint"), solve_kwargs=dict(time_limit_s=time_limit_s, workers=2, **solve_kwargs)))
     res = out.solve_result
     note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
-    return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
-                   objective=solve_kwargs["objective"])
+    return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note)
 
 
 PRE_STEP_LABEL = "cpsat (step, pre-bucketed)"

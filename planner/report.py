@@ -90,7 +90,6 @@ class PlanRow:
     bound: float | None = None
     gap: float | None = None
     note: str = ""
-    objective: str = ""  # the search's objective where one ran: what ``bound`` counts
 
     @property
     def after(self) -> int | None:
@@ -115,14 +114,6 @@ COLUMNS = ["workload", "preset", "nodes", "collectives_before", "planner", "coll
 _COMPARE_STYLE = {"pipe": None, "csv_newline": "\r\n"}
 
 
-def _bound_text(p: PlanRow):
-    if p.bound is None:
-        return ""
-    if p.objective == "exposure":  # decode exposure x (n+1) + count to exposed ms
-        return f"{int(p.bound) // (len(p.problem.collectives) + 1) / 1000:.3f} ms exposed"
-    return p.bound
-
-
 def table_rows(rows: list[WorkloadRow]) -> list[dict]:
     out = []
     for r in rows:
@@ -137,7 +128,7 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                     "exposed_ms": round(sim.exposed_ms, 3) if sim else None,
                     "overhead_ms": round(sim.overhead_ms, 3) if sim else None,
                     "plan_s": None if p is None else round(p.plan_s, 2), "status": "" if p is None else p.status,
-                    "bound": "" if p is None else _bound_text(p),
+                    "bound": "" if p is None or p.bound is None else p.bound,
                     "gap_pct": None if p is None or p.gap is None else round(100 * p.gap, 2),
                     "note": "" if p is None else p.note}
 
