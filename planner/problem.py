@@ -186,13 +186,13 @@ class Collective(_Frozen):
     # conversion's only user) and does the conversion in the bucket's copy instead; a pinned node
     # that goes so is listed here, because it may hide another collective (rule 4)
     folded: tuple[str, ...] = Field(default=(), description="pinned nodes torch's merge erases when this joins a bucket")
+    fsdp: bool = False
 
     @property
     def merge_replaces(self) -> tuple[str, ...]:
         """The pinned nodes that stop existing where they were when this collective joins a
         bucket: its start and wait (erased, or replaced by the bucket's) and what it folds."""
         return (self.name, self.wait, *self.folded)
-    fsdp: bool = False
 
 
 class Node(_Frozen):
