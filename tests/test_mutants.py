@@ -55,7 +55,8 @@ def mutate(problem: planner.Problem, plan: planner.Plan, rng: random.Random) -> 
     op = rng.choice(OPERATORS)
     multi = [i for i, b in enumerate(buckets) if len(b.members) >= 2]
     if op == "move" and buckets:
-        src = rng.randrange(len(buckets)) if buckets and rng.random() < 0.5 or not loose else None
+        from_a_bucket = rng.random() < 0.5 or not loose
+        src = rng.randrange(len(buckets)) if from_a_bucket else None
         name = rng.choice(buckets[src].members) if src is not None else rng.choice(loose)
         dst = rng.randrange(len(buckets))
         if src is not None:
@@ -96,7 +97,7 @@ def mutate(problem: planner.Problem, plan: planner.Plan, rng: random.Random) -> 
                              buckets[b].wait, rng=rng)
     else:
         op = "unchanged"
-    kept = tuple(b for b in buckets if b is not None and len(b.members) >= 1)
+    kept = tuple(b for b in buckets if b is not None)
     return op, planner.Plan.model_construct(**{**dict(plan), "buckets": kept})
 
 
