@@ -22,6 +22,7 @@ Per bucket key (buckets never mix keys):
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -132,35 +133,124 @@ def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool
     return float(sum(key_lower_bounds(problem, protect_partly).values()))
 
 
-def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tuple, int]:
-    """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves."""
+def merge_intervals(problem: Problem, protect_partly: bool = False) -> dict[str, tuple[int, int, int, int, bool]]:
+    """Per collective (start name): ``(s_lo, s_hi, w_lo, w_hi, alone)``. Whatever a plan does, the
+    collective's bucket starts at a position in the open interval (s_lo, s_hi) and is waited in
+    (w_lo, w_hi) (rule 9: after the last fixed predecessor of the start, before the first fixed
+    consumer of the wait; rule 7: a protected collective starts before its first hiding node and
+    is waited after its last); ``alone``: its start, wait or folded conversion hides a fully
+    hidden collective, so it is never merged (rule 4)."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     limits = fixed_limits(problem)
-    # hiding nodes of protected (fully hidden) collectives: their owners stay alone (rule 4)
     protected_hiders = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
+    out = {}
+    for c in problem.collectives:
+        s_lo, w_hi = limits[c.name]
+        is_protected = c.status == "hidden" or (protect_partly and c.status == "partly")
+        hp = sorted(pos[index[h]] for h in c.hiding) if is_protected else []
+        out[c.name] = (s_lo, hp[0] if hp else w_hi, hp[-1] if hp else s_lo, w_hi,
+                       any(n in protected_hiders for n in c.merge_replaces))
+    return out
+
+
+def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tuple, int]:
+    """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves."""
+    intervals = merge_intervals(problem, protect_partly)
     groups: dict[tuple, list] = {}
     for c in problem.collectives:
         groups.setdefault((c.kind, c.pg, c.key), []).append(c)
     out: dict[tuple, int] = {}
     for group_key, cs in groups.items():
-        alone = [c for c in cs if any(n in protected_hiders for n in c.merge_replaces)]
-        rest = [c for c in cs if not any(n in protected_hiders for n in c.merge_replaces)]
+        alone = [c for c in cs if intervals[c.name][4]]
+        rest = [c for c in cs if not intervals[c.name][4]]
         need = len(alone)
         if rest:
-            starts, waits = [], []
-            for c in rest:
-                s_lo, w_hi = limits[c.name]
-                is_protected = c.status == "hidden" or (protect_partly and c.status == "partly")
-                hp = sorted(pos[index[h]] for h in c.hiding) if is_protected else []
-                s_hi = hp[0] if hp else w_hi
-                w_lo = hp[-1] if hp else s_lo
-                starts.append((s_lo, s_hi))
-                waits.append((w_lo, w_hi))
+            starts = [intervals[c.name][0:2] for c in rest]
+            waits = [intervals[c.name][2:4] for c in rest]
             by_interval = max(_max_disjoint(starts), _max_disjoint(waits), 1)
             need += max(by_interval, bin_packing_bound([c.size_bytes for c in rest], problem.bucket_cap_bytes))
         out[group_key] = need
     return out
+
+
+@dataclass(frozen=True)
+class BucketReach:
+    """The most wire bytes a bucket can have: ``member[name]`` over buckets holding the
+    collective, ``anchored[name]`` over buckets issued at its start (it anchors them)."""
+
+    member: dict[str, int]
+    anchored: dict[str, int]
+
+
+def bucket_reach(problem: Problem) -> BucketReach:
+    """How large a bucket can get, from the positions the rules leave each collective
+    (``merge_intervals``) and the cap.
+
+    A bucket is issued at one member's start position X and waited at one member's wait position
+    Y, and X lies in every member's start interval and Y in every member's wait interval; so a
+    bucket issued at X and waited at Y holds at most the collectives of its key whose intervals
+    contain both (``Tot[X, Y]``, one matrix product per key). Its members' sizes fit the cap
+    (rule 3), so its wire bytes are at most the cap times the key's largest wire/size ratio.
+    A collective that stays alone reaches its own bytes. Superset arguments only: every feasible
+    bucket is within reach (tested against the verifier's plans)."""
+    intervals = merge_intervals(problem)
+    member: dict[str, int] = {}
+    anchored: dict[str, int] = {}
+    groups: dict[tuple, list] = {}
+    for c in problem.collectives:
+        groups.setdefault((c.kind, c.pg, c.key), []).append(c)
+    for cs in groups.values():
+        xs = sorted({c.start_pos for c in cs})
+        ys = sorted({c.wait_pos for c in cs})
+        spans = []
+        for c in cs:
+            s_lo, s_hi, w_lo, w_hi, _ = intervals[c.name]
+            spans.append((bisect.bisect_right(xs, s_lo), bisect.bisect_left(xs, s_hi),
+                          bisect.bisect_right(ys, w_lo), bisect.bisect_left(ys, w_hi)))
+        # bytes of the key's collectives that can sit in a bucket at (X, Y): each adds its bytes
+        # to a rectangle of positions (a 2-D difference array, summed along both axes)
+        tot = np.zeros((len(xs) + 1, len(ys) + 1))
+        for c, (x0, x1, y0, y1) in zip(cs, spans):
+            if not intervals[c.name][4] and x1 > x0 and y1 > y0:
+                tot[x0, y0] += c.wire_bytes
+                tot[x0, y1] -= c.wire_bytes
+                tot[x1, y0] -= c.wire_bytes
+                tot[x1, y1] += c.wire_bytes
+        tot = tot.cumsum(axis=0).cumsum(axis=1)
+        ratio = max(c.wire_bytes / max(1, c.size_bytes) for c in cs)
+        capped = problem.bucket_cap_bytes * ratio
+        for c, (x0, x1, y0, y1) in zip(cs, spans):
+            if intervals[c.name][4] or x1 <= x0 or y1 <= y0:
+                member[c.name] = anchored[c.name] = c.wire_bytes
+                continue
+            x = bisect.bisect_left(xs, c.start_pos)
+            most = float(tot[x0:x1, y0:y1].max())
+            own = float(tot[x, y0:y1].max()) if x0 <= x < x1 else 0.0
+            member[c.name] = max(c.wire_bytes, math.ceil(min(most, capped)))
+            anchored[c.name] = max(c.wire_bytes, math.ceil(min(own, capped)))
+    return BucketReach(member, anchored)
+
+
+def least_ms_per_byte(link, kind: str, most_bytes: int) -> float:
+    """inf over 0 < b <= most_bytes of time(b) / b: a bucket of at most ``most_bytes`` costs at
+    least this per byte it carries. The curve is linear between breakpoints (c + s*b, whose c/b + s
+    is monotone), so the infimum is at a breakpoint or at ``most_bytes`` (no concavity needed)."""
+    if most_bytes <= 0:
+        return 0.0
+    points = [b for b, _ in link.table[kind] if 0 < b < most_bytes] if link.table is not None else []
+    return min(link.time_ms(kind, b) / b for b in [*points, most_bytes])
+
+
+def priced_bytes(problem: Problem, reach: BucketReach | None = None) -> dict[str, float]:
+    """Per collective: its bytes at the least per-byte time of the largest bucket it can be in.
+    A bucket B of at most M_i bytes for each member i takes time(B) = B * time(B)/B >=
+    sum_i bytes_i * least_ms_per_byte(M_i): summed over any plan's buckets, a stream is busy at
+    least the sum of its collectives' prices. This is what prices bucket size: where the rules
+    keep buckets small, their bytes cannot ride the curve's peak bandwidth."""
+    reach = reach or bucket_reach(problem)
+    return {c.name: c.wire_bytes * least_ms_per_byte(problem.link(c.pg), c.kind, reach.member[c.name])
+            for c in problem.collectives}
 
 
 @dataclass(frozen=True)
@@ -169,17 +259,18 @@ class StepFloor:
 
     ``compute_ms``: the compute stream's own work plus the launches of the fewest collectives any
     plan leaves (``key_lower_bounds``); copies can be zero. ``stream_ms``: per process group, the
-    least time its FIFO stream is busy: per bucket key, the cost curve's subadditive minorant at
-    the key's total bytes with that fewest number of buckets (``_key_stream_floor``). The step
-    lasts at least as long as any stream is busy and as the compute stream's work.
-    ``ordered_ms``: per process group, ``release_tail_floor`` (when the fixed order lets its
-    collectives run, and the compute that must follow them).
+    least time its FIFO stream is busy, summed over bucket keys, each the larger of the cost
+    curve's subadditive minorant at the key's total bytes with its fewest buckets
+    (``_key_stream_floor``) and its collectives' bytes priced at the best per-byte time of the
+    largest bucket each can be in (``priced_bytes``). The step lasts at least as long as any
+    stream is busy and as the compute stream's work. ``chain_ms``: ``chain_floor`` (when the
+    fixed order lets collectives run, and what must run between).
     """
 
     floor_ms: float
     compute_ms: float
     stream_ms: dict[str, float]
-    ordered_ms: dict[str, float] = field(default_factory=dict)  # release_tail_floor
+    chain_ms: float = 0.0
 
 
 def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray]:
@@ -209,69 +300,80 @@ def _key_stream_floor(link, kind: str, total: int, min_buckets: int) -> float:
     return float(max(0.0, (min_buckets * c + s * total).max(initial=0.0)))
 
 
-def release_tail_floor(problem: Problem) -> dict[str, float]:
-    """Per process group, a floor from when its collectives can run and what must follow them
-    (the one-machine bound of Jackson / Carlier with release and tail times).
+def chain_floor(problem: Problem, reach: BucketReach | None = None) -> float:
+    """A floor from the fixed order: the longest chain of facts about the clock, one per pair of
+    positions (a longest path; it contains Jackson / Carlier's one-machine bound with release and
+    tail times, and the stream floor).
 
-    Node order is fixed, so whatever the plan, collective j's bucket is issued after the compute
-    of every node up to its last fixed predecessor (``fixed_limits``) -- its release r_j -- and
-    waited before its first fixed consumer, after which the compute of every later node still
-    runs -- its tail q_j. A bucket takes at least c + s*bytes on its kind's best line below the
-    cost curve (``_minorant_lines``), so it holds the FIFO stream at least p_j = s*bytes per member
-    and c once. For any set S of one group's collectives the stream serves all their buckets
-    after min r, one at a time, and the step lasts until the last one ends plus its tail:
-    step >= min_S r + sum_S p + c_min + min_S q. Every S of the form {r >= R, q >= Q} is tried."""
+    T(v) is the compute stream's clock when it reaches position v (0 at the first node, the step
+    at the end). Whatever the plan: T(v') >= T(v) + the compute of the nodes in [v, v'); and per
+    process group, T(v') >= T(v) + the least time its FIFO stream needs for the collectives that
+    can be issued no earlier than v and must be waited before v' -- a collective's bucket is
+    issued at a start position after its last fixed predecessor (clock >= T(s_lo + 1)) and its
+    wait sits before its first fixed consumer (the bucket has ended by T(w_hi)). Those buckets
+    hold the stream one at a time in between, at least max(c_min + sum s*bytes on the kinds'
+    best lines below the curve (``_minorant_lines``), sum of ``priced_bytes``). The step is at
+    least the longest path from the first position to the end along these edges."""
     limits = fixed_limits(problem)
     order = sorted(problem.nodes, key=lambda n: n.pos)
     pos = np.array([n.pos for n in order])
-    work = np.cumsum([n.est_ms if n.kind in ("compute", "other") else 0.0 for n in order])
-    total_work = float(work[-1]) if len(work) else 0.0
-
-    def work_through(p: int) -> float:  # compute of the nodes at positions <= p
-        k = int(np.searchsorted(pos, p, side="right"))
-        return float(work[k - 1]) if k else 0.0
-
-    by_pg: dict[str, list] = {}
-    for c in problem.collectives:
-        by_pg.setdefault(c.pg, []).append(c)
-    out: dict[str, float] = {}
-    for pg, cs in by_pg.items():
+    work = np.concatenate([[0.0], np.cumsum([n.est_ms if n.kind in ("compute", "other") else 0.0
+                                              for n in order])])
+    end = int(pos[-1]) + 1 if len(pos) else 1
+    cs = problem.collectives
+    release = [limits[c.name][0] + 1 for c in cs]
+    waited_by = [min(limits[c.name][1], end) for c in cs]
+    points = np.array(sorted({0, end, *release, *waited_by}))
+    done = work[np.searchsorted(pos, points, side="left")]  # compute of the nodes before each point
+    rel_at = np.searchsorted(points, release)
+    wait_at = np.searchsorted(points, waited_by)
+    price = priced_bytes(problem, reach)
+    streams = []  # per process group: its members' (release index, wait index, line price, price), c_min
+    for pg in sorted({c.pg for c in cs}):
+        idx = [k for k, c in enumerate(cs) if c.pg == pg]
         link = problem.link(pg)
-        totals: dict[str, int] = {}
-        for c in cs:
-            totals[c.kind] = totals.get(c.kind, 0) + c.wire_bytes
         best = {}
-        for kind, total in totals.items():  # the line that prices one bucket of everything highest
+        for kind in {cs[k].kind for k in idx}:  # the line that prices one bucket of everything highest
+            total = sum(cs[k].wire_bytes for k in idx if cs[k].kind == kind)
             lc, ls = _minorant_lines(link, kind, total)
             i = int(np.argmax(lc + ls * total)) if len(lc) else None
             best[kind] = (float(lc[i]), float(ls[i])) if i is not None else (0.0, 0.0)
-        c_min = min(c for c, _ in best.values())
-        r = np.array([work_through(limits[c.name][0]) for c in cs])
-        q = np.array([total_work - work_through(limits[c.name][1] - 1) for c in cs])
-        p = np.array([best[c.kind][1] * c.wire_bytes for c in cs])
-        floor = 0.0
-        for release in np.unique(r):
-            mask = r >= release
-            tails, holds = q[mask], p[mask]
-            by_tail = np.argsort(-tails, kind="stable")
-            floor = max(floor, float((release + np.cumsum(holds[by_tail]) + tails[by_tail]).max()) + c_min)
-        out[pg] = floor
-    return out
+        line = np.array([best[cs[k].kind][1] * cs[k].wire_bytes for k in idx])
+        priced = np.array([price[cs[k].name] for k in idx])
+        streams.append((rel_at[idx], wait_at[idx], line, priced, min(c for c, _ in best.values())))
+    m = len(points)
+    clock = np.full(m, -np.inf)
+    clock[0] = 0.0
+    for a in range(m - 1):
+        edge = done[a + 1:] - done[a]
+        for rel, wait, line, priced, c_min in streams:
+            active = rel >= a  # can be issued no earlier than point a
+            held_line = np.bincount(wait[active], weights=line[active], minlength=m).cumsum()[a + 1:]
+            held_priced = np.bincount(wait[active], weights=priced[active], minlength=m).cumsum()[a + 1:]
+            some = np.bincount(wait[active], minlength=m).cumsum()[a + 1:] > 0
+            edge = np.maximum(edge, np.maximum(held_line + c_min * some, held_priced))
+        clock[a + 1:] = np.maximum(clock[a + 1:], clock[a] + edge)
+    return float(clock[-1])
 
 
 def step_floor(problem: Problem) -> StepFloor:
     """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``)."""
     need = key_lower_bounds(problem)
+    reach = bucket_reach(problem)
+    price = priced_bytes(problem, reach)
     totals: dict[tuple, int] = {}
+    priced: dict[tuple, float] = {}
     for c in problem.collectives:
         k = (c.kind, c.pg, c.key)
         totals[k] = totals.get(k, 0) + c.wire_bytes
+        priced[k] = priced.get(k, 0.0) + price[c.name]
     stream: dict[str, float] = {}
-    for (kind, pg, key), total in totals.items():
-        stream[pg] = stream.get(pg, 0.0) + _key_stream_floor(problem.link(pg), kind, total, need[(kind, pg, key)])
+    for (kind, pg, key), total in totals.items():  # buckets never mix keys: their floors add up
+        by_count = _key_stream_floor(problem.link(pg), kind, total, need[(kind, pg, key)])
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, priced[(kind, pg, key)])
     compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
-    ordered = release_tail_floor(problem)
-    return StepFloor(floor_ms=max([compute, *stream.values(), *ordered.values()]), compute_ms=compute,
-                     stream_ms=stream, ordered_ms=ordered)
+    chain = chain_floor(problem, reach)
+    return StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
+                     stream_ms=stream, chain_ms=chain)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from planner.bounds import BucketReach, bucket_reach, least_ms_per_byte
 from planner.cpsat import ModelHandle
 from planner.problem import Link, Plan, Problem, copy_bytes
 
@@ -110,7 +111,7 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
 
 
 def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a: int, members: list[int],
-                  magnitude: int):
+                  magnitude: int, reach: BucketReach):
     """(launch, copy_in, copy_out, duration) in ns of the bucket ``a`` may anchor: 0 when it
     anchors nothing; copies only when something joins it (torch merges nothing alone)."""
     x, colls, cost = handle.x, handle.colls, problem.bucketing
@@ -137,8 +138,9 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
         fixed = link.fixed_ms(ca.kind)
         dur = _ns(fixed) * x[a, a] + sum(_ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members)
         return launch, copy_in, copy_out, dur
-    # a table link: a concave minorant of its curve at the bucket's bytes
-    hi = sum(wires.values())
+    # a table link: a concave minorant of its curve at the bucket's bytes, which never exceed
+    # what a bucket issued at a's start can hold (``bounds.bucket_reach``)
+    hi = min(sum(wires.values()), max(wires[a], reach.anchored[ca.name]))
     units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
     m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members))
     scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
@@ -148,6 +150,11 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
     dur = m.new_int_var(0, top // scale + 1, f"dur[{ca.name}]")  # the least it needs to be
     m.add(scale * dur >= scaled)
     _add_chord_cut(m, dur, scale, lines, x[a, a], units, wires[a] // BYTE_UNIT, hi // BYTE_UNIT)
+    # every byte costs at least the curve's least time per byte up to that reach: a linear cut
+    # that holds wherever the chords' minimum does not reach the LP (units <= the bytes)
+    per_unit = math.floor(least_ms_per_byte(link, ca.kind, hi) * NS_PER_MS * BYTE_UNIT * scale)
+    if per_unit > 0:
+        m.add(scale * dur >= per_unit * units)
     return launch, copy_in, copy_out, dur
 
 
@@ -198,7 +205,8 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
             _ns(cost.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
     horizon = 2 * horizon + 1
     magnitude = 61 - math.ceil(math.log2(len(anchors) + 1)) - 2
-    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude) for a in anchors}
+    reach = bucket_reach(problem)
+    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach) for a in anchors}
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
