@@ -238,8 +238,29 @@ def least_ms_per_byte(link, kind: str, most_bytes: int) -> float:
     is monotone), so the infimum is at a breakpoint or at ``most_bytes`` (no concavity needed)."""
     if most_bytes <= 0:
         return 0.0
-    points = [b for b, _ in link.table[kind] if 0 < b < most_bytes] if link.table is not None else []
-    return min(link.time_ms(kind, b) / b for b in [*points, most_bytes])
+    at_most = link.time_ms(kind, most_bytes) / most_bytes
+    if link.table is None:
+        return at_most
+    bs, best = _per_byte_prefix(link, kind)
+    k = int(np.searchsorted(bs, most_bytes, side="left"))  # breakpoints strictly below most_bytes
+    return min(at_most, float(best[k - 1])) if k else at_most
+
+
+_PREFIX_CACHE: dict[tuple, tuple] = {}
+
+
+def _per_byte_prefix(link, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """The table's positive breakpoints and the running minimum of time(b)/b over them (cached
+    per table: torch's NCCL tables have ~600 points per kind, and a 405B problem 3,410 collectives)."""
+    key = (id(link), kind)
+    hit = _PREFIX_CACHE.get(key)
+    if hit is None or hit[2] is not link:
+        points = [(b, t) for b, t in link.table[kind] if b > 0]
+        bs = np.array([b for b, _ in points], dtype=float)
+        ratios = np.array([link.time_ms(kind, b) / b for b, _ in points])
+        hit = (bs, np.minimum.accumulate(ratios) if len(ratios) else ratios, link)
+        _PREFIX_CACHE[key] = hit
+    return hit[0], hit[1]
 
 
 def priced_bytes(problem: Problem, reach: BucketReach | None = None) -> dict[str, float]:
@@ -300,7 +321,7 @@ def _key_stream_floor(link, kind: str, total: int, min_buckets: int) -> float:
     return float(max(0.0, (min_buckets * c + s * total).max(initial=0.0)))
 
 
-def chain_floor(problem: Problem, reach: BucketReach | None = None) -> float:
+def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[str, float] | None = None) -> float:
     """A floor from the fixed order: the longest chain of facts about the clock, one per pair of
     positions (a longest path; it contains Jackson / Carlier's one-machine bound with release and
     tail times, and the stream floor).
@@ -327,7 +348,7 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None) -> float:
     done = work[np.searchsorted(pos, points, side="left")]  # compute of the nodes before each point
     rel_at = np.searchsorted(points, release)
     wait_at = np.searchsorted(points, waited_by)
-    price = priced_bytes(problem, reach)
+    price = price if price is not None else priced_bytes(problem, reach)
     streams = []  # per process group: its members' (release index, wait index, line price, price), c_min
     for pg in sorted({c.pg for c in cs}):
         idx = [k for k, c in enumerate(cs) if c.pg == pg]
@@ -342,16 +363,29 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None) -> float:
         priced = np.array([price[cs[k].name] for k in idx])
         streams.append((rel_at[idx], wait_at[idx], line, priced, min(c for c, _ in best.values())))
     m = len(points)
+    # per stream, by wait point: the line price, the price and the count of the collectives that
+    # can still be issued no earlier than the current point (those released earlier are taken out)
+    held = []
+    for rel, wait, line, priced, c_min in streams:
+        by_release = np.argsort(rel, kind="stable")
+        held.append([rel[by_release], wait[by_release], line[by_release], priced[by_release], c_min, 0,
+                     np.bincount(wait, weights=line, minlength=m), np.bincount(wait, weights=priced, minlength=m),
+                     np.bincount(wait, minlength=m).astype(float)])
     clock = np.full(m, -np.inf)
     clock[0] = 0.0
     for a in range(m - 1):
         edge = done[a + 1:] - done[a]
-        for rel, wait, line, priced, c_min in streams:
-            active = rel >= a  # can be issued no earlier than point a
-            held_line = np.bincount(wait[active], weights=line[active], minlength=m).cumsum()[a + 1:]
-            held_priced = np.bincount(wait[active], weights=priced[active], minlength=m).cumsum()[a + 1:]
-            some = np.bincount(wait[active], minlength=m).cumsum()[a + 1:] > 0
-            edge = np.maximum(edge, np.maximum(held_line + c_min * some, held_priced))
+        for h in held:
+            rel, wait, line, priced, c_min, k, by_line, by_price, by_count = h
+            while k < len(rel) and rel[k] < a:  # released before a: not in this edge's set
+                by_line[wait[k]] -= line[k]
+                by_price[wait[k]] -= priced[k]
+                by_count[wait[k]] -= 1
+                k += 1
+            h[5] = k
+            some = by_count[:].cumsum()[a + 1:] > 0.5
+            stream = np.maximum(by_line.cumsum()[a + 1:] + c_min * some, by_price.cumsum()[a + 1:])
+            edge = np.maximum(edge, stream)
         clock[a + 1:] = np.maximum(clock[a + 1:], clock[a] + edge)
     return float(clock[-1])
 
@@ -374,6 +408,6 @@ def step_floor(problem: Problem) -> StepFloor:
     compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
-    chain = chain_floor(problem, reach)
+    chain = chain_floor(problem, reach, price)
     return StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
                      stream_ms=stream, chain_ms=chain)
