@@ -100,8 +100,10 @@ def presets_section() -> list[str]:
            "the 80-layer Llama-3-70B shape, `results/presets_70b/table.md`; plot `results/presets/above_floor.png`). "
            "Problems traced at the preset's world size and priced by torch "
            "2.13's NCCL model with bucketing's copies and launches (README, *Estimates and cluster presets*). "
-           "Each cell: simulated step ms (ms above the floor). *floor*: `planner.bounds.step_floor`, no plan "
-           "beats it. *step status*: CP-SAT's step objective (started from the count plan), its bound and gap. "
+           "Each cell: simulated step ms (ms above the floor). *floor*: `planner.bounds.step_floor` as it was "
+           "when the rows were made (their revisions); since then it prices bucket size and chains what the "
+           "order allows (`planner/README.md`, *The step floor*), which the sweep sections below use. No plan "
+           "beats either. *step status*: CP-SAT's step objective (started from the count plan), its bound and gap. "
            "Torch's default and manual rows are simulated on their own graphs (pre-bucketing, or the manual "
            "pass's reordering); every other row on torch's overlap schedule.", "",
            "| workload | preset | floor | " + " | ".join(short) + " | step status | step bound | gap |",

@@ -11,8 +11,12 @@ Every move keeps each bucket's members and re-chooses its anchors as the repair 
 (``anchored``: the earliest start and the latest wait the members allow; ``reanchored``
 uses it too), is scored by ``simulate`` and, only
 when it is faster, checked by the independent verifier: the result is a verified plan never
-slower than the one given. First improvement, moves in a seeded random order; a sweep with no
-improvement ends the search early (a local optimum for these moves).
+slower than the one given. First improvement, moves in a seeded random order, until a sweep finds
+no improvement (a local optimum for these moves). Time left then goes to an iterated local
+search: a few random moves kick the best plan (kept only if the verifier accepts it), descent
+starts again, the best verified plan is kept; KICKS_WITHOUT_GAIN fruitless kicks in a row end it.
+Measured (llama3-8b-fsdp-8 @ h100-8nodes, from the committed step plan, 60 s): the first local
+optimum, 245.6 ms, is reached in 2 s; the kicks reach 241.4 ms (7 of 74 kicks found better).
 """
 
 from __future__ import annotations
@@ -30,6 +34,11 @@ from planner.verifier import verify
 
 # an improvement smaller than this is noise of float sums, not a faster step
 MIN_GAIN_MS = 1e-6
+# random moves per kick of the iterated local search (enough to leave a local optimum's basin,
+# few enough that the descent after it starts from a plan near the best one)
+KICK_MOVES = 3
+# kicks in a row that find nothing better end the search (without a deadline it would not end)
+KICKS_WITHOUT_GAIN = 50
 
 
 @dataclass(frozen=True)
@@ -163,33 +172,62 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
         return time.perf_counter() >= deadline or (max_evaluations is not None
                                                    and stats["evaluations"] >= max_evaluations)
 
-    while not out_of_budget():
-        moves = _moves(groups, key_of)
-        rng.shuffle(moves)
-        improved = False
-        for move in moves:
-            if out_of_budget():
-                break
-            trial = _apply(groups, move, pos)
-            if any(len({key_of[m] for m in g}) > 1 for g in trial):  # never mixes keys (rule 2)
-                continue
-            candidate = as_plan(trial)
-            if candidate is None:
-                continue
-            stats["evaluations"] += 1
-            ms = step_ms(problem, candidate)
-            if ms < best_ms - MIN_GAIN_MS:
-                if verify(problem, candidate, **policy.as_params()):
-                    stats["rejected_by_verifier"] += 1
+    def descend(current: Plan, current_ms: float, gs: list[list[str]]) -> tuple[Plan, float, list[list[str]]]:
+        """First-improvement moves from a verified plan until a sweep finds none or the budget ends."""
+        while not out_of_budget():
+            moves = _moves(gs, key_of)
+            rng.shuffle(moves)
+            for move in moves:
+                if out_of_budget():
+                    return current, current_ms, gs
+                trial = _apply(gs, move, pos)
+                if any(len({key_of[m] for m in g}) > 1 for g in trial):  # never mixes keys (rule 2)
                     continue
-                best_plan, best_ms, groups = candidate, ms, trial
-                stats["accepted"] += 1
-                if progress:
-                    progress(f"polish: {move[0]} -> {ms:.3f} ms")
-                improved = True
+                candidate = as_plan(trial)
+                if candidate is None:
+                    continue
+                stats["evaluations"] += 1
+                ms = step_ms(problem, candidate)
+                if ms < current_ms - MIN_GAIN_MS:
+                    if verify(problem, candidate, **policy.as_params()):
+                        stats["rejected_by_verifier"] += 1
+                        continue
+                    current, current_ms, gs = candidate, ms, trial
+                    stats["accepted"] += 1
+                    if progress and ms < best_ms - MIN_GAIN_MS:
+                        progress(f"polish: {move[0]} -> {ms:.3f} ms")
+                    break
+            else:
+                stats["local_optimum"] = True
+                return current, current_ms, gs
+        return current, current_ms, gs
+
+    current, current_ms, groups = descend(best_plan, best_ms, groups)
+    best_plan, best_ms, best_groups = current, current_ms, groups
+    # Time left after a local optimum: iterated local search. Kick the best plan with a few random
+    # moves (kept only if the verifier accepts the kicked plan) and descend again; the best
+    # verified plan is kept. Why: at 32 layers one descent ends in under a minute (measured on
+    # llama3-8b-fsdp-32 @ h100-8nodes, 54 s) while a step search gives polish more.
+    fruitless = 0
+    while not out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
+        fruitless += 1
+        kicked = best_groups
+        for _ in range(KICK_MOVES):
+            moves = _moves(kicked, key_of)
+            if not moves:
                 break
-        if not improved and not out_of_budget():
-            stats["local_optimum"] = True
-            break
+            trial = _apply(kicked, rng.choice(moves), pos)
+            if all(len({key_of[m] for m in g}) == 1 for g in trial):
+                kicked = trial
+        candidate = as_plan(kicked)
+        stats["kicks"] = stats.get("kicks", 0) + 1
+        stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
+        if candidate is None or verify(problem, candidate, **policy.as_params()):
+            continue
+        current, current_ms, groups = descend(candidate, step_ms(problem, candidate), kicked)
+        if current_ms < best_ms - MIN_GAIN_MS:
+            best_plan, best_ms, best_groups = current, current_ms, groups
+            stats["kick_gains"] = stats.get("kick_gains", 0) + 1
+            fruitless = 0
     stats["end_ms"] = round(best_ms, 6)
     return PolishResult(best_plan, best_ms, stats)

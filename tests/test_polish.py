@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner
-from planner.polish import polish
+from planner.polish import KICKS_WITHOUT_GAIN, polish
 from tests.brute import feasible_plans
 from tests.strategies import problems
 
@@ -34,6 +34,7 @@ def test_polish_is_feasible_never_slower_and_never_beats_the_optimum(problem, se
         assert result.step_ms <= planner.simulate(problem, start).step_ms
         assert result.step_ms >= best - 1e-9
         assert result.stats["local_optimum"]  # tiny problems: every move tried, none helps
+        assert result.stats["kicks"] >= KICKS_WITHOUT_GAIN  # no deadline: the kicks end it, all checked above
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
