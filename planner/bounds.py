@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -190,7 +190,7 @@ def bucket_reach(problem: Problem) -> BucketReach:
     A bucket is issued at one member's start position X and waited at one member's wait position
     Y, and X lies in every member's start interval and Y in every member's wait interval; so a
     bucket issued at X and waited at Y holds at most the collectives of its key whose intervals
-    contain both (``Tot[X, Y]``, one matrix product per key). Its members' sizes fit the cap
+    contain both (``Tot[X, Y]``, summed from a 2-D difference array per key). Its members' sizes fit the cap
     (rule 3), so its wire bytes are at most the cap times the key's largest wire/size ratio.
     A collective that stays alone reaches its own bytes. Superset arguments only: every feasible
     bucket is within reach (tested against the verifier's plans)."""
@@ -218,8 +218,10 @@ def bucket_reach(problem: Problem) -> BucketReach:
                 tot[x1, y0] -= c.wire_bytes
                 tot[x1, y1] += c.wire_bytes
         tot = tot.cumsum(axis=0).cumsum(axis=1)
-        ratio = max(c.wire_bytes / max(1, c.size_bytes) for c in cs)
-        capped = problem.bucket_cap_bytes * ratio
+        # members' sizes fit the cap, so their wire bytes fit the cap times the largest ratio; a
+        # member of size 0 fits any bucket, its wire bytes on top
+        ratio = max((c.wire_bytes / c.size_bytes for c in cs if c.size_bytes > 0), default=0.0)
+        capped = problem.bucket_cap_bytes * ratio + sum(c.wire_bytes for c in cs if c.size_bytes == 0)
         for c, (x0, x1, y0, y1) in zip(cs, spans):
             if intervals[c.name][4] or x1 <= x0 or y1 <= y0:
                 member[c.name] = anchored[c.name] = c.wire_bytes
@@ -255,6 +257,8 @@ def _per_byte_prefix(link, kind: str) -> tuple[np.ndarray, np.ndarray]:
     key = (id(link), kind)
     hit = _PREFIX_CACHE.get(key)
     if hit is None or hit[2] is not link:
+        if len(_PREFIX_CACHE) >= 64:  # a sweep reads many problems: keep only recent tables alive
+            _PREFIX_CACHE.clear()
         points = [(b, t) for b, t in link.table[kind] if b > 0]
         bs = np.array([b for b, _ in points], dtype=float)
         ratios = np.array([link.time_ms(kind, b) / b for b, _ in points])
@@ -324,7 +328,7 @@ def _key_stream_floor(link, kind: str, total: int, min_buckets: int) -> float:
 def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[str, float] | None = None) -> float:
     """A floor from the fixed order: the longest chain of facts about the clock, one per pair of
     positions (a longest path; it contains Jackson / Carlier's one-machine bound with release and
-    tail times, and the stream floor).
+    tail times; the stream floor of ``step_floor``, which also prices by count, is kept beside it).
 
     T(v) is the compute stream's clock when it reaches position v (0 at the first node, the step
     at the end). Whatever the plan: T(v') >= T(v) + the compute of the nodes in [v, v'); and per
@@ -383,7 +387,7 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[
                 by_count[wait[k]] -= 1
                 k += 1
             h[5] = k
-            some = by_count[:].cumsum()[a + 1:] > 0.5
+            some = by_count.cumsum()[a + 1:] > 0.5
             stream = np.maximum(by_line.cumsum()[a + 1:] + c_min * some, by_price.cumsum()[a + 1:])
             edge = np.maximum(edge, stream)
         clock[a + 1:] = np.maximum(clock[a + 1:], clock[a] + edge)

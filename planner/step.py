@@ -144,17 +144,19 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
     units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
     m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members))
     scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
+    # every byte costs at least the curve's least time per byte up to the reach (a linear cut the
+    # LP sees even where it relaxes the minimum over lines away); 1 ns below it, as the lines, so
+    # that it never asks more than the curve (it is exact at hi when time/bytes falls all the way)
+    per_unit = math.floor(least_ms_per_byte(link, ca.kind, hi) * NS_PER_MS * BYTE_UNIT * scale)
     top = max(abs(c) + abs(s) * (hi // BYTE_UNIT) for c, s in lines) + 1
     scaled = m.new_int_var(-top, top, f"dur_scaled[{ca.name}]")
     m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
-    dur = m.new_int_var(0, top // scale + 1, f"dur[{ca.name}]")  # the least it needs to be
+    # the least it needs to be, up to what either the lines or the cut can ask
+    dur = m.new_int_var(0, max(top, per_unit * (hi // BYTE_UNIT)) // scale + 1, f"dur[{ca.name}]")
     m.add(scale * dur >= scaled)
     _add_chord_cut(m, dur, scale, lines, x[a, a], units, wires[a] // BYTE_UNIT, hi // BYTE_UNIT)
-    # every byte costs at least the curve's least time per byte up to that reach: a linear cut
-    # that holds wherever the chords' minimum does not reach the LP (units <= the bytes)
-    per_unit = math.floor(least_ms_per_byte(link, ca.kind, hi) * NS_PER_MS * BYTE_UNIT * scale)
     if per_unit > 0:
-        m.add(scale * dur >= per_unit * units)
+        m.add(scale * dur >= per_unit * units - scale * x[a, a])
     return launch, copy_in, copy_out, dur
 
 

@@ -120,3 +120,31 @@ def plans(draw, problem: planner.Problem) -> planner.Plan:
     return planner.Plan(problem_fingerprint=problem.fingerprint, planner="random",
                         params={"seed": draw(st.integers(0, 10))}, created="2026-01-01T00:00:00+00:00",
                         buckets=tuple(buckets))
+
+
+def two_gathers(wires: tuple[int, int], sizes: tuple[int, int], link: planner.Link,
+                cap: int = 1 << 30) -> planner.Problem:
+    """mm_0, two all_gathers of one key (started, then both waited), mm_1: the smallest problem
+    where a merge is feasible, for regression tests of bucket-size arithmetic."""
+    N = planner.Node
+    nodes = (N(name="mm_0", kind="compute", pos=0, est_ms=1.0),
+             N(name="ag1", kind="start", pos=1, est_ms=0.0),
+             N(name="ag2", kind="start", pos=2, est_ms=0.0),
+             N(name="w1", kind="wait", pos=3, est_ms=0.0, deps=(1,)),
+             N(name="w2", kind="wait", pos=4, est_ms=0.0, deps=(2,)),
+             N(name="mm_1", kind="compute", pos=5, est_ms=1.0, deps=(3, 4)))
+    colls = tuple(planner.Collective(name=f"ag{k}", wait=f"w{k}", kind="all_gather", pg="0",
+                                     key="all_gather/0/bfloat16", dtype="bfloat16", size_bytes=sizes[k - 1],
+                                     wire_bytes=wires[k - 1], est_ms=0.0, exposed_ms=0.0, start_pos=k,
+                                     wait_pos=2 + k, status="exposed") for k in (1, 2))
+    return planner.Problem(bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=6, collectives=colls,
+                           nodes=nodes, links=(link,),
+                           timelines=(planner.Timeline(pg="0", nodes=(0, 1, 2, 3, 4, 5), types="csswwc"),)
+                           ).with_fingerprint()
+
+
+def merged(problem: planner.Problem) -> planner.Plan:
+    """Every collective of ``problem`` in one bucket, anchored at the first."""
+    names = tuple(c.name for c in problem.collectives)
+    return planner.Plan(problem_fingerprint=problem.fingerprint, planner="test", created="2026-01-01T00:00:00+00:00",
+                        buckets=(planner.Bucket(members=names, start=names[0], wait=names[0]),))

@@ -77,3 +77,16 @@ def test_least_ms_per_byte_is_the_curves_least_time_per_byte(data):
     got = least_ms_per_byte(link, "all_gather", most)
     assert got <= min(ratios) * (1 + 1e-12)
     assert any(r <= got * (1 + 1e-12) for r in ratios)
+
+
+def test_a_member_of_size_zero_is_within_reach_beside_a_full_bucket():
+    # regression (found in review): the cap was turned into wire bytes by the largest wire/size
+    # ratio, which a member of size 0 escapes; it fits beside a bucket that fills the cap
+    from tests.strategies import merged, two_gathers
+
+    link = planner.Link(pg="0", group_size=2, latency_ms=1.0, bandwidth_gbps=1.0)
+    problem = two_gathers((100, 1), (100, 0), link, cap=100)
+    plan = merged(problem)
+    assert not planner.verify(problem, plan)
+    assert bucket_reach(problem).member["ag1"] >= 101
+    assert step_floor(problem).floor_ms <= planner.simulate(problem, plan).step_ms + 1e-12

@@ -14,7 +14,7 @@ import planner
 from planner.cpsat import build_model
 from planner.solver import solve
 from planner.step import NS_PER_MS, _fix, add_step_objective
-from tests.strategies import plans, problems
+from tests.strategies import merged, plans, problems, two_gathers
 from tests.brute import feasible_plans
 
 
@@ -103,3 +103,17 @@ def test_the_chord_cut_lies_under_the_link_curve_on_a_torch_nccl_table():
                 u = b // BYTE_UNIT  # what the model's byte count is for b bytes (rounded down)
                 assert (cut[0] + cut[1] * u) / scale <= link.time_ms(kind, b) * NS_PER_MS + 1e-6
     assert cuts >= 100  # of 120 ranges
+
+
+def test_the_per_byte_cut_never_asks_more_than_the_curve():
+    # regression (found in review): the per-byte cut asked ceil(time(hi)) ns of a duration whose
+    # domain ended at floor(time(hi)), so merging everything at an anchor was infeasible in the
+    # model though the verifier accepts it -- whenever time/bytes falls up to hi, as on NCCL tables
+    table = ((0, 0.02), (1 << 16, 0.05), (1 << 20, 0.2), (16 << 20, 1.5), (256 << 20, 15.0))
+    link = planner.Link(pg="0", group_size=4, table={"all_gather": table})
+    for wire in (64, 192, 6400, 64000, 6400000, 32000000, 64000000):
+        problem = two_gathers((wire, wire), (wire // 4, wire // 4), link)
+        plan = merged(problem)
+        assert not planner.verify(problem, plan)
+        model_ms, slack_ms = _model_value_ms(problem, plan)
+        assert model_ms <= planner.simulate(problem, plan).step_ms + slack_ms
