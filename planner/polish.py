@@ -136,6 +136,20 @@ def _apply(groups: list[list[str]], move: tuple, pos: dict[str, int]) -> list[li
     return sorted((g for g in out if g), key=lambda g: pos[g[0]])
 
 
+def _kick(groups: list[list[str]], key_of: dict[str, tuple], pos: dict[str, int],
+          rng: random.Random) -> list[list[str]]:
+    """KICK_MOVES random moves from ``groups`` (a move that would mix keys is skipped)."""
+    kicked = groups
+    for _ in range(KICK_MOVES):
+        moves = _moves(kicked, key_of)
+        if not moves:
+            break
+        trial = _apply(kicked, rng.choice(moves), pos)
+        if all(len({key_of[m] for m in g}) == 1 for g in trial):
+            kicked = trial
+    return kicked
+
+
 def reanchored(problem: Problem, plan: Plan) -> Plan:
     """A fast repair: keep every bucket's members, re-anchor them (``anchored``), and break up
     buckets the verifier still rejects. Never fewer buckets than ``plan``."""
@@ -211,14 +225,7 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
     fruitless = 0
     while not out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
         fruitless += 1
-        kicked = best_groups
-        for _ in range(KICK_MOVES):
-            moves = _moves(kicked, key_of)
-            if not moves:
-                break
-            trial = _apply(kicked, rng.choice(moves), pos)
-            if all(len({key_of[m] for m in g}) == 1 for g in trial):
-                kicked = trial
+        kicked = _kick(best_groups, key_of, pos, rng)
         candidate = as_plan(kicked)
         stats["kicks"] = stats.get("kicks", 0) + 1
         stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
