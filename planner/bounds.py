@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -154,14 +155,19 @@ def merge_intervals(problem: Problem, protect_partly: bool = False) -> dict[str,
     return out
 
 
-def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tuple, int]:
-    """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves."""
-    intervals = merge_intervals(problem, protect_partly)
+def _by_key(problem: Problem) -> dict[tuple, list]:
+    """The collectives per bucket key (kind, process group, key): buckets never mix keys."""
     groups: dict[tuple, list] = {}
     for c in problem.collectives:
         groups.setdefault((c.kind, c.pg, c.key), []).append(c)
+    return groups
+
+
+def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tuple, int]:
+    """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves."""
+    intervals = merge_intervals(problem, protect_partly)
     out: dict[tuple, int] = {}
-    for group_key, cs in groups.items():
+    for group_key, cs in _by_key(problem).items():
         alone = [c for c in cs if intervals[c.name][4]]
         rest = [c for c in cs if not intervals[c.name][4]]
         need = len(alone)
@@ -197,10 +203,7 @@ def bucket_reach(problem: Problem) -> BucketReach:
     intervals = merge_intervals(problem)
     member: dict[str, int] = {}
     anchored: dict[str, int] = {}
-    groups: dict[tuple, list] = {}
-    for c in problem.collectives:
-        groups.setdefault((c.kind, c.pg, c.key), []).append(c)
-    for cs in groups.values():
+    for cs in _by_key(problem).values():
         xs = sorted({c.start_pos for c in cs})
         ys = sorted({c.wait_pos for c in cs})
         spans = []
@@ -234,37 +237,29 @@ def bucket_reach(problem: Problem) -> BucketReach:
     return BucketReach(member, anchored)
 
 
+def per_byte_floor(link, kind: str) -> Callable[[int], float]:
+    """``least(M)``: inf over 0 < b <= M of time(b) / b, so a bucket of at most M bytes costs at
+    least ``least(M)`` per byte it carries. The curve is linear between breakpoints (c + s*b, whose
+    c/b + s is monotone), so the infimum is at a breakpoint or at M (no concavity needed). The
+    running minimum over the breakpoints is computed once (torch's NCCL tables have ~600 points
+    per kind, and a 405B problem 3,410 collectives to price)."""
+    points = [b for b, _ in link.table[kind] if b > 0] if link.table is not None else []
+    bs = np.array(points, dtype=float)
+    best = np.minimum.accumulate([link.time_ms(kind, b) / b for b in points]) if points else np.array([])
+
+    def least(most_bytes: int) -> float:
+        if most_bytes <= 0:
+            return 0.0
+        at_most = link.time_ms(kind, most_bytes) / most_bytes
+        k = int(np.searchsorted(bs, most_bytes, side="left"))  # breakpoints strictly below most_bytes
+        return min(at_most, float(best[k - 1])) if k else at_most
+
+    return least
+
+
 def least_ms_per_byte(link, kind: str, most_bytes: int) -> float:
-    """inf over 0 < b <= most_bytes of time(b) / b: a bucket of at most ``most_bytes`` costs at
-    least this per byte it carries. The curve is linear between breakpoints (c + s*b, whose c/b + s
-    is monotone), so the infimum is at a breakpoint or at ``most_bytes`` (no concavity needed)."""
-    if most_bytes <= 0:
-        return 0.0
-    at_most = link.time_ms(kind, most_bytes) / most_bytes
-    if link.table is None:
-        return at_most
-    bs, best = _per_byte_prefix(link, kind)
-    k = int(np.searchsorted(bs, most_bytes, side="left"))  # breakpoints strictly below most_bytes
-    return min(at_most, float(best[k - 1])) if k else at_most
-
-
-_PREFIX_CACHE: dict[tuple, tuple] = {}
-
-
-def _per_byte_prefix(link, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    """The table's positive breakpoints and the running minimum of time(b)/b over them (cached
-    per table: torch's NCCL tables have ~600 points per kind, and a 405B problem 3,410 collectives)."""
-    key = (id(link), kind)
-    hit = _PREFIX_CACHE.get(key)
-    if hit is None or hit[2] is not link:
-        if len(_PREFIX_CACHE) >= 64:  # a sweep reads many problems: keep only recent tables alive
-            _PREFIX_CACHE.clear()
-        points = [(b, t) for b, t in link.table[kind] if b > 0]
-        bs = np.array([b for b, _ in points], dtype=float)
-        ratios = np.array([link.time_ms(kind, b) / b for b, _ in points])
-        hit = (bs, np.minimum.accumulate(ratios) if len(ratios) else ratios, link)
-        _PREFIX_CACHE[key] = hit
-    return hit[0], hit[1]
+    """``per_byte_floor(link, kind)(most_bytes)``, for one price."""
+    return per_byte_floor(link, kind)(most_bytes)
 
 
 def priced_bytes(problem: Problem, reach: BucketReach | None = None) -> dict[str, float]:
@@ -274,8 +269,8 @@ def priced_bytes(problem: Problem, reach: BucketReach | None = None) -> dict[str
     least the sum of its collectives' prices. This is what prices bucket size: where the rules
     keep buckets small, their bytes cannot ride the curve's peak bandwidth."""
     reach = reach or bucket_reach(problem)
-    return {c.name: c.wire_bytes * least_ms_per_byte(problem.link(c.pg), c.kind, reach.member[c.name])
-            for c in problem.collectives}
+    least = {(pg, kind): per_byte_floor(problem.link(pg), kind) for pg, kind in {(c.pg, c.kind) for c in problem.collectives}}
+    return {c.name: c.wire_bytes * least[c.pg, c.kind](reach.member[c.name]) for c in problem.collectives}
 
 
 @dataclass(frozen=True)
@@ -394,21 +389,16 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[
     return float(clock[-1])
 
 
-def step_floor(problem: Problem) -> StepFloor:
-    """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``)."""
+def step_floor(problem: Problem, reach: BucketReach | None = None) -> StepFloor:
+    """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``).
+    ``reach``: ``bucket_reach(problem)`` when the caller has it."""
     need = key_lower_bounds(problem)
-    reach = bucket_reach(problem)
+    reach = reach or bucket_reach(problem)
     price = priced_bytes(problem, reach)
-    totals: dict[tuple, int] = {}
-    priced: dict[tuple, float] = {}
-    for c in problem.collectives:
-        k = (c.kind, c.pg, c.key)
-        totals[k] = totals.get(k, 0) + c.wire_bytes
-        priced[k] = priced.get(k, 0.0) + price[c.name]
     stream: dict[str, float] = {}
-    for (kind, pg, key), total in totals.items():  # buckets never mix keys: their floors add up
-        by_count = _key_stream_floor(problem.link(pg), kind, total, need[(kind, pg, key)])
-        stream[pg] = stream.get(pg, 0.0) + max(by_count, priced[(kind, pg, key)])
+    for (kind, pg, key), cs in _by_key(problem).items():  # buckets never mix keys: their floors add up
+        by_count = _key_stream_floor(problem.link(pg), kind, sum(c.wire_bytes for c in cs), need[(kind, pg, key)])
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, sum(price[c.name] for c in cs))
     compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())

@@ -26,7 +26,7 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import key_lower_bounds, step_floor
+from planner.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
 from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
 from planner.polish import polish, reanchored
 from planner.policy import Policy
@@ -168,6 +168,7 @@ class _SolveContext:
     bounds: dict  # lower_bound and key_bounds for planner.cpsat.build_model
     lb: float  # the relaxation bound for the whole problem (the step floor for step)
     floor_ms: float | None
+    reach: BucketReach | None  # planner.bounds.bucket_reach, computed once for a step solve
     progress: Callable[[str], None] | None
     cb: _Progress
     stats: dict
@@ -311,13 +312,14 @@ def _prepare(problem: Problem, *, time_limit_s: float, objective: str, workers: 
         window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
     key_bounds = key_lower_bounds(problem, protect_partly=policy.protect_partly)
     lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
-    floor_ms = step_floor(problem).floor_ms if objective == "step" else None
+    reach = bucket_reach(problem) if objective == "step" else None  # the floor's and every step model's
+    floor_ms = step_floor(problem, reach).floor_ms if objective == "step" else None
     ctx = _SolveContext(
         problem=problem, objective=objective, policy=policy, within=within, window=window, auto=auto, probe=probe,
         workers=workers or 2, seed=seed, deterministic=deterministic, time_limit_s=time_limit_s, t0=t0,
         bounds={"lower_bound": lb, "key_bounds": key_bounds},
         lb=floor_ms if objective == "step" else lb,  # the step's relaxation bound, valid for the whole problem
-        floor_ms=floor_ms, progress=progress, cb=_Progress(progress, t0, objective), stats={})
+        floor_ms=floor_ms, reach=reach, progress=progress, cb=_Progress(progress, t0, objective), stats={})
     handle = _build(ctx, ctx.window, within)
     if auto and ctx.window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
         ctx = dataclasses.replace(ctx, window=AUTO_WINDOW)
@@ -334,7 +336,7 @@ def _build(ctx: _SolveContext, window: int | None, within: Plan | None) -> Model
         return build_model(ctx.problem, objective=ctx.objective, window=window, within=within, **ctx.bounds,
                            **ctx.policy.as_params())
     handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds, **ctx.policy.as_params())
-    step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0)
+    step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0, reach=ctx.reach)
     handle.objective = "step"
     handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
     return handle

@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import BucketReach, bucket_reach, least_ms_per_byte
+from planner.bounds import BucketReach, bucket_reach, per_byte_floor
 from planner.cpsat import ModelHandle
 from planner.problem import Link, Plan, Problem, copy_bytes
 
@@ -111,7 +112,7 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
 
 
 def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a: int, members: list[int],
-                  magnitude: int, reach: BucketReach):
+                  magnitude: int, reach: BucketReach, least: dict[tuple, Callable[[int], float]]):
     """(launch, copy_in, copy_out, duration) in ns of the bucket ``a`` may anchor: 0 when it
     anchors nothing; copies only when something joins it (torch merges nothing alone)."""
     x, colls, cost = handle.x, handle.colls, problem.bucketing
@@ -140,14 +141,14 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
         return launch, copy_in, copy_out, dur
     # a table link: a concave minorant of its curve at the bucket's bytes, which never exceed
     # what a bucket issued at a's start can hold (``bounds.bucket_reach``)
-    hi = min(sum(wires.values()), max(wires[a], reach.anchored[ca.name]))
+    hi = min(sum(wires.values()), reach.anchored[ca.name])  # the reach is never below a's own bytes
     units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
     m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members))
     scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
     # every byte costs at least the curve's least time per byte up to the reach (a linear cut the
     # LP sees even where it relaxes the minimum over lines away); 1 ns below it, as the lines, so
     # that it never asks more than the curve (it is exact at hi when time/bytes falls all the way)
-    per_unit = math.floor(least_ms_per_byte(link, ca.kind, hi) * NS_PER_MS * BYTE_UNIT * scale)
+    per_unit = math.floor(least[ca.pg, ca.kind](hi) * NS_PER_MS * BYTE_UNIT * scale)
     top = max(abs(c) + abs(s) * (hi // BYTE_UNIT) for c, s in lines) + 1
     scaled = m.new_int_var(-top, top, f"dur_scaled[{ca.name}]")
     m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
@@ -184,9 +185,12 @@ def _add_chord_cut(m: cp_model.CpModel, dur, scale: int, lines: list[tuple[int, 
         m.add(scale * dur >= cut[0] * anchors + cut[1] * units)
 
 
-def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0) -> StepModel:
+def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0,
+                       reach: BucketReach | None = None) -> StepModel:
     """Make ``handle``'s model minimize the simulated step (ns); see the module docstring.
-    ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated."""
+    ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated.
+    ``reach``: ``planner.bounds.bucket_reach(problem)`` when the caller has it (a solve builds
+    several models of one problem)."""
     m, colls, x, y = handle.model, handle.colls, handle.x, handle.y
     cost = problem.bucketing
     members: dict[int, list[int]] = {}
@@ -207,8 +211,10 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
             _ns(cost.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
     horizon = 2 * horizon + 1
     magnitude = 61 - math.ceil(math.log2(len(anchors) + 1)) - 2
-    reach = bucket_reach(problem)
-    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach) for a in anchors}
+    reach = reach or bucket_reach(problem)
+    least = {(pg, kind): per_byte_floor(problem.link(pg), kind)  # per table, computed once
+             for pg, kind in {(c.pg, c.kind) for c in problem.collectives} if problem.link(pg).table is not None}
+    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least) for a in anchors}
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
