@@ -29,7 +29,7 @@ from typing import Callable
 from planner.bounds import fixed_limits
 from planner.policy import Policy
 from planner.problem import Bucket, Collective, Plan, Problem
-from planner.simulator import step_ms
+from planner.simulator import replay_index, step_ms
 from planner.verifier import verify
 
 # an improvement smaller than this is noise of float sums, not a faster step
@@ -37,6 +37,9 @@ MIN_GAIN_MS = 1e-6
 # random moves per kick of the iterated local search (enough to leave a local optimum's basin,
 # few enough that the descent after it starts from a plan near the best one)
 KICK_MOVES = 3
+# anchored buckets remembered by member list (a move changes one or two lists; the rest are known);
+# bounded so that hours of search at 80 layers stay within memory
+BUCKETS_REMEMBERED = 100_000
 # kicks in a row that find nothing better end the search (without a deadline it would not end)
 KICKS_WITHOUT_GAIN = 50
 
@@ -62,23 +65,27 @@ def anchoring(problem: Problem) -> Anchoring:
 
 def anchored(problem: Problem, plan: Plan, where: Anchoring | None = None) -> Plan:
     """Every bucket of ``plan`` with its anchors moved to the earliest start and latest wait its
-    members allow (after every fixed predecessor of a member's start, before a fully hidden
-    member's hiding nodes; after those, before every fixed consumer of a wait); a bucket with no
-    such anchors is dropped. Not verified: ``reanchored`` and ``polish`` check. ``where``:
-    ``anchoring(problem)`` when the caller has it."""
+    members allow (``anchored_bucket``); a bucket with no such anchors is dropped. Not verified:
+    ``reanchored`` and ``polish`` check. ``where``: ``anchoring(problem)`` when the caller has it."""
     where = where or anchoring(problem)
+    buckets = (anchored_bucket(b.members, where) for b in plan.buckets)
+    return plan.model_copy(update={"buckets": tuple(b for b in buckets if b is not None)})
+
+
+def anchored_bucket(members: tuple[str, ...], where: Anchoring) -> Bucket | None:
+    """``members`` as a bucket anchored at the earliest start and latest wait they allow (after
+    every fixed predecessor of a member's start, before a fully hidden member's hiding nodes;
+    after those, before every fixed consumer of a wait), or None if there are no such anchors."""
     colls, limits = where.colls, where.limits
-    buckets = []
-    for b in plan.buckets:
-        ms = [colls[m] for m in b.members]
-        hiders = [p for m in ms for p in where.hider_pos.get(m.name, ())]
-        lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=where.end)
-        lo_w, hi_w = max(hiders, default=-1), min(limits[m.name][1] for m in ms)
-        starts = [m for m in sorted(ms, key=lambda m: m.start_pos) if lo < m.start_pos < hi_s]
-        waits = [m for m in sorted(ms, key=lambda m: -m.wait_pos) if lo_w < m.wait_pos < hi_w]
-        if starts and waits and starts[0].start_pos < waits[0].wait_pos:
-            buckets.append(Bucket(members=b.members, start=starts[0].name, wait=waits[0].name))
-    return plan.model_copy(update={"buckets": tuple(buckets)})
+    ms = [colls[m] for m in members]
+    hiders = [p for m in ms for p in where.hider_pos.get(m.name, ())]
+    lo, hi_s = max(limits[m.name][0] for m in ms), min(hiders, default=where.end)
+    lo_w, hi_w = max(hiders, default=-1), min(limits[m.name][1] for m in ms)
+    starts = [m for m in sorted(ms, key=lambda m: m.start_pos) if lo < m.start_pos < hi_s]
+    waits = [m for m in sorted(ms, key=lambda m: -m.wait_pos) if lo_w < m.wait_pos < hi_w]
+    if starts and waits and starts[0].start_pos < waits[0].wait_pos:
+        return Bucket(members=members, start=starts[0].name, wait=waits[0].name)
+    return None
 
 
 @dataclass
@@ -172,15 +179,25 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
     key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
     best_plan, best_ms = plan, step_ms(problem, plan)
     groups = _groups(problem, plan)
-    where = anchoring(problem)  # of the problem alone: once, not per candidate
+    where, index = anchoring(problem), replay_index(problem)  # of the problem alone: once, not per candidate
     stats = {"start_ms": round(best_ms, 6), "evaluations": 0, "accepted": 0, "rejected_by_verifier": 0,
              "local_optimum": False}
 
+    bucket_of: dict[tuple[str, ...], Bucket | None] = {}  # a move changes one or two lists: the rest are known
+
     def as_plan(gs: list[list[str]]) -> Plan | None:
-        buckets = tuple(Bucket(members=tuple(g), start=g[0], wait=g[0]) for g in gs if len(g) > 1)
-        candidate = anchored(problem, best_plan.model_copy(update={"buckets": buckets}), where)
-        # anchored drops a bucket it cannot anchor; then the move is not what was asked
-        return candidate if len(candidate.buckets) == len(buckets) else None
+        buckets = []
+        for g in gs:
+            if len(g) > 1:
+                members = tuple(g)
+                if members not in bucket_of:
+                    if len(bucket_of) >= BUCKETS_REMEMBERED:
+                        bucket_of.clear()
+                    bucket_of[members] = anchored_bucket(members, where)
+                if bucket_of[members] is None:  # no anchors for these members: not the move asked for
+                    return None
+                buckets.append(bucket_of[members])
+        return best_plan.model_copy(update={"buckets": tuple(buckets)})
 
     def out_of_budget() -> bool:
         return time.perf_counter() >= deadline or (max_evaluations is not None
@@ -201,7 +218,7 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
                 if candidate is None:
                     continue
                 stats["evaluations"] += 1
-                ms = step_ms(problem, candidate)
+                ms = step_ms(problem, candidate, index)
                 if ms < current_ms - MIN_GAIN_MS:
                     if verify(problem, candidate, **policy.as_params()):
                         stats["rejected_by_verifier"] += 1
@@ -231,7 +248,7 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
         stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
         if candidate is None or verify(problem, candidate, **policy.as_params()):
             continue
-        current, current_ms, groups = descend(candidate, step_ms(problem, candidate), kicked)
+        current, current_ms, groups = descend(candidate, step_ms(problem, candidate, index), kicked)
         if current_ms < best_ms - MIN_GAIN_MS:
             best_plan, best_ms, best_groups = current, current_ms, groups
             stats["kick_gains"] = stats.get("kick_gains", 0) + 1

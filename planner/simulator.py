@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.problem import Plan, Problem, copy_bytes
+from planner.problem import Collective, Link, Plan, Problem, copy_bytes
 
 
 @dataclass(frozen=True)
@@ -83,9 +83,9 @@ class Simulation:
         return sum(self.exposed_ms_by_pg.values())
 
 
-def _buckets(problem: Problem, plan: Plan | None) -> list[tuple[tuple[str, ...], str, str]]:
-    """(members, start anchor, wait anchor) for every bucket of the final state."""
-    colls = problem.collective_index()
+def _buckets(problem: Problem, plan: Plan | None, colls: dict) -> list[tuple[tuple[str, ...], str, str]]:
+    """(members, start anchor, wait anchor) for every bucket of the final state (``colls``: the
+    problem's collectives by name)."""
     out, placed = [], set()
     for i, b in enumerate(plan.buckets if plan is not None else ()):
         unknown = [m for m in b.members if m not in colls]
@@ -97,94 +97,158 @@ def _buckets(problem: Problem, plan: Plan | None) -> list[tuple[tuple[str, ...],
     return out
 
 
+@dataclass(frozen=True)
+class ReplayIndex:
+    """What a replay reads of a problem alone, computed once by ``replay_index`` (a local search
+    replays thousands of plans of one problem).
+
+    ``compute_before[pos]``: the graph's compute scheduled before position ``pos`` (a running
+    sum in node order). The compute stream's clock at any position is that plus ``delay``,
+    everything else the stream has run so far (stalls, launches, copies), so a replay only visits
+    the buckets' anchors: at 32 layers 300 events instead of 8,600 nodes."""
+
+    colls: dict[str, Collective]
+    links: dict[str, Link]
+    compute_before: dict[int, float]  # at every start and wait position
+    compute_ms: float  # the whole graph's
+    compute_nodes: tuple[tuple[int, str, float, float], ...]  # (pos, name, begin before delays, est_ms)
+    prices: dict[tuple[str, ...], "_Price"] = field(default_factory=dict, compare=False)  # by members, as met
+
+
+@dataclass(frozen=True)
+class _Price:
+    """What a bucket costs wherever it is issued: its stream time and its compute-stream
+    overheads (launch, copies; 0 without ``problem.bucketing``)."""
+
+    kind: str
+    pg: str
+    wire_bytes: int
+    duration_ms: float
+    launch_ms: float
+    copy_in_ms: float
+    copy_out_ms: float
+
+
+# bucket prices an index remembers (a local search meets each member list again and again);
+# bounded so that hours of search stay within memory
+PRICES_REMEMBERED = 100_000
+
+
+def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _Price:
+    got = index.prices.get(members)
+    if got is None:
+        first = index.colls[members[0]]
+        link = index.links[first.pg]
+        wires = [index.colls[m].wire_bytes for m in members]
+        launch = copy_in = copy_out = 0.0
+        if problem.bucketing is not None:
+            cost = problem.bucketing
+            in_bytes, out_bytes = copy_bytes(first.kind, wires, link.group_size, problem.bucket_mode)
+            launch, copy_in, copy_out = cost.launch_ms, cost.copy_ms(in_bytes), cost.copy_ms(out_bytes)
+        got = _Price(first.kind, first.pg, sum(wires), link.time_ms(first.kind, sum(wires)), launch, copy_in, copy_out)
+        if len(index.prices) >= PRICES_REMEMBERED:
+            index.prices.clear()
+        index.prices[members] = got
+    return got
+
+
+def replay_index(problem: Problem) -> ReplayIndex:
+    acc, before, nodes = 0.0, {}, []
+    for node in problem.nodes:
+        if node.kind in ("compute", "other"):
+            nodes.append((node.pos, node.name, acc, node.est_ms))
+            acc += node.est_ms
+        elif node.kind in ("start", "wait"):
+            before[node.pos] = acc
+    return ReplayIndex(colls={c.name: c for c in problem.collectives},
+                       links={c.pg: problem.link(c.pg) for c in problem.collectives}, compute_before=before, compute_ms=acc,
+                       compute_nodes=tuple(nodes))
+
+
 def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
     """Replay the final schedule of ``plan`` on ``problem`` (``None``: unbucketed)."""
-    return _replay(problem, plan, record=True)
+    return _replay(problem, plan, replay_index(problem), record=True)
 
 
-def step_ms(problem: Problem, plan: Plan | None = None) -> float:
+def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | None = None) -> float:
     """``simulate(problem, plan).step_ms``, without recording the runs (a local search scores
-    thousands of plans: at 32 layers recording took half of each replay)."""
-    return _replay(problem, plan, record=False).step_ms
+    thousands of plans). ``index``: ``replay_index(problem)`` when the caller has it."""
+    return _replay(problem, plan, index or replay_index(problem), record=False).step_ms
 
 
-def _replay(problem: Problem, plan: Plan | None, record: bool) -> Simulation:
-    colls = {c.name: c for c in problem.collectives}
+def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: bool) -> Simulation:
+    colls = index.colls
     # A bucket acts only at its anchors' own nodes: its merged start takes the start anchor's
     # position and its merged wait the wait anchor's wait position, and every other node keeps
-    # its position. So walking the pinned nodes in their original order *is* walking the final
-    # order; the starts and waits of non-anchor members simply do nothing.
-    issue_at: dict[str, int] = {}  # start node name -> bucket id
-    wait_at: dict[str, int] = {}   # wait node name -> bucket id
-    buckets = _buckets(problem, plan)
-    for b, (_, start, wait) in enumerate(buckets):
-        issue_at[start] = b
-        wait_at[colls[wait].wait] = b
-
-    clock = 0.0  # compute stream
+    # its position. So walking the anchors in position order *is* walking the final order; the
+    # starts and waits of non-anchor members do nothing, and compute runs between them.
+    buckets = _buckets(problem, plan, colls)
+    events = sorted([(colls[start].start_pos, 0, b) for b, (_, start, _) in enumerate(buckets)]
+                    + [(colls[wait].wait_pos, 1, b) for b, (_, _, wait) in enumerate(buckets)])
+    delay = 0.0  # on the compute stream besides the graph's compute: stalls, launches, copies
     stream_free: dict[str, float] = {}  # per process group: when its FIFO stream is idle again
-    exposed = {c.pg: 0.0 for c in problem.collectives}
+    exposed = dict.fromkeys(index.links, 0.0)
     issued: dict[int, dict] = {}  # in flight: issued, not yet waited
     done: dict[int, BucketRun] = {}
     issue_order: list[int] = []
     compute: list[ComputeRun] = []
-    compute_ms = overhead_ms = last_end = 0.0
-    cost = problem.bucketing
+    overhead_ms = last_end = 0.0
+    pending = iter(index.compute_nodes) if record else iter(())
+    next_compute = next(pending, None)
 
-    def run_on_compute(name: str, ms: float, kind: str) -> None:
-        nonlocal clock
+    def overhead(clock: float, what: str, bucket: tuple, ms: float) -> None:
+        nonlocal delay
         if ms > 0:
-            if record:
-                compute.append(ComputeRun(name, clock, clock + ms, kind))
-            clock += ms
+            if record:  # labels only then: a local search replays thousands of plans
+                label = f"{what}: {colls[bucket[0]].kind} x{len(bucket)}"
+                compute.append(ComputeRun(label, clock, clock + ms, what))
+            delay += ms
 
-    for node in problem.nodes:
-        if node.kind in ("compute", "other"):
-            run_on_compute(node.name, node.est_ms, "compute")
-            compute_ms += node.est_ms
-        elif node.kind == "start" and node.name in issue_at:
-            b = issue_at[node.name]
+    for pos, is_wait, b in events:
+        while next_compute is not None and next_compute[0] < pos:  # only when recording
+            _, name, begin, ms = next_compute
+            if ms > 0:
+                compute.append(ComputeRun(name, begin + delay, begin + delay + ms, "compute"))
+            next_compute = next(pending, None)
+        here = index.compute_before[pos]
+        if not is_wait:
             members = buckets[b][0]
-            first = colls[members[0]]
-            link = problem.link(first.pg)
-            wires = [colls[m].wire_bytes for m in members]
-            nbytes = sum(wires)
-            copy_out_ms = 0.0
-            if cost is not None:
-                copy_in, copy_out = copy_bytes(first.kind, wires, link.group_size, problem.bucket_mode)
-                label = f"{first.kind} x{len(members)}"
-                before = clock
-                run_on_compute(f"launch: {label}", cost.launch_ms, "launch")
-                run_on_compute(f"copy-in: {label}", cost.copy_ms(copy_in), "copy-in")
-                copy_out_ms = cost.copy_ms(copy_out)
-                overhead_ms += clock - before
+            price = _price(problem, index, members)
+            before = delay
+            overhead(here + delay, "launch", members, price.launch_ms)
+            overhead(here + delay, "copy-in", members, price.copy_in_ms)
+            overhead_ms += delay - before
+            clock = here + delay
             # The comm stream waits on the compute stream at issue (ProcessGroupNCCL syncs the
             # streams), so a collective never runs ahead of the compute issued before it.
-            begin = max(clock, stream_free.get(first.pg, 0.0))
-            end = begin + link.time_ms(first.kind, nbytes)
-            stream_free[first.pg] = end
+            begin = max(clock, stream_free.get(price.pg, 0.0))
+            end = begin + price.duration_ms
+            stream_free[price.pg] = end
             last_end = max(last_end, end)
             issue_order.append(b)
-            issued[b] = dict(members=members, kind=first.kind, pg=first.pg, wire_bytes=nbytes,
-                             issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=copy_out_ms)
-        elif node.kind == "wait" and node.name in wait_at:
-            b = wait_at[node.name]
+            issued[b] = dict(members=members, kind=price.kind, pg=price.pg, wire_bytes=price.wire_bytes,
+                             issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=price.copy_out_ms)
+        else:
             if b not in issued:
-                raise ValueError(f"bucket {list(buckets[b][0])}: waited at {node.name} before it is issued")
+                raise ValueError(f"bucket {list(buckets[b][0])}: waited at {buckets[b][2]} before it is issued")
             run = issued.pop(b)
             copy_out_ms = run.pop("copy_out_ms")
+            clock = here + delay
             blocked = max(0.0, run["end_ms"] - clock)
             exposed[run["pg"]] += blocked
             done[b] = BucketRun(**run, wait_ms=clock, blocked_ms=blocked) if record else run
-            clock += blocked
-            run_on_compute(f"copy-out: {run['kind']} x{len(run['members'])}", copy_out_ms, "copy-out")
+            delay += blocked
+            overhead(here + delay, "copy-out", run["members"], copy_out_ms)
             overhead_ms += copy_out_ms
+    for _, name, begin, ms in ([next_compute] if next_compute is not None else []) + list(pending):
+        if ms > 0:
+            compute.append(ComputeRun(name, begin + delay, begin + delay + ms, "compute"))
     if issued:  # cannot happen for a valid problem: every collective has a wait
         raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
 
-    return Simulation(step_ms=max(clock, last_end), compute_ms=compute_ms, exposed_ms_by_pg=exposed,
-                      buckets=tuple(done[b] for b in issue_order) if record else (), compute=tuple(compute),
-                      overhead_ms=overhead_ms)
+    return Simulation(step_ms=max(index.compute_ms + delay, last_end), compute_ms=index.compute_ms,
+                      exposed_ms_by_pg=exposed, buckets=tuple(done[b] for b in issue_order) if record else (),
+                      compute=tuple(compute), overhead_ms=overhead_ms)
 
 
 def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:

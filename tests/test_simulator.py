@@ -226,3 +226,21 @@ def test_step_ms_is_the_recorded_replays_step_to_the_bit(data):
         plan = None
     assert step_ms(problem, plan) == simulate(problem, plan).step_ms
     assert step_ms(problem) == simulate(problem).step_ms
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_one_replay_index_serves_every_plan_of_its_problem(data):
+    # polish keeps one index (and the bucket prices it remembers) for thousands of plans: a price
+    # remembered from one plan must be right in the next, where the same members meet again
+    from planner.simulator import replay_index, step_ms
+    from tests.strategies import plans
+
+    problem = data.draw(problems(costs=data.draw(st.booleans())))
+    index = replay_index(problem)
+    for _ in range(4):
+        plan = data.draw(plans(problem))
+        if planner.verify(problem, plan):
+            continue
+        assert step_ms(problem, plan, index) == simulate(problem, plan).step_ms
+    assert step_ms(problem, None, index) == simulate(problem).step_ms
