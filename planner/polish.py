@@ -171,87 +171,122 @@ def reanchored(problem: Problem, plan: Plan) -> Plan:
 
 
 def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None = None, seed: int = 0,
-           policy: Policy = Policy(), progress: Callable[[str], None] | None = None) -> PolishResult:
+           policy: Policy = Policy(), progress: Callable[[str], None] | None = None,
+           restarts: tuple[Plan, ...] = ()) -> PolishResult:
     """The best plan found from ``plan`` by single moves before ``deadline`` (a ``time.perf_counter``
-    value) or ``max_evaluations`` simulations (the reproducible limit). ``plan`` must be feasible."""
-    rng = random.Random(seed)
-    pos = {c.name: c.start_pos for c in problem.collectives}
-    key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
-    best_plan, best_ms = plan, step_ms(problem, plan)
-    groups = _groups(problem, plan)
-    where, index = anchoring(problem), replay_index(problem)  # of the problem alone: once, not per candidate
-    stats = {"start_ms": round(best_ms, 6), "evaluations": 0, "accepted": 0, "rejected_by_verifier": 0,
-             "local_optimum": False}
+    value) or ``max_evaluations`` simulations (the reproducible limit), then from each of
+    ``restarts`` in turn while the budget lasts. Every plan given must be feasible; the result is
+    never slower than ``plan`` and carries its record (planner, params)."""
+    search = _LocalSearch(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed,
+                          policy=policy, progress=progress)
+    stats = search.stats
+    best_plan, best_ms = search.iterate(plan, search.best_ms)
+    # Time left when the kicks stop finding anything: the same search from each other start.
+    # Local optima differ by start (llama3-8b-fsdp-8 @ h100-8nodes: 249.0 ms from the unbucketed
+    # schedule, 245.6 from the fewest-collectives plan), and the kicks end in seconds at 8 layers.
+    for other in restarts:
+        if search.out_of_budget():
+            break
+        stats["restarts"] = stats.get("restarts", 0) + 1
+        found, found_ms = search.iterate(other, step_ms(problem, other, search.index))
+        if found_ms < best_ms - MIN_GAIN_MS:
+            best_plan, best_ms = found, found_ms
+            stats["restart_gains"] = stats.get("restart_gains", 0) + 1
+            stats["best_from"] = other.planner  # not the plan given: say which start it came from
+    stats["end_ms"] = round(best_ms, 6)
+    return PolishResult(plan.model_copy(update={"buckets": best_plan.buckets}), best_ms, stats)
 
-    bucket_of: dict[tuple[str, ...], Bucket | None] = {}  # a move changes one or two lists: the rest are known
 
-    def as_plan(gs: list[list[str]]) -> Plan | None:
+class _LocalSearch:
+    """One polish run's state: the problem's lookups (computed once), the random stream, the
+    budget, the anchored buckets met so far, and ``stats``; ``best_ms`` is the best step found
+    so far from any start (progress says only what beats it)."""
+
+    def __init__(self, problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None, seed: int,
+                 policy: Policy, progress: Callable[[str], None] | None):
+        self.problem, self.plan, self.policy, self.progress = problem, plan, policy, progress
+        self.deadline, self.max_evaluations = deadline, max_evaluations
+        self.rng = random.Random(seed)
+        self.pos = {c.name: c.start_pos for c in problem.collectives}
+        self.key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
+        self.where, self.index = anchoring(problem), replay_index(problem)  # of the problem alone: once
+        self.best_ms = step_ms(problem, plan, self.index)
+        self.stats = {"start_ms": round(self.best_ms, 6), "evaluations": 0, "accepted": 0,
+                      "rejected_by_verifier": 0, "local_optimum": False}
+        self.bucket_of: dict[tuple[str, ...], Bucket | None] = {}  # a move changes one or two lists
+
+    def as_plan(self, gs: list[list[str]]) -> Plan | None:
         buckets = []
         for g in gs:
             if len(g) > 1:
                 members = tuple(g)
-                if members not in bucket_of:
-                    if len(bucket_of) >= BUCKETS_REMEMBERED:
-                        bucket_of.clear()
-                    bucket_of[members] = anchored_bucket(members, where)
-                if bucket_of[members] is None:  # no anchors for these members: not the move asked for
+                if members not in self.bucket_of:
+                    if len(self.bucket_of) >= BUCKETS_REMEMBERED:
+                        self.bucket_of.clear()
+                    self.bucket_of[members] = anchored_bucket(members, self.where)
+                if self.bucket_of[members] is None:  # no anchors for these members: not the move asked for
                     return None
-                buckets.append(bucket_of[members])
-        return best_plan.model_copy(update={"buckets": tuple(buckets)})
+                buckets.append(self.bucket_of[members])
+        return self.plan.model_copy(update={"buckets": tuple(buckets)})
 
-    def out_of_budget() -> bool:
-        return time.perf_counter() >= deadline or (max_evaluations is not None
-                                                   and stats["evaluations"] >= max_evaluations)
+    def out_of_budget(self) -> bool:
+        return time.perf_counter() >= self.deadline or (self.max_evaluations is not None
+                                                        and self.stats["evaluations"] >= self.max_evaluations)
 
-    def descend(current: Plan, current_ms: float, gs: list[list[str]]) -> tuple[Plan, float, list[list[str]]]:
+    def feasible(self, plan: Plan) -> bool:
+        return not verify(self.problem, plan, **self.policy.as_params())
+
+    def descend(self, current: Plan, current_ms: float, gs: list[list[str]]) -> tuple[Plan, float, list[list[str]]]:
         """First-improvement moves from a verified plan until a sweep finds none or the budget ends."""
-        while not out_of_budget():
+        stats, key_of = self.stats, self.key_of
+        while not self.out_of_budget():
             moves = _moves(gs, key_of)
-            rng.shuffle(moves)
+            self.rng.shuffle(moves)
             for move in moves:
-                if out_of_budget():
+                if self.out_of_budget():
                     return current, current_ms, gs
-                trial = _apply(gs, move, pos)
+                trial = _apply(gs, move, self.pos)
                 if any(len({key_of[m] for m in g}) > 1 for g in trial):  # never mixes keys (rule 2)
                     continue
-                candidate = as_plan(trial)
+                candidate = self.as_plan(trial)
                 if candidate is None:
                     continue
                 stats["evaluations"] += 1
-                ms = step_ms(problem, candidate, index)
+                ms = step_ms(self.problem, candidate, self.index)
                 if ms < current_ms - MIN_GAIN_MS:
-                    if verify(problem, candidate, **policy.as_params()):
+                    if not self.feasible(candidate):
                         stats["rejected_by_verifier"] += 1
                         continue
                     current, current_ms, gs = candidate, ms, trial
                     stats["accepted"] += 1
-                    if progress and ms < best_ms - MIN_GAIN_MS:
-                        progress(f"polish: {move[0]} -> {ms:.3f} ms")
+                    if ms < self.best_ms - MIN_GAIN_MS:  # the best of the whole run: say so
+                        self.best_ms = ms
+                        if self.progress:
+                            self.progress(f"polish: {move[0]} -> {ms:.3f} ms")
                     break
             else:
                 stats["local_optimum"] = True
                 return current, current_ms, gs
         return current, current_ms, gs
 
-    current, current_ms, groups = descend(best_plan, best_ms, groups)
-    best_plan, best_ms, best_groups = current, current_ms, groups
-    # Time left after a local optimum: iterated local search. Kick the best plan with a few random
-    # moves (kept only if the verifier accepts the kicked plan) and descend again; the best
-    # verified plan is kept. Why: at 32 layers one descent ends in under a minute (measured on
-    # llama3-8b-fsdp-32 @ h100-8nodes, 54 s) while a step search gives polish more.
-    fruitless = 0
-    while not out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
-        fruitless += 1
-        kicked = _kick(best_groups, key_of, pos, rng)
-        candidate = as_plan(kicked)
-        stats["kicks"] = stats.get("kicks", 0) + 1
-        stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
-        if candidate is None or verify(problem, candidate, **policy.as_params()):
-            continue
-        current, current_ms, groups = descend(candidate, step_ms(problem, candidate, index), kicked)
-        if current_ms < best_ms - MIN_GAIN_MS:
-            best_plan, best_ms, best_groups = current, current_ms, groups
-            stats["kick_gains"] = stats.get("kick_gains", 0) + 1
-            fruitless = 0
-    stats["end_ms"] = round(best_ms, 6)
-    return PolishResult(best_plan, best_ms, stats)
+    def iterate(self, start: Plan, start_ms: float) -> tuple[Plan, float]:
+        """Descent from ``start``, then an iterated local search: kick the best plan with a few
+        random moves (kept only if the verifier accepts the kicked plan) and descend again. Why:
+        at 32 layers one descent ends in under a minute (measured on llama3-8b-fsdp-32 @
+        h100-8nodes, 54 s) while a step search gives polish more."""
+        top_plan, top_ms, top_groups = self.descend(start, start_ms, _groups(self.problem, start))
+        fruitless = 0
+        while not self.out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
+            fruitless += 1
+            kicked = _kick(top_groups, self.key_of, self.pos, self.rng)
+            candidate = self.as_plan(kicked)
+            self.stats["kicks"] = self.stats.get("kicks", 0) + 1
+            self.stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
+            if candidate is None or not self.feasible(candidate):
+                continue
+            current, current_ms, groups = self.descend(candidate, step_ms(self.problem, candidate, self.index), kicked)
+            if current_ms < top_ms - MIN_GAIN_MS:
+                top_plan, top_ms, top_groups = current, current_ms, groups
+                self.stats["kick_gains"] = self.stats.get("kick_gains", 0) + 1
+                fruitless = 0
+        return top_plan, top_ms

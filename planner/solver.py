@@ -172,6 +172,7 @@ class _SolveContext:
     progress: Callable[[str], None] | None
     cb: _Progress
     stats: dict
+    starts: list[Plan] = dataclasses.field(default_factory=list)  # a step search's feasible starts, fastest first
 
     @property
     def step(self) -> bool:
@@ -416,7 +417,8 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
     unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
     starts = [unbucketed] + ([hint] if hint is not None else [])
     starts += [p for p in floor_plans if not verify(problem, p, **ctx.policy.as_params())]
-    return min(starts, key=lambda p: simulate(problem, p).step_ms)
+    ctx.starts[:] = sorted(starts, key=lambda p: simulate(problem, p).step_ms)
+    return ctx.starts[0]
 
 
 def _feed_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan, hint_ok: bool) -> None:
@@ -574,14 +576,18 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
 
 def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     """``planner.polish`` on the search's best plan, with the rest of the time limit (in
-    deterministic runs, POLISH_EVALUATIONS_PER_S evaluations per second of its share); its
-    result is verified and never slower."""
+    deterministic runs, POLISH_EVALUATIONS_PER_S evaluations per second of its share), then on
+    the other plans the search could start from while time is left; its result is verified and
+    never slower."""
     max_evaluations = int(POLISH_EVALUATIONS_PER_S * ctx.polish_s) if ctx.deterministic else None
+    restarts = tuple(p for p in ctx.starts if p.buckets != incumbent.plan.buckets)
     result = polish(ctx.problem, incumbent.plan, deadline=ctx.deadline(ctx.time_limit_s),
-                    max_evaluations=max_evaluations, seed=ctx.seed, policy=ctx.policy, progress=ctx.progress)
+                    max_evaluations=max_evaluations, seed=ctx.seed, policy=ctx.policy, progress=ctx.progress,
+                    restarts=restarts)
     ctx.stats["polish"] = result.stats
     if result.step_ms < incumbent.objective:
-        plan = result.plan.model_copy(update={"params": {**incumbent.plan.params, "polished": True}})
+        from_start = {"polished_from": result.stats["best_from"]} if "best_from" in result.stats else {}
+        plan = result.plan.model_copy(update={"params": {**incumbent.plan.params, "polished": True, **from_start}})
         return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms)
     return incumbent
 

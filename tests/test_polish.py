@@ -37,6 +37,24 @@ def test_polish_is_feasible_never_slower_and_never_beats_the_optimum(problem, se
         assert result.stats["kicks"] >= KICKS_WITHOUT_GAIN  # no deadline: the kicks end it, all checked above
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True), st.data())
+def test_polish_with_restarts_is_never_slower_than_any_start(problem, data):
+    # time left after the first search goes to the other starts: the result is at least as fast as
+    # every one of them, keeps the given plan's record, and says which start it came from
+    plans = list(feasible_plans(problem))
+    restarts = tuple(p.model_copy(update={"planner": f"start-{k}"})
+                     for k, p in enumerate(data.draw(st.lists(st.sampled_from(plans), min_size=1, max_size=3))))
+    start = _unbucketed(problem)
+    result = polish(problem, start, deadline=FAR, seed=data.draw(st.integers(0, 3)), restarts=restarts)
+    assert not planner.verify(problem, result.plan)
+    assert result.step_ms == planner.simulate(problem, result.plan).step_ms
+    assert result.step_ms <= min(planner.simulate(problem, p).step_ms for p in (start, *restarts)) + 1e-6
+    assert result.plan.planner == start.planner
+    assert result.stats["restarts"] == len(restarts)
+    assert result.stats.get("best_from", start.planner) in {start.planner, *(p.planner for p in restarts)}
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=1, dtypes=("bfloat16",), costs=True))
 def test_polish_with_an_evaluation_limit_is_reproducible(problem):
