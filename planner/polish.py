@@ -15,6 +15,7 @@ slower than the one given. First improvement, moves in a seeded random order, un
 no improvement (a local optimum for these moves). Time left then goes to an iterated local
 search: a few random moves kick the best plan (kept only if the verifier accepts it), descent
 starts again, the best verified plan is kept; KICKS_WITHOUT_GAIN fruitless kicks in a row end it.
+Then, while the budget lasts, the same from each of the other starts the caller gives.
 Measured (llama3-8b-fsdp-8 @ h100-8nodes, from the committed step plan, 60 s): the first local
 optimum, 245.6 ms, is reached in 2 s; the kicks reach 241.4 ms (7 of 74 kicks found better).
 """
