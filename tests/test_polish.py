@@ -66,7 +66,8 @@ def test_polish_with_an_evaluation_limit_is_reproducible(problem):
 def test_polish_stops_at_its_deadline(get_scheduled):
     problem = get_scheduled("llama3-8b-fsdp-8").problem
     t0 = time.perf_counter()
-    result = polish(problem, _unbucketed(problem), deadline=t0 + 1.0)
-    # the deadline is checked between evaluations (each a few ms here): no timing assert, only that
-    # it ended on the clock rather than on a local optimum, with a verified plan
+    result = polish(problem, _unbucketed(problem), deadline=t0 + 0.2)
+    # the deadline is checked between evaluations (each about a millisecond here, while the first
+    # descent from the unbucketed schedule takes seconds): no timing assert, only that it ended on
+    # the clock rather than on a local optimum, with a verified plan
     assert not result.stats["local_optimum"] and not planner.verify(problem, result.plan)
