@@ -257,19 +257,19 @@ def per_byte_floor(link, kind: str) -> Callable[[int], float]:
     return least
 
 
-def least_ms_per_byte(link, kind: str, most_bytes: int) -> float:
-    """``per_byte_floor(link, kind)(most_bytes)``, for one price."""
-    return per_byte_floor(link, kind)(most_bytes)
+def per_byte_floors(problem: Problem) -> dict[tuple[str, str], Callable[[int], float]]:
+    """``per_byte_floor`` of every (process group, kind) the problem has, each computed once."""
+    return {(pg, kind): per_byte_floor(problem.link(pg), kind) for pg, kind in {(c.pg, c.kind) for c in problem.collectives}}
 
 
 def priced_bytes(problem: Problem, reach: BucketReach | None = None) -> dict[str, float]:
     """Per collective: its bytes at the least per-byte time of the largest bucket it can be in.
     A bucket B of at most M_i bytes for each member i takes time(B) = B * time(B)/B >=
-    sum_i bytes_i * least_ms_per_byte(M_i): summed over any plan's buckets, a stream is busy at
+    sum_i bytes_i * least(M_i) (``per_byte_floor``): summed over any plan's buckets, a stream is busy at
     least the sum of its collectives' prices. This is what prices bucket size: where the rules
     keep buckets small, their bytes cannot ride the curve's peak bandwidth."""
     reach = reach or bucket_reach(problem)
-    least = {(pg, kind): per_byte_floor(problem.link(pg), kind) for pg, kind in {(c.pg, c.kind) for c in problem.collectives}}
+    least = per_byte_floors(problem)
     return {c.name: c.wire_bytes * least[c.pg, c.kind](reach.member[c.name]) for c in problem.collectives}
 
 

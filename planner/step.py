@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import BucketReach, bucket_reach, per_byte_floor
+from planner.bounds import BucketReach, bucket_reach, per_byte_floors
 from planner.cpsat import ModelHandle
 from planner.problem import Link, Plan, Problem, copy_bytes
 
@@ -212,8 +212,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     horizon = 2 * horizon + 1
     magnitude = 61 - math.ceil(math.log2(len(anchors) + 1)) - 2
     reach = reach or bucket_reach(problem)
-    least = {(pg, kind): per_byte_floor(problem.link(pg), kind)  # per table, computed once
-             for pg, kind in {(c.pg, c.kind) for c in problem.collectives} if problem.link(pg).table is not None}
+    least = per_byte_floors(problem)  # per table, computed once
     terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least) for a in anchors}
 
     # the walk over starts and waits in position order

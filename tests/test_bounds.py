@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner
-from planner.bounds import bucket_reach, chain_floor, least_ms_per_byte, step_floor
+from planner.bounds import bucket_reach, chain_floor, per_byte_floor, step_floor
 from tests.brute import feasible_plans
 from tests.strategies import problems
 
@@ -74,7 +74,7 @@ def test_least_ms_per_byte_is_the_curves_least_time_per_byte(data):
     samples = sorted({*range(1, most + 1, max(1, most // 4000)), most,
                       *(b for b, _ in link.table["all_gather"] if 0 < b <= most)})
     ratios = [link.time_ms("all_gather", b) / b for b in samples]
-    got = least_ms_per_byte(link, "all_gather", most)
+    got = per_byte_floor(link, "all_gather")(most)
     assert got <= min(ratios) * (1 + 1e-12)
     assert any(r <= got * (1 + 1e-12) for r in ratios)
 
