@@ -93,14 +93,14 @@ def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=No
 
 def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say) -> None:
     """CP-SAT's rows: fewest collectives, then the step objective started from that plan."""
-    floor_plans: tuple = ()
+    count_plan = None
     for label, objective in CPSAT_VARIANTS:
         say(f"{row.name}: {label}")
         with LiveLine(lambda msg: say(f"{row.name}: {label}: {msg}")) as live:  # never silent for long
-            row.plans.append(_solved_row(label, prob, dict(objective=objective, hint=hint, floor_plans=floor_plans,
+            row.plans.append(_solved_row(label, prob, dict(objective=objective, hint=hint, count_plan=count_plan,
                                                            progress=live), time_limit_s))
-        if row.plans[-1].plan is not None:
-            floor_plans = (row.plans[-1].plan,)
+        if objective == "count" and row.plans[-1].plan is not None:
+            count_plan = row.plans[-1].plan  # the step row starts from it rather than search again
 
 
 def _solved_row(label: str, prob, solve_kwargs: dict, time_limit_s: float, note: str = "") -> PlanRow:

@@ -57,8 +57,12 @@ STEP_OPTIMAL_TOLERANCE_MS = 1e-3
 # (issue #14) and at 0.2x while a second job shared it (fsdp-2 step search, measured).
 DETERMINISTIC_WALL_FACTOR = 20.0
 # Share of a step search's time spent finding a fewest-collectives plan to start from, when the
-# caller gives none (floor_plans).
+# caller gives none (solve's count_plan).
 STEP_COUNT_SHARE = 0.25
+# ... and on a large model (see POLISH_SHARE_LARGE), whose count search needs 13-15 s of a 60 s
+# solve to reach its optimum (llama3-8b-fsdp-8, h100-8nodes: 30 collectives at 12.7 s; h100-64nodes:
+# 14 at 14.5 s, where a 15 s share once ended at 18 and the step plan 19 ms slower)
+STEP_COUNT_SHARE_LARGE = 0.35
 # Share of a step search's time kept for planner.polish (local search scored by the simulator) on
 # the best plan: at 8 layers and more the CP-SAT step search mostly returns the plan it started
 # from, while polish improves it within seconds (llama3-8b-fsdp-8 on 8 nodes: 253.0 -> 245.6 ms,
@@ -69,8 +73,11 @@ POLISH_SHARE = 0.15
 # where CP-SAT rarely improves its start within a minute and polish does. Measured, 60 s step
 # solves, 0.15 -> 0.5: llama3-8b-2d-8 @ h100-1node 68.572 -> 65.930 ms, fsdp-8 @ h100-64nodes
 # 308.159 -> 305.431, 2d-8 @ h100-8nodes 93.478 -> 93.464, fsdp-8 and hf-qwen3-8 @ h100-8nodes
-# unchanged; at 32 layers the windowed search returned its start on all six sweep rows.
-POLISH_SHARE_LARGE = 0.5
+# unchanged; at 32 layers the windowed search returned its start on all six sweep rows. 0.4 since
+# the count search's share grew (STEP_COUNT_SHARE_LARGE), so that the main search keeps 15 s of a
+# 60 s solve: with 9 s, 2d-8 @ h100-1node lost its bound above the floor (63.233 -> 60.046 ms),
+# and with 15 s its plan is 65.674 ms (65.552 with 0.5); fsdp-8 @ h100-64nodes 280.486 either way.
+POLISH_SHARE_LARGE = 0.4
 STEP_LARGE_MODEL_PAIRS = 2500
 POLISH_EVALUATIONS_PER_S = 100
 
@@ -258,6 +265,7 @@ def solve(
     memory_budget_bytes: int | None = None,
     probe: bool = True,
     floor_plans: tuple[Plan, ...] = (),
+    count_plan: Plan | None = None,
     deterministic: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
@@ -284,13 +292,15 @@ def solve(
     ``objective="step"`` minimizes ``planner.simulate``'s step (planner.step): the objective is
     the returned plan's simulated step in ms, the bound holds for the whole problem (the step
     floor when the search was windowed), and the result is never slower than the unbucketed
-    schedule, a feasible hint, or any feasible plan of ``floor_plans`` (e.g. the count plan).
+    schedule, a feasible hint, any feasible plan of ``floor_plans``, or a fewest-collectives plan:
+    ``count_plan`` when the caller has one (e.g. ``compare``'s count row), else one searched
+    with part of the time limit (STEP_COUNT_SHARE).
     """
     _validate(problem, time_limit_s, objective, hint)
     ctx, handle = _prepare(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed,
                            window=window, within=within, probe=probe, deterministic=deterministic,
                            progress=progress, policy=Policy(protect_partly, memory_budget_bytes))
-    hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans)
+    hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans, count_plan)
     incumbent = _main_search(ctx, handle, hint if hint_ok else None)
     if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None:
         incumbent = _widen(ctx, incumbent)  # the restricted model is solved: spend the rest on wider windows
@@ -355,7 +365,7 @@ def _build(ctx: _SolveContext, window: int | None, within: Plan | None) -> Model
 
 
 def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
-                 floor_plans: tuple[Plan, ...]) -> tuple[Plan | None, bool]:
+                 floor_plans: tuple[Plan, ...], count_plan: Plan | None) -> tuple[Plan | None, bool]:
     """The plan the search starts from and whether it is feasible (then it is the result's floor),
     fed to ``handle``'s model: the caller's hint, its repair when it breaks a rule, and for a step
     search the fastest of the starting plans (_step_start)."""
@@ -363,7 +373,7 @@ def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
     if hint is not None and not hint_ok and ctx.within is None:
         hint, hint_ok = _repaired_hint(ctx, hint)
     if ctx.step:
-        hint, hint_ok = _step_start(ctx, hint if hint_ok else None, floor_plans), True
+        hint, hint_ok = _step_start(ctx, hint if hint_ok else None, floor_plans, count_plan), True
     if hint is not None:
         _feed_hint(ctx, handle, hint, hint_ok)
     return hint, hint_ok
@@ -410,19 +420,27 @@ def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int |
     return result
 
 
-def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, ...]) -> Plan:
-    """The fastest feasible plan a step search starts from: the unbucketed schedule, the hint
-    and ``floor_plans``; none of them is ever beaten by the result. With no floor plans (and no
-    ``within``), a fewest-collectives plan is searched first: on multi-node presets the step
-    search started from greedy or unbucketed stayed near them (h100-8nodes fsdp-2: 129.7 ms
-    after 20 s) while the fewest-collectives plan is 114.7 ms."""
+def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, ...],
+                count_plan: Plan | None) -> Plan:
+    """The fastest feasible plan a step search starts from: the unbucketed schedule, the hint,
+    ``floor_plans`` and a fewest-collectives plan; none of them is ever beaten by the result.
+
+    The fewest-collectives plan is ``count_plan`` when given, else searched first (not within
+    a plan): on multi-node presets the step search started from greedy or unbucketed stayed near
+    them (h100-8nodes fsdp-2: 129.7 ms after 20 s) while the fewest-collectives plan is 114.7 ms.
+    Other floor plans never replace it: when the greedy start a sweep passes as one did (until
+    this was mended), llama3-8b-fsdp-8 @ h100-64nodes ended at 305.0 ms in the sweep; it ends at
+    280.5 ms with the count plan among its starts (60 s each)."""
     problem = ctx.problem
-    if not floor_plans and ctx.within is None:
-        count = solve(problem, objective="count", hint=hint, time_limit_s=STEP_COUNT_SHARE * ctx.time_limit_s,
+    if count_plan is not None:
+        floor_plans = (*floor_plans, count_plan)
+    elif ctx.within is None:
+        share = STEP_COUNT_SHARE_LARGE if ctx.large else STEP_COUNT_SHARE
+        count = solve(problem, objective="count", hint=hint, time_limit_s=share * ctx.time_limit_s,
                       workers=ctx.workers, seed=ctx.seed, window="auto" if ctx.auto else ctx.window,
                       deterministic=ctx.deterministic, **ctx.policy.as_params())
         if count.plan is not None:
-            floor_plans = (count.plan,)
+            floor_plans = (*floor_plans, count.plan)
         ctx.cb.interrupted = bool(count.stats.get("interrupted"))
         ctx.stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
