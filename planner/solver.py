@@ -50,7 +50,8 @@ PROBE_MIN_MAIN_S = 30.0
 # this much time is left (see _widen).
 WIDEN_MIN_S = 5.0
 # A step plan is reported OPTIMAL when its simulated step is within this of the bound (ms): the
-# model is a relaxation (a table link's curve by a minorant) with integer-ns rounding.
+# model prices a table link's curve to within 10 ns per bucket (planner.step.duration_pieces) and
+# rounds every time to integer ns.
 STEP_OPTIMAL_TOLERANCE_MS = 1e-3
 # With deterministic=True the wall-clock limit is this multiple of the time limit, a guard only:
 # CP-SAT's deterministic time accrued at about 0.7x wall time on this 2-core machine when idle
@@ -293,10 +294,12 @@ def solve(
     the returned plan's simulated step in ms, the bound holds for the whole problem (the step
     floor when the search was windowed), and the result is never slower than the unbucketed
     schedule, a feasible hint, any feasible plan of ``floor_plans``, or a fewest-collectives plan:
-    ``count_plan`` when the caller has one (e.g. ``compare``'s count row), else one searched
-    with part of the time limit (STEP_COUNT_SHARE).
+    ``count_plan`` when the caller has one (e.g. ``compare``'s count row; one made for another
+    problem raises ``PlanMismatchError``, one that breaks a rule is replaced by a search), else
+    one searched with part of the time limit (STEP_COUNT_SHARE, STEP_COUNT_SHARE_LARGE; not with
+    ``within``). ``stats['starts']`` lists the starts, fastest first.
     """
-    _validate(problem, time_limit_s, objective, hint)
+    _validate(problem, time_limit_s, objective, hint, count_plan)
     ctx, handle = _prepare(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed,
                            window=window, within=within, probe=probe, deterministic=deterministic,
                            progress=progress, policy=Policy(protect_partly, memory_budget_bytes))
@@ -311,14 +314,15 @@ def solve(
     return _result(ctx, incumbent)
 
 
-def _validate(problem: Problem, time_limit_s: float, objective: str, hint: Plan | None) -> None:
-    """Refuse bad arguments before any model is built."""
+def _validate(problem: Problem, time_limit_s: float, objective: str, *plans: Plan | None) -> None:
+    """Refuse bad arguments before any model is built (``plans``: the hint and count plan)."""
     if time_limit_s <= 0:
         raise ValueError("time_limit_s must be positive")
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
-    if hint is not None:
-        check_plan_matches(problem, hint)
+    for plan in plans:
+        if plan is not None:
+            check_plan_matches(problem, plan)
 
 
 def _prepare(problem: Problem, *, time_limit_s: float, objective: str, workers: int | None, seed: int,
@@ -432,9 +436,13 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
     this was mended), llama3-8b-fsdp-8 @ h100-64nodes ended at 305.0 ms in the sweep; it ends at
     280.5 ms with the count plan among its starts (60 s each)."""
     problem = ctx.problem
-    if count_plan is not None:
+
+    def feasible(plan: Plan) -> bool:
+        return not verify(problem, plan, **ctx.policy.as_params())
+
+    if count_plan is not None and feasible(count_plan):
         floor_plans = (*floor_plans, count_plan)
-    elif ctx.within is None:
+    elif ctx.within is None:  # none given, or it breaks a rule (of this solve's policy): search one
         share = STEP_COUNT_SHARE_LARGE if ctx.large else STEP_COUNT_SHARE
         count = solve(problem, objective="count", hint=hint, time_limit_s=share * ctx.time_limit_s,
                       workers=ctx.workers, seed=ctx.seed, window="auto" if ctx.auto else ctx.window,
@@ -444,9 +452,14 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
         ctx.cb.interrupted = bool(count.stats.get("interrupted"))
         ctx.stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
-    starts = [unbucketed] + ([hint] if hint is not None else [])
-    starts += [p for p in floor_plans if not verify(problem, p, **ctx.policy.as_params())]
-    ctx.starts[:] = sorted(starts, key=lambda p: simulate(problem, p).step_ms)
+    starts: dict[tuple, Plan] = {}  # one per bucketing (a sweep's start is its hint and a floor plan)
+    for plan in [unbucketed, *([hint] if hint is not None else []), *floor_plans]:
+        if plan.buckets not in starts and (plan is unbucketed or plan is hint or feasible(plan)):
+            starts[plan.buckets] = plan
+    timed = sorted((simulate(problem, p).step_ms, k, p) for k, p in enumerate(starts.values()))
+    ctx.starts[:] = [p for _, _, p in timed]
+    ctx.stats["starts"] = [{"planner": p.planner, "objective": p.params.get("objective"), "step_ms": round(t, 6)}
+                           for t, _, p in timed]
     return ctx.starts[0]
 
 

@@ -19,11 +19,16 @@ Walking the positions in order, one variable per event (``StepModel``):
 With ``>=`` and minimization the optimum for a fixed plan is the simulator's step.
 
 Durations. A bucket's time is the link's curve at its bytes ``B[a] = Σ wire·x[i,a]``. An α-β
-link is one line (exact). A table link is replaced by a concave minorant on the bytes the
-bucket can have: the minimum of chords between geometrically spaced points of the curve,
-lowered by the most it exceeds the curve at any breakpoint (torch's tree all_reduce is not
-concave). So the model is a relaxation: its bound is valid for the true step, and every plan it
-returns is scored by ``planner.simulate`` itself (``SolveResult.objective`` is that score).
+link is one line (exact). A table link gets two things: a concave minorant on the bytes the
+bucket can have (the minimum of chords between geometrically spaced points of the curve,
+lowered by the most it exceeds the curve at any breakpoint: torch's tree all_reduce is not
+concave), which with its chord and per-byte cuts is what the LP sees; and the curve itself to
+within 2 PIECE_TOLERANCE_NS (``duration_pieces``: chords between the curve's own breakpoints,
+grouped into regions on which their minimum follows them, a boolean per region where a
+bucket's bytes may fall in several). Never above the curve, so the bound is valid for the true
+step; exact but for those few ns (where members' bytes are whole BYTE_UNITs), so a plan can
+meet it. Every plan the model returns is still scored by ``planner.simulate`` itself
+(``SolveResult.objective`` is that score).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.bounds import BucketReach, bucket_reach, per_byte_floors
@@ -44,11 +50,22 @@ NS_PER_MS = 1_000_000
 # so the line stays below the curve), in fixed point ns x 2**k: NVLink moves ~370 bytes per ns,
 # so a slope needs fractional bits. CP-SAT refuses a model whose variable domains could add up
 # past int64, so k is the largest that keeps every bucket's line values under
-# 2**(61 - log2(buckets) - 2): at 32 layers about 2**19, a rounding under 0.2 µs for a 16 GiB
-# bucket.
+# 2**(61 - log2(buckets) - 2), and never past 2**MAGNITUDE_LOG2_MOST: at 32 layers about 2**19, a
+# rounding under 0.2 µs for a 16 GiB bucket.
 BYTE_UNIT = 64
+# Values past 2**52 are not exact in the doubles CP-SAT also computes with: with lines up to
+# 2**54 (a 2-layer DDP model) it proved a plan optimal at 144.361 ms while another one, which the
+# same model accepts with every variable fixed, is 144.321 (llama3-8b-ddp-2 @ h100-64nodes, with
+# and without presolve and LP); at 2**50 and below the two agree.
+MAGNITUDE_LOG2_MOST = 50
 # Chord points per duration curve (geometric between a bucket's least and largest bytes).
 CHORD_POINTS = 24
+# The exact pieces of a table curve (``duration_pieces``): chords between its own breakpoints
+# that stay within PIECE_TOLERANCE_NS under it, grouped into regions on which their minimum is
+# within PIECE_TOLERANCE_NS of the chords (so within twice that of the curve). At 2 layers (62
+# buckets at most) that keeps a model's total under the 1 µs a plan may be from the bound to be
+# called OPTIMAL (solver.STEP_OPTIMAL_TOLERANCE_MS).
+PIECE_TOLERANCE_NS = 5.0
 
 
 def _ns(ms: float) -> int:
@@ -89,6 +106,121 @@ def _scaled(lines: list[tuple[float, float]], hi: int, magnitude_log2: int) -> t
                     math.floor(s * BYTE_UNIT * scale)) for c, s in lines]
 
 
+def _interpolating_chords(link: Link, kind: str, lo: int, hi: int, tol_ns: float) -> list[tuple[int, int, float, float]]:
+    """Chords ``(b0, b1, c, s)`` (ns, ns per byte) between breakpoints of the curve ``f`` covering
+    [lo, hi], each as long as it stays under ``f`` and within ``tol_ns`` of it at every breakpoint it
+    spans (``f`` is linear between breakpoints and where a falling last segment reaches 0, so it
+    does everywhere)."""
+    points = link.table[kind]
+    inner = [b for b, _ in points if lo < b < hi]
+    (b_a, t_a), (b_b, t_b) = points[-2], points[-1]
+    if t_b < t_a:  # extended past the last breakpoint it falls, and stops at 0 (Link.time_ms)
+        zero = b_b + t_b * (b_b - b_a) / (t_a - t_b)
+        inner += [math.ceil(zero)] if lo < math.ceil(zero) < hi and zero > b_b else []
+    bs = np.array([lo, *inner, hi], dtype=float)
+    ts = np.array([link.time_ms(kind, int(b)) * NS_PER_MS for b in bs])
+    chords, i, n = [], 0, len(bs)
+    while i < n - 1:
+        k = i + 1
+        while k + 1 < n:
+            slope = (ts[k + 1] - ts[i]) / (bs[k + 1] - bs[i])
+            above = ts[i + 1:k + 1] - (ts[i] + slope * (bs[i + 1:k + 1] - bs[i]))  # f - chord inside
+            if above.min() < 0 or above.max() > tol_ns:
+                break
+            k += 1
+        slope = (ts[k] - ts[i]) / (bs[k] - bs[i])
+        chords.append((int(bs[i]), int(bs[k]), float(ts[i] - slope * bs[i]), float(slope)))
+        i = k
+    return chords
+
+
+def duration_pieces(link: Link, kind: str, lo: int, hi: int, slack_bytes: int,
+                    tol_ns: float = PIECE_TOLERANCE_NS) -> list[tuple[int, int, list[tuple[float, float]]]]:
+    """The curve of a table link on [lo, hi] as regions ``(b0, b1, lines)`` (lines ``(c, s)``, ns and ns
+    per byte): on [b0, b1 + slack_bytes] the minimum of a region's lines lies under the curve, and
+    on [b0, b1] within ``2 tol_ns`` of it. Why: the concave minorant of ``duration_lines`` is far
+    from a curve that is not concave (torch's all_reduce: 0.45 ms at 8 nodes, 2.5 ms at 64, per
+    bucket), which kept DDP plans from meeting their bound; choosing the region a bucket's bytes
+    fall in (a boolean per region) makes the duration exact. A region grows while the
+    minimum of its lines stays within ``tol_ns`` of its chords (always across a concave bend;
+    across a convex one, which the minimum cannot follow, only while it is small).
+    ``slack_bytes``: how far a bucket's bytes may lie past its region (the model counts each
+    member's bytes rounded down to BYTE_UNIT); with a slack the lines are lowered to stay under
+    the curve there, so exactness holds where it is 0."""
+    chords = _interpolating_chords(link, kind, lo, hi, tol_ns)
+    regions: list[list[tuple[int, int, float, float]]] = [[]]
+    for chord in chords:
+        if chord[1] - chord[0] <= 1:
+            # a jump (torch's tables step at powers of two): its steep line, extended over a region,
+            # would not fit the model's integers; its first byte is a flat region, then a new one
+            regions += [[(chord[0], chord[0], chord[2] + chord[3] * chord[0], 0.0)], []]
+            continue
+        trial = regions[-1] + [chord]
+        ends = np.array([b for c in trial for b in c[:2]], dtype=float)
+        g = np.array([c[2] + c[3] * b for c in trial for b in c[:2]])  # the chords at their own ends
+        low = np.min([c[2] + c[3] * ends for c in trial], axis=0)
+        if (g - low).max() <= tol_ns:  # the minimum of lines still follows the chords
+            regions[-1] = trial
+        else:
+            regions.append([chord])
+    if not regions[-1]:  # the curve ends on a jump: its last byte is a region too
+        b = chords[-1][1]
+        regions[-1] = [(b, b, chords[-1][2] + chords[-1][3] * b, 0.0)]
+    out = []
+    for region in (r for r in regions if r):
+        b0, b1 = region[0][0], region[-1][1]
+        lines = [(c, s) for _, _, c, s in region]
+        # past b1 (by at most slack_bytes) the curve may bend under the region's lines: lower them by that
+        past = [b1 + slack_bytes] + [b for b, _ in link.table[kind] if b1 < b < b1 + slack_bytes]
+        excess = max(0.0, *(min(c + s * b for c, s in lines) - link.time_ms(kind, b) * NS_PER_MS for b in past))
+        out.append((b0, b1, [(c - excess, s) for c, s in lines]))
+    return out
+
+
+def _add_exact_duration(m: cp_model.CpModel, dur, pieces: list, anchors, units, lo: int, hi: int, name: str,
+                        magnitude_log2: int) -> int:
+    """``dur`` (ns) at least the region minimum of ``pieces`` (``duration_pieces``) where the bucket's
+    bytes ``[lo, hi]`` fall: one boolean per region when they span several (their sum is
+    ``anchors``, 1 when the collective anchors a bucket), each region's lines evaluated on a copy
+    of ``units`` bounded to the region, in fixed point at their own scale: a region's steep lines
+    evaluated over every byte count the bucket can have overflowed what CP-SAT handles (it then
+    reported a feasible model INFEASIBLE). Returns the regions used."""
+    used = [(b0, b1, lines) for b0, b1, lines in pieces if b1 >= lo and b0 <= hi]
+    if not used:
+        return 0
+    last = len(used) - 1
+    longest = max(m.proto.variables[dur.index].domain)  # scale * dur must fit too (the proto has no [-1])
+    chosen = []
+    for k, (b0, b1, lines) in enumerate(used):
+        # the units a bucket in this region can count: from the anchor's own (the first region; its
+        # rounding down) or the region's start, to the region's end or the reach (the last region)
+        u_lo = lo // BYTE_UNIT if k == 0 else -(-b0 // BYTE_UNIT)
+        u_hi = hi // BYTE_UNIT if k == last else b1 // BYTE_UNIT
+        single = last == 0  # one region: evaluated on units itself (0 with anchors 0: no bucket)
+        if single:
+            u_lo = 0
+        if u_hi < u_lo:  # no whole unit in this region (a jump's first byte)
+            continue
+        largest = max(longest, *(max(abs(c + s * BYTE_UNIT * u_lo), abs(c + s * BYTE_UNIT * u_hi), abs(c))
+                                 for c, s in lines)) + 1
+        scale = 1 << max(0, magnitude_log2 - math.ceil(math.log2(largest)))
+        ints = [(math.floor(c * scale), math.floor(s * BYTE_UNIT * scale)) for c, s in lines]
+        top = max(max(abs(c + s * u_lo), abs(c + s * u_hi), abs(c)) for c, s in ints) + 1
+        least = m.new_int_var(-top, top, f"piece[{name},{k}]")
+        if single:
+            m.add_min_equality(least, [c * anchors + s * units for c, s in ints])
+            m.add(scale * dur >= least)
+            return 1
+        z = m.new_bool_var(f"in_piece[{name},{k}]")
+        here = m.new_int_var(u_lo, u_hi, f"piece_units[{name},{k}]")
+        m.add(here == units).only_enforce_if(z)
+        m.add_min_equality(least, [c + s * here for c, s in ints])
+        m.add(scale * dur >= least).only_enforce_if(z)
+        chosen.append(z)
+    m.add(sum(chosen) == anchors)
+    return len(chosen)
+
+
 @dataclass
 class StepModel:
     """The step variables added to a rule model; ``final`` is the step in ns."""
@@ -112,7 +244,8 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
 
 
 def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a: int, members: list[int],
-                  magnitude: int, reach: BucketReach, least: dict[tuple, Callable[[int], float]]):
+                  magnitude: int, reach: BucketReach, least: dict[tuple, Callable[[int], float]],
+                  pieces: dict[tuple, list]):
     """(launch, copy_in, copy_out, duration) in ns of the bucket ``a`` may anchor: 0 when it
     anchors nothing; copies only when something joins it (torch merges nothing alone)."""
     x, colls, cost = handle.x, handle.colls, problem.bucketing
@@ -152,12 +285,18 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
     top = max(abs(c) + abs(s) * (hi // BYTE_UNIT) for c, s in lines) + 1
     scaled = m.new_int_var(-top, top, f"dur_scaled[{ca.name}]")
     m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
-    # the least it needs to be, up to what either the lines or the cut can ask
-    dur = m.new_int_var(0, max(top, per_unit * (hi // BYTE_UNIT)) // scale + 1, f"dur[{ca.name}]")
+    # the least it needs to be, up to what the lines, the cut or the curve itself can ask (the
+    # minorant's values can stay below the curve's highest, which the exact pieces ask)
+    highest = max(link.time_ms(ca.kind, b) for b in
+                  [wires[a], hi, *(b for b, _ in link.table[ca.kind] if wires[a] < b < hi)])
+    dur = m.new_int_var(0, max(max(top, per_unit * (hi // BYTE_UNIT)) // scale, math.ceil(highest * NS_PER_MS)) + 1,
+                        f"dur[{ca.name}]")
     m.add(scale * dur >= scaled)
     _add_chord_cut(m, dur, scale, lines, x[a, a], units, wires[a] // BYTE_UNIT, hi // BYTE_UNIT)
     if per_unit > 0:
         m.add(scale * dur >= per_unit * units - scale * x[a, a])
+    if (ca.pg, ca.kind) in pieces:  # the exact curve, where the minorant above is not
+        _add_exact_duration(m, dur, pieces[ca.pg, ca.kind], x[a, a], units, wires[a], hi, ca.name, magnitude)
     return launch, copy_in, copy_out, dur
 
 
@@ -185,12 +324,34 @@ def _add_chord_cut(m: cp_model.CpModel, dur, scale: int, lines: list[tuple[int, 
         m.add(scale * dur >= cut[0] * anchors + cut[1] * units)
 
 
+def _pieces_by_key(problem: Problem, handle: ModelHandle, members: dict[int, list[int]], anchors: list[int],
+                   reach: BucketReach) -> dict[tuple, list]:
+    """``duration_pieces`` per (process group, kind) of a table link, over the bytes its buckets can
+    have, with the slack of the most members a bucket of it can have whose bytes the model rounds
+    (none where every member's bytes are whole BYTE_UNITs, as tensors' usually are: a region's
+    lines lowered for that slack lost 0.5 ms where torch's curve falls past a power of two)."""
+    colls = handle.colls
+    spans: dict[tuple, list[int]] = {}
+    for a in anchors:
+        ca = problem.collectives[colls[a].idx]
+        if problem.link(ca.pg).table is None:
+            continue
+        wires = [problem.collectives[colls[i].idx].wire_bytes for i in members[a]]
+        lo, hi, n = spans.setdefault((ca.pg, ca.kind), [ca.wire_bytes, ca.wire_bytes, 0])
+        spans[ca.pg, ca.kind] = [min(lo, ca.wire_bytes), max(hi, min(sum(wires), reach.anchored[ca.name])),
+                                 max(n, sum(1 for w in wires if w % BYTE_UNIT))]
+    return {(pg, kind): duration_pieces(problem.link(pg), kind, lo, hi, BYTE_UNIT * n)
+            for (pg, kind), (lo, hi, n) in spans.items() if hi > lo}
+
+
 def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0,
-                       reach: BucketReach | None = None) -> StepModel:
+                       reach: BucketReach | None = None, exact: bool = True) -> StepModel:
     """Make ``handle``'s model minimize the simulated step (ns); see the module docstring.
     ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated.
     ``reach``: ``planner.bounds.bucket_reach(problem)`` when the caller has it (a solve builds
-    several models of one problem)."""
+    several models of one problem). ``exact``: a table link's durations exact to within
+    2 PIECE_TOLERANCE_NS per bucket (``duration_pieces``; a boolean per region of the curve a
+    bucket may fall in), else its concave minorant alone."""
     m, colls, x, y = handle.model, handle.colls, handle.x, handle.y
     cost = problem.bucketing
     members: dict[int, list[int]] = {}
@@ -210,10 +371,11 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
         horizon += len(colls) * _ns(cost.launch_ms) + sum(
             _ns(cost.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
     horizon = 2 * horizon + 1
-    magnitude = 61 - math.ceil(math.log2(len(anchors) + 1)) - 2
+    magnitude = min(MAGNITUDE_LOG2_MOST, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
     reach = reach or bucket_reach(problem)
     least = per_byte_floors(problem)  # per table, computed once
-    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least) for a in anchors}
+    pieces = _pieces_by_key(problem, handle, members, anchors, reach) if exact else {}
+    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces) for a in anchors}
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])

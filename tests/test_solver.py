@@ -111,5 +111,11 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     given = count_plans.pop()
     result = real_solve(problem, objective="step", time_limit_s=4, workers=1, deterministic=True, count_plan=given)
     assert not count_plans  # the caller's count plan is used, none searched
+    assert {"planner": given.planner, "objective": "count", "step_ms": round(step_ms(problem, given), 6)} \
+        in result.stats["starts"]
     assert result.objective <= step_ms(problem, given) + 1e-9
     assert not planner.verify(problem, result.plan)
+    # one made for another problem is refused before any search
+    with pytest.raises(planner.PlanMismatchError):
+        real_solve(problem, objective="step", time_limit_s=4, count_plan=given.model_copy(
+            update={"problem_fingerprint": "another"}))

@@ -13,7 +13,7 @@ from ortools.sat.python import cp_model
 import planner
 from planner.cpsat import build_model
 from planner.solver import solve
-from planner.step import NS_PER_MS, _fix, add_step_objective
+from planner.step import NS_PER_MS, PIECE_TOLERANCE_NS, _fix, add_step_objective
 from tests.strategies import merged, plans, problems, two_gathers
 from tests.brute import feasible_plans
 
@@ -30,9 +30,9 @@ def _alpha_beta(problem: planner.Problem) -> planner.Problem:
     return planner.Problem.model_validate({**problem.model_dump(), "links": links, "fingerprint": ""}).with_fingerprint()
 
 
-def _model_value_ms(problem: planner.Problem, plan: planner.Plan) -> float | None:
+def _model_value_ms(problem: planner.Problem, plan: planner.Plan, exact: bool = True) -> float | None:
     handle = build_model(problem)
-    step = add_step_objective(handle, problem)
+    step = add_step_objective(handle, problem, exact=exact)
     if not _fix(handle, plan):
         return None
     solver = cp_model.CpSolver()
@@ -56,9 +56,11 @@ def test_model_with_a_plan_fixed_is_the_simulated_step(data, tables):
         return  # a choice outside the candidates the rules leave
     model_ms, slack_ms = value
     sim = planner.simulate(problem, plan).step_ms
-    assert model_ms <= sim + slack_ms  # a relaxation, up to integer-ns rounding
-    if not tables:
-        assert abs(model_ms - sim) <= slack_ms  # α-β links are modelled exactly
+    assert model_ms <= sim + slack_ms  # never above the step, up to integer-ns rounding
+    # α-β links are modelled exactly; tables (random shapes, not only concave) to within
+    # 2 PIECE_TOLERANCE_NS per bucket (planner.step.duration_pieces)
+    pieces_ms = 0.0 if not tables else 2 * PIECE_TOLERANCE_NS / NS_PER_MS * len(problem.collectives)
+    assert abs(model_ms - sim) <= slack_ms + pieces_ms
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,8 +74,8 @@ def test_step_search_finds_the_brute_force_optimum_and_its_bound_holds(problem, 
     assert result.objective == planner.simulate(problem, result.plan).step_ms
     assert result.bound <= best + 1e-6
     assert result.objective <= planner.simulate(problem).step_ms  # never slower than unbucketed
-    if not tables:
-        assert result.objective <= best + 1e-5  # exact model: the search finds the optimum
+    # an exact model (tables: to within 2 PIECE_TOLERANCE_NS per bucket): the search finds the optimum
+    assert result.objective <= best + (1e-5 if not tables else 1e-4)
 
 
 def test_the_chord_cut_lies_under_the_link_curve_on_a_torch_nccl_table():
@@ -117,3 +119,59 @@ def test_the_per_byte_cut_never_asks_more_than_the_curve():
         assert not planner.verify(problem, plan)
         model_ms, slack_ms = _model_value_ms(problem, plan)
         assert model_ms <= planner.simulate(problem, plan).step_ms + slack_ms
+
+
+def test_duration_pieces_lie_under_a_torch_nccl_curve_and_meet_it():
+    # planner.step.duration_pieces against the curve itself (``Link.time_ms`` of committed problems
+    # priced with torch's NCCL model, 627 points per kind, all_reduce not concave): at every
+    # breakpoint and at random bytes of each region, the minimum of its lines is under the curve,
+    # within 2 PIECE_TOLERANCE_NS of it, and past the region by the slack still under it
+    import random
+
+    from pathlib import Path
+
+    from planner.step import duration_pieces
+
+    cases = Path(__file__).parent.parent / "experiments/results/sweep_presets_step/cases"
+    rng = random.Random(0)
+    for case in ("llama3-8b-ddp-2--h100-8nodes", "llama3-8b-ddp-2--h100-64nodes"):
+        link = planner.load_problem(cases / case / "problem.json.gz").links[0]
+        for kind in ("all_reduce", "all_gather", "reduce_scatter"):
+            for _ in range(6):
+                lo = rng.choice([8192, 1 << 20, 8 << 20, 117440512])
+                hi = lo * rng.choice([2, 7, 64, 1000])
+                slack = rng.choice([0, 0, 64 * 21])
+                pieces = duration_pieces(link, kind, lo, hi, slack)
+                assert pieces[0][0] <= lo and pieces[-1][1] >= hi
+                assert all(p[0] <= p[1] and q[0] in (p[1], p[1] + 1) for p, q in zip(pieces, pieces[1:]))
+                for b0, b1, lines in pieces:
+                    inside = [b for b, _ in link.table[kind] if b0 <= b <= b1] + [b0, b1]
+                    inside += [rng.randint(b0, b1) for _ in range(20)]
+                    for b in inside:
+                        f, g = link.time_ms(kind, b) * NS_PER_MS, min(c + s * b for c, s in lines)
+                        assert g <= f + 1e-6
+                        if slack == 0:
+                            assert f - g <= 2 * PIECE_TOLERANCE_NS + 1e-6
+                    for b in [b1 + slack] + [rng.randint(b1, b1 + slack) for _ in range(5)]:
+                        assert min(c + s * b for c, s in lines) <= link.time_ms(kind, b) * NS_PER_MS + 1e-6
+
+
+def test_a_merged_bucket_is_priced_exactly_on_a_curve_that_is_not_concave():
+    # torch's all_reduce curve bends up (tree to ring, at powers of two): the concave minorant
+    # alone priced such buckets up to 2.5 ms low per bucket at 64 nodes, so no plan met its bound.
+    # Here a curve that bends up at 64 KiB and down after, two gathers merged across the bend:
+    # the model with the plan fixed is planner.simulate's step (up to its ns slack and the pieces'
+    # tolerance), where the minorant alone is not
+    table = ((0, 0.02), (1 << 16, 0.05), (1 << 17, 0.5), (1 << 20, 1.0))
+    link = planner.Link(pg="0", group_size=4, table={"all_gather": table})
+    missed = 0
+    for wire in (36864, 40960, 49152, 61440, 98304, 200704):
+        problem = two_gathers((wire, wire), (wire // 4, wire // 4), link)
+        plan = merged(problem)
+        assert not planner.verify(problem, plan)
+        sim = planner.simulate(problem, plan).step_ms
+        model_ms, slack_ms = _model_value_ms(problem, plan)
+        assert abs(model_ms - sim) <= slack_ms + 2 * 2 * PIECE_TOLERANCE_NS / NS_PER_MS
+        minorant_ms, _ = _model_value_ms(problem, plan, exact=False)
+        missed += sim - minorant_ms > 1e-3
+    assert missed >= 3  # the case this is for: the minorant alone is more than 1 µs low
