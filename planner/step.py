@@ -72,6 +72,13 @@ def _ns(ms: float) -> int:
     return int(round(ms * NS_PER_MS))
 
 
+def _highest_ms(link: Link, kind: str, lo: int, hi: int) -> float:
+    """The most a collective of ``kind`` costs on ``link`` at any bytes in [lo, hi] (a curve is
+    linear between its breakpoints)."""
+    inner = (b for b, _ in link.table[kind] if lo < b < hi) if link.table is not None else ()
+    return max(link.time_ms(kind, b) for b in (lo, max(lo, hi), *inner))
+
+
 def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int = 50) -> tuple[int, list[tuple[int, int]]]:
     """``(scale, lines)``: lines ``(c, s)`` in ns x scale, ``s`` per BYTE_UNIT bytes, with
     ``min_j (c_j + s_j * u) <= time(b)`` for every ``b`` in ``[lo, hi]`` and ``u <= b /
@@ -287,10 +294,8 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
     m.add_min_equality(scaled, [c * x[a, a] + s * units for c, s in lines])
     # the least it needs to be, up to what the lines, the cut or the curve itself can ask (the
     # minorant's values can stay below the curve's highest, which the exact pieces ask)
-    highest = max(link.time_ms(ca.kind, b) for b in
-                  [wires[a], hi, *(b for b, _ in link.table[ca.kind] if wires[a] < b < hi)])
-    dur = m.new_int_var(0, max(max(top, per_unit * (hi // BYTE_UNIT)) // scale, math.ceil(highest * NS_PER_MS)) + 1,
-                        f"dur[{ca.name}]")
+    highest = math.ceil(_highest_ms(link, ca.kind, wires[a], hi) * NS_PER_MS)
+    dur = m.new_int_var(0, max(max(top, per_unit * (hi // BYTE_UNIT)) // scale, highest) + 1, f"dur[{ca.name}]")
     m.add(scale * dur >= scaled)
     _add_chord_cut(m, dur, scale, lines, x[a, a], units, wires[a] // BYTE_UNIT, hi // BYTE_UNIT)
     if per_unit > 0:
@@ -344,16 +349,25 @@ def _pieces_by_key(problem: Problem, handle: ModelHandle, members: dict[int, lis
             for (pg, kind), (lo, hi, n) in spans.items() if hi > lo}
 
 
+def _horizon_ns(problem: Problem, reach: BucketReach, compute_ns: int) -> int:
+    """A bound on every clock of the step model: twice the compute, each collective at the curve's
+    highest up to the largest bucket it can be in (not its own time: a curve that bends up can
+    price a merge above its members' sum), and every launch and copy."""
+    horizon = compute_ns + sum(_ns(_highest_ms(problem.link(c.pg), c.kind, c.wire_bytes, reach.member[c.name]))
+                               for c in problem.collectives)
+    if problem.bucketing is not None:
+        horizon += len(problem.collectives) * _ns(problem.bucketing.launch_ms) + sum(
+            _ns(problem.bucketing.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
+    return 2 * horizon + 1
+
+
 def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0,
                        reach: BucketReach | None = None, exact: bool = True) -> StepModel:
     """Make ``handle``'s model minimize the simulated step (ns); see the module docstring.
     ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated.
-    ``reach``: ``planner.bounds.bucket_reach(problem)`` when the caller has it (a solve builds
-    several models of one problem). ``exact``: a table link's durations exact to within
-    2 PIECE_TOLERANCE_NS per bucket (``duration_pieces``; a boolean per region of the curve a
-    bucket may fall in), else its concave minorant alone."""
+    ``reach``: ``bucket_reach(problem)`` when the caller has it. ``exact``: table curves by
+    their ``duration_pieces`` too, else by the concave minorant alone."""
     m, colls, x, y = handle.model, handle.colls, handle.x, handle.y
-    cost = problem.bucketing
     members: dict[int, list[int]] = {}
     for (i, a) in x:
         members.setdefault(a, []).append(i)
@@ -366,13 +380,9 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     def compute_before(pos: int) -> int:
         return prefix[bisect.bisect_left(positions, pos)]
 
-    horizon = total + sum(_ns(problem.link(c.pg).time_ms(c.kind, c.wire_bytes)) for c in problem.collectives)
-    if cost is not None:
-        horizon += len(colls) * _ns(cost.launch_ms) + sum(
-            _ns(cost.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
-    horizon = 2 * horizon + 1
-    magnitude = min(MAGNITUDE_LOG2_MOST, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
     reach = reach or bucket_reach(problem)
+    horizon = _horizon_ns(problem, reach, total)
+    magnitude = min(MAGNITUDE_LOG2_MOST, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
     least = per_byte_floors(problem)  # per table, computed once
     pieces = _pieces_by_key(problem, handle, members, anchors, reach) if exact else {}
     terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces) for a in anchors}
