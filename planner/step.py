@@ -53,11 +53,14 @@ NS_PER_MS = 1_000_000
 # 2**(61 - log2(buckets) - 2), and never past 2**MAGNITUDE_LOG2_MOST: at 32 layers about 2**19, a
 # rounding under 0.2 µs for a 16 GiB bucket.
 BYTE_UNIT = 64
-# Values past 2**52 are not exact in the doubles CP-SAT also computes with: with lines up to
-# 2**54 (a 2-layer DDP model) it proved a plan optimal at 144.361 ms while another one, which the
-# same model accepts with every variable fixed, is 144.321 (llama3-8b-ddp-2 @ h100-64nodes, with
-# and without presolve and LP); at 2**50 and below the two agree.
+# CP-SAT is not sound on values this large: a first statement of the exact pieces with lines up
+# to 2**54 had it prove a plan optimal at 144.361 ms while the same model accepts a 144.321 plan
+# with every variable fixed (llama3-8b-ddp-2 @ h100-64nodes, with and without presolve and LP);
+# up to 2**50 the two agreed there, and still failed elsewhere (see _add_exact_duration). The
+# minorant's lines stay under 2**50 as a precaution; the pieces are stated relative to each
+# region's start under 2**PIECE_MAGNITUDE_LOG2, where no disagreement was seen.
 MAGNITUDE_LOG2_MOST = 50
+PIECE_MAGNITUDE_LOG2 = 42
 # Chord points per duration curve (geometric between a bucket's least and largest bytes).
 CHORD_POINTS = 24
 # The exact pieces of a table curve (``duration_pieces``): chords between its own breakpoints
@@ -184,47 +187,45 @@ def duration_pieces(link: Link, kind: str, lo: int, hi: int, slack_bytes: int,
     return out
 
 
-def _add_exact_duration(m: cp_model.CpModel, dur, pieces: list, anchors, units, lo: int, hi: int, name: str,
-                        magnitude_log2: int) -> int:
+def _add_exact_duration(m: cp_model.CpModel, dur, pieces: list, anchors, units, lo: int, hi: int, name: str) -> int:
     """``dur`` (ns) at least the region minimum of ``pieces`` (``duration_pieces``) where the bucket's
-    bytes ``[lo, hi]`` fall: one boolean per region when they span several (their sum is
-    ``anchors``, 1 when the collective anchors a bucket), each region's lines evaluated on a copy
-    of ``units`` bounded to the region, in fixed point at their own scale: a region's steep lines
-    evaluated over every byte count the bucket can have overflowed what CP-SAT handles (it then
-    reported a feasible model INFEASIBLE). Returns the regions used."""
+    bytes ``[lo, hi]`` fall; returns the regions used. A boolean per region when they are several
+    (their sum is ``anchors``, 1 when the collective anchors a bucket; with one region ``anchors``
+    is its boolean). Each region is stated relative to its start, on small numbers: ``dur >= base
+    + rise`` where ``rise`` is at least the minimum of the region's lines over ``here``, the units
+    past the region's first (0 unless the region is chosen), in fixed point under
+    2**PIECE_MAGNITUDE_LOG2. Why so: stated on ``units`` itself with values up to 2**50, CP-SAT
+    reported a feasible model INFEASIBLE (hf-qwen3-2 @ h100-8nodes, with its presolve off, and
+    at 2**54 with it on; a plan with every variable fixed was accepted)."""
     used = [(b0, b1, lines) for b0, b1, lines in pieces if b1 >= lo and b0 <= hi]
-    if not used:
-        return 0
-    last = len(used) - 1
-    longest = max(m.proto.variables[dur.index].domain)  # scale * dur must fit too (the proto has no [-1])
     chosen = []
     for k, (b0, b1, lines) in enumerate(used):
         # the units a bucket in this region can count: from the anchor's own (the first region; its
         # rounding down) or the region's start, to the region's end or the reach (the last region)
         u_lo = lo // BYTE_UNIT if k == 0 else -(-b0 // BYTE_UNIT)
-        u_hi = hi // BYTE_UNIT if k == last else b1 // BYTE_UNIT
-        single = last == 0  # one region: evaluated on units itself (0 with anchors 0: no bucket)
-        if single:
-            u_lo = 0
+        u_hi = hi // BYTE_UNIT if k == len(used) - 1 else b1 // BYTE_UNIT
         if u_hi < u_lo:  # no whole unit in this region (a jump's first byte)
             continue
-        largest = max(longest, *(max(abs(c + s * BYTE_UNIT * u_lo), abs(c + s * BYTE_UNIT * u_hi), abs(c))
-                                 for c, s in lines)) + 1
-        scale = 1 << max(0, magnitude_log2 - math.ceil(math.log2(largest)))
-        ints = [(math.floor(c * scale), math.floor(s * BYTE_UNIT * scale)) for c, s in lines]
-        top = max(max(abs(c + s * u_lo), abs(c + s * u_hi), abs(c)) for c, s in ints) + 1
-        least = m.new_int_var(-top, top, f"piece[{name},{k}]")
-        if single:
-            m.add_min_equality(least, [c * anchors + s * units for c, s in ints])
-            m.add(scale * dur >= least)
-            return 1
-        z = m.new_bool_var(f"in_piece[{name},{k}]")
-        here = m.new_int_var(u_lo, u_hi, f"piece_units[{name},{k}]")
-        m.add(here == units).only_enforce_if(z)
+        span = u_hi - u_lo
+        # the least any line takes on the region (a line's least is at an end; a curve can fall)
+        base = math.floor(min(c + s * BYTE_UNIT * u for c, s in lines for u in (u_lo, u_hi)))
+        rel = [(c + s * BYTE_UNIT * u_lo - base, s * BYTE_UNIT) for c, s in lines]  # ns, ns per unit past u_lo
+        largest = max(max(abs(c), abs(c + s * span)) for c, s in rel) + 1
+        scale = 1 << max(0, PIECE_MAGNITUDE_LOG2 - math.ceil(math.log2(largest)))
+        ints = [(math.floor(c * scale), math.floor(s * scale)) for c, s in rel]
+        top = max(max(abs(c), abs(c + s * span)) for c, s in ints) + 1
+        z = anchors if len(used) == 1 else m.new_bool_var(f"in_piece[{name},{k}]")
+        here = m.new_int_var(0, span, f"piece_units[{name},{k}]")
+        m.add(here == units - u_lo).only_enforce_if(z)
+        m.add(here == 0).only_enforce_if(~z)
+        least = m.new_int_var(-top, top, f"piece_least[{name},{k}]")
         m.add_min_equality(least, [c + s * here for c, s in ints])
-        m.add(scale * dur >= least).only_enforce_if(z)
+        rise = m.new_int_var(0, top // scale + 1, f"piece_rise[{name},{k}]")
+        m.add(scale * rise >= least)
+        m.add(dur >= base + rise).only_enforce_if(z)
         chosen.append(z)
-    m.add(sum(chosen) == anchors)
+    if len(chosen) > 1:
+        m.add(sum(chosen) == anchors)
     return len(chosen)
 
 
@@ -301,7 +302,7 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
     if per_unit > 0:
         m.add(scale * dur >= per_unit * units - scale * x[a, a])
     if (ca.pg, ca.kind) in pieces:  # the exact curve, where the minorant above is not
-        _add_exact_duration(m, dur, pieces[ca.pg, ca.kind], x[a, a], units, wires[a], hi, ca.name, magnitude)
+        _add_exact_duration(m, dur, pieces[ca.pg, ca.kind], x[a, a], units, wires[a], hi, ca.name)
     return launch, copy_in, copy_out, dur
 
 
