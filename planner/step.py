@@ -82,17 +82,20 @@ def _highest_ms(link: Link, kind: str, lo: int, hi: int) -> float:
     return max(link.time_ms(kind, b) for b in (lo, max(lo, hi), *inner))
 
 
-def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int = 50) -> tuple[int, list[tuple[int, int]]]:
+def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int = 50,
+                   rounded: int = 1) -> tuple[int, list[tuple[int, int]]]:
     """``(scale, lines)``: lines ``(c, s)`` in ns x scale, ``s`` per BYTE_UNIT bytes, with
-    ``min_j (c_j + s_j * u) <= time(b)`` for every ``b`` in ``[lo, hi]`` and ``u <= b /
-    BYTE_UNIT`` (a concave minorant of the link's curve; exact for an α-β link up to rounding)."""
+    ``min_j (c_j + s_j * u) <= time(b)`` for every ``b`` in ``[lo, hi]`` and ``u`` the units of
+    ``b`` summed over members each rounded down, ``rounded`` of them at most (b / BYTE_UNIT -
+    rounded < u <= b / BYTE_UNIT); a concave minorant of the link's curve, exact for an α-β link
+    up to rounding."""
     def f_ns(b: int) -> float:
         return link.time_ms(kind, b) * NS_PER_MS
 
     if link.table is None or hi <= lo:
         c = f_ns(0) if link.table is None else f_ns(lo)
         s = (f_ns(1 << 30) - f_ns(0)) / (1 << 30) if link.table is None else 0.0
-        return _scaled([(c, s)], hi, magnitude_log2)
+        return _scaled([(c, s)], hi, magnitude_log2, rounded)
     ratio = (hi / max(lo, 1)) ** (1 / (CHORD_POINTS - 1))
     pts = sorted({lo, hi, *(min(hi, int(lo * ratio**k)) for k in range(CHORD_POINTS))})
     lines = []
@@ -102,17 +105,19 @@ def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int 
     # how far the minimum of the chords rises above the curve, at every breakpoint in range
     checks = [lo, hi] + [b for b, _ in link.table[kind] if lo < b < hi]
     excess = max(0.0, max(min(c + s * b for c, s in lines) - f_ns(b) for b in checks))
-    return _scaled([(c - excess - 1, s) for c, s in lines], hi, magnitude_log2)
+    return _scaled([(c - excess - 1, s) for c, s in lines], hi, magnitude_log2, rounded)
 
 
-def _scaled(lines: list[tuple[float, float]], hi: int, magnitude_log2: int) -> tuple[int, list[tuple[int, int]]]:
+def _scaled(lines: list[tuple[float, float]], hi: int, magnitude_log2: int,
+            rounded: int = 1) -> tuple[int, list[tuple[int, int]]]:
     """Integer lines in BYTE_UNIT bytes at the largest power-of-two scale whose values on
     [0, hi] stay under 2**magnitude_log2 (rounded down: the minorant stays below the curve)."""
     largest = max(abs(c) + abs(s) * hi for c, s in lines) + 1
     scale = 1 << max(0, magnitude_log2 - math.ceil(math.log2(largest)))
     # a slope s with s <= 0 loses nothing by the unit's rounding only if it is not negative;
-    # negative slopes (a curve that falls) are taken per unit at the unit's far end
-    return scale, [(math.floor(c * scale) + (math.floor(s * BYTE_UNIT * scale) if s < 0 else 0),
+    # negative slopes (a curve that falls) are taken as far along as the rounding of ``rounded``
+    # members can hide (at least one unit)
+    return scale, [(math.floor(c * scale) + (max(1, rounded) * math.floor(s * BYTE_UNIT * scale) if s < 0 else 0),
                     math.floor(s * BYTE_UNIT * scale)) for c, s in lines]
 
 
@@ -124,9 +129,10 @@ def _interpolating_chords(link: Link, kind: str, lo: int, hi: int, tol_ns: float
     points = link.table[kind]
     inner = [b for b, _ in points if lo < b < hi]
     (b_a, t_a), (b_b, t_b) = points[-2], points[-1]
-    if t_b < t_a:  # extended past the last breakpoint it falls, and stops at 0 (Link.time_ms)
+    if t_b < t_a:  # extended past the last breakpoint it falls, and stops at 0 (Link.time_ms):
+        # linear up to floor(zero), 0 from ceil(zero) (a chord across the zero would lie above it)
         zero = b_b + t_b * (b_b - b_a) / (t_a - t_b)
-        inner += [math.ceil(zero)] if lo < math.ceil(zero) < hi and zero > b_b else []
+        inner += sorted({b for b in (math.floor(zero), math.ceil(zero)) if lo < b < hi and b > b_b})
     bs = np.array([lo, *inner, hi], dtype=float)
     ts = np.array([link.time_ms(kind, int(b)) * NS_PER_MS for b in bs])
     chords, i, n = [], 0, len(bs)
@@ -181,6 +187,9 @@ def duration_pieces(link: Link, kind: str, lo: int, hi: int, slack_bytes: int,
         b0, b1 = region[0][0], region[-1][1]
         lines = [(c, s) for _, _, c, s in region]
         # past b1 (by at most slack_bytes) the curve may bend under the region's lines: lower them by that
+        # the model reads the lines at a bucket's bytes rounded down, up to slack_bytes under its
+        # true bytes: a falling line is read as if that far along (no change without a slack)
+        lines = [(c + s * slack_bytes if s < 0 else c, s) for c, s in lines]
         past = [b1 + slack_bytes] + [b for b, _ in link.table[kind] if b1 < b < b1 + slack_bytes]
         excess = max(0.0, *(min(c + s * b for c, s in lines) - link.time_ms(kind, b) * NS_PER_MS for b in past))
         out.append((b0, b1, [(c - excess, s) for c, s in lines]))
@@ -198,14 +207,14 @@ def _add_exact_duration(m: cp_model.CpModel, dur, pieces: list, anchors, units, 
     reported a feasible model INFEASIBLE (hf-qwen3-2 @ h100-8nodes, with its presolve off, and
     at 2**54 with it on; a plan with every variable fixed was accepted)."""
     used = [(b0, b1, lines) for b0, b1, lines in pieces if b1 >= lo and b0 <= hi]
+    # the units a bucket in each region can count: from the anchor's own (the first region; its
+    # rounding down) or the region's start, to the region's end or the reach (the last region);
+    # a region with no whole unit in it (a jump's first byte, a boundary just under the reach) drops out
+    ranges = [(lo // BYTE_UNIT if k == 0 else -(-b0 // BYTE_UNIT), hi // BYTE_UNIT if k == len(used) - 1 else b1 // BYTE_UNIT,
+               lines) for k, (b0, b1, lines) in enumerate(used)]
+    ranges = [r for r in ranges if r[1] >= r[0]]
     chosen = []
-    for k, (b0, b1, lines) in enumerate(used):
-        # the units a bucket in this region can count: from the anchor's own (the first region; its
-        # rounding down) or the region's start, to the region's end or the reach (the last region)
-        u_lo = lo // BYTE_UNIT if k == 0 else -(-b0 // BYTE_UNIT)
-        u_hi = hi // BYTE_UNIT if k == len(used) - 1 else b1 // BYTE_UNIT
-        if u_hi < u_lo:  # no whole unit in this region (a jump's first byte)
-            continue
+    for k, (u_lo, u_hi, lines) in enumerate(ranges):
         span = u_hi - u_lo
         # the least any line takes on the region (a line's least is at an end; a curve can fall)
         base = math.floor(min(c + s * BYTE_UNIT * u for c, s in lines for u in (u_lo, u_hi)))
@@ -214,7 +223,7 @@ def _add_exact_duration(m: cp_model.CpModel, dur, pieces: list, anchors, units, 
         scale = 1 << max(0, PIECE_MAGNITUDE_LOG2 - math.ceil(math.log2(largest)))
         ints = [(math.floor(c * scale), math.floor(s * scale)) for c, s in rel]
         top = max(max(abs(c), abs(c + s * span)) for c, s in ints) + 1
-        z = anchors if len(used) == 1 else m.new_bool_var(f"in_piece[{name},{k}]")
+        z = anchors if len(ranges) == 1 else m.new_bool_var(f"in_piece[{name},{k}]")
         here = m.new_int_var(0, span, f"piece_units[{name},{k}]")
         m.add(here == units - u_lo).only_enforce_if(z)
         m.add(here == 0).only_enforce_if(~z)
@@ -285,7 +294,8 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
     hi = min(sum(wires.values()), reach.anchored[ca.name])  # the reach is never below a's own bytes
     units = m.new_int_var(0, hi // BYTE_UNIT, f"bytes[{ca.name}]")
     m.add(units == sum((wires[i] // BYTE_UNIT) * x[i, a] for i in members))
-    scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude)
+    scale, lines = duration_lines(link, ca.kind, wires[a], hi, magnitude,
+                                  rounded=sum(1 for w in wires.values() if w % BYTE_UNIT))
     # every byte costs at least the curve's least time per byte up to the reach (a linear cut the
     # LP sees even where it relaxes the minimum over lines away); 1 ns below it, as the lines, so
     # that it never asks more than the curve (it is exact at hi when time/bytes falls all the way)

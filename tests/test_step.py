@@ -183,3 +183,24 @@ def test_a_merged_bucket_is_priced_exactly_on_a_curve_that_is_not_concave():
     assert not planner.verify(problem, plan)
     model_ms, slack_ms = _model_value_ms(problem, plan)
     assert abs(model_ms - planner.simulate(problem, plan).step_ms) <= slack_ms + 2 * 2 * PIECE_TOLERANCE_NS / NS_PER_MS
+
+
+def test_pieces_stay_under_a_falling_curve_with_rounded_bytes_and_past_its_zero():
+    # two counterexamples from review: (1) a curve that falls, bytes not whole 64s: the model
+    # reads the lines at the bytes rounded down, where a falling line is higher (it asked 94 and
+    # 375 ns over the curve); (2) a last segment that falls and stops at 0: a chord across the
+    # zero lies above the curve (45 ns over at 5120 bytes)
+    from planner.step import duration_pieces
+
+    falling = planner.Link(pg="0", group_size=4, table={"all_gather": ((0, 0.0), (1024, 0.010), (2048, 0.002),
+                                                                        (4096, 0.020))})
+    problem = two_gathers((1100, 100), (275, 25), falling)
+    for plan in (merged(problem), planner.Plan(problem_fingerprint=problem.fingerprint, planner="none",
+                                               created="t", buckets=())):
+        assert not planner.verify(problem, plan)
+        model_ms, slack_ms = _model_value_ms(problem, plan)
+        assert model_ms <= planner.simulate(problem, plan).step_ms + slack_ms
+    to_zero = planner.Link(pg="0", group_size=4, table={"all_gather": ((0, 0.0), (2048, 0.3), (4096, 0.1001))})
+    for b0, b1, lines in duration_pieces(to_zero, "all_gather", 4096, 6400, 0):
+        for b in range(b0, b1 + 1, 8):
+            assert min(c + s * b for c, s in lines) <= to_zero.time_ms("all_gather", b) * NS_PER_MS + 1e-6
