@@ -305,9 +305,11 @@ def solve(
                            progress=progress, policy=Policy(protect_partly, memory_budget_bytes))
     hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans, count_plan)
     incumbent = _main_search(ctx, handle, hint if hint_ok else None)
-    if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None:
+    # after a Ctrl-C no later stage starts (their searches would not run, and they read their stats)
+    if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None \
+            and not ctx.cb.interrupted:
         incumbent = _widen(ctx, incumbent)  # the restricted model is solved: spend the rest on wider windows
-    if ctx.probing and incumbent.plan is not None and incumbent.status != "OPTIMAL":
+    if ctx.probing and incumbent.plan is not None and incumbent.status != "OPTIMAL" and not ctx.cb.interrupted:
         incumbent = _probe(ctx, incumbent)
     if ctx.polish_s and incumbent.plan is not None and not ctx.cb.interrupted:
         incumbent = _polished(ctx, incumbent)
@@ -547,7 +549,7 @@ def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     build_s = ctx.stats.get("build_s", 0.0)
     while window < largest:
         # a wider model takes longer to build (and presolve): leave room for twice the last build
-        if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S + 2 * build_s:
+        if det_left < WIDEN_MIN_S or deadline - time.perf_counter() < WIDEN_MIN_S + 2 * build_s or ctx.cb.interrupted:
             break
         window = min(2 * window, largest)
         if ctx.cb.say:
@@ -593,8 +595,8 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     probes = []
     target = math.ceil(bound - 1e-9)
     while target < obj:
-        if deadline - time.perf_counter() < 0.5 or det_left < 0.05:
-            break
+        if deadline - time.perf_counter() < 0.5 or det_left < 0.05 or ctx.cb.interrupted:
+            break  # (a Ctrl-C in the last probe: it kept what it found)
         handle = build_model(ctx.problem, objective="count", lower_bound=target, max_count=target,
                              key_bounds=ctx.bounds["key_bounds"], **ctx.policy.as_params())
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)

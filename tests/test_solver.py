@@ -119,3 +119,27 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     with pytest.raises(planner.PlanMismatchError):
         real_solve(problem, objective="step", time_limit_s=4, count_plan=given.model_copy(
             update={"problem_fingerprint": "another"}))
+
+
+def test_ctrl_c_in_a_count_search_skips_its_probe(monkeypatch):
+    # a Ctrl-C in a count search's main stage went on to probe the bound: the probe's search did
+    # not run (interrupted) and reading its statistics raised "solve() has not been called"
+    import _thread
+    import threading
+
+    import planner.solver as solver_module
+
+    problem = planner.Problem.model_validate(json.loads(gzip.decompress(FSDP8.read_bytes())))
+    real = solver_module._Progress.on_solution_callback
+    fired = []
+
+    def interrupt_at_first_solution(self):
+        real(self)
+        if not fired:
+            fired.append(True)
+            threading.Timer(0.0, _thread.interrupt_main).start()
+
+    monkeypatch.setattr(solver_module._Progress, "on_solution_callback", interrupt_at_first_solution)
+    result = solver_module.solve(problem, objective="count", time_limit_s=120, workers=2)
+    assert fired and result.stats["interrupted"] and "probes" not in result.stats
+    assert result.plan is not None and not planner.verify(problem, result.plan)
