@@ -442,22 +442,23 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
     def feasible(plan: Plan) -> bool:
         return not verify(problem, plan, **ctx.policy.as_params())
 
+    counts: list[Plan] = []  # the fewest-collectives plan, verified
     if count_plan is not None and feasible(count_plan):
-        floor_plans = (*floor_plans, count_plan)
+        counts.append(count_plan)
     elif ctx.within is None:  # none given, or it breaks a rule (of this solve's policy): search one
         share = STEP_COUNT_SHARE_LARGE if ctx.large else STEP_COUNT_SHARE
         count = solve(problem, objective="count", hint=hint, time_limit_s=share * ctx.time_limit_s,
                       workers=ctx.workers, seed=ctx.seed, window="auto" if ctx.auto else ctx.window,
                       deterministic=ctx.deterministic, **ctx.policy.as_params())
-        if count.plan is not None:
-            floor_plans = (*floor_plans, count.plan)
+        if count.plan is not None:  # solve returns verified plans only
+            counts.append(count.plan)
         ctx.cb.interrupted = bool(count.stats.get("interrupted"))
         ctx.stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
     starts: dict[tuple, Plan] = {}  # one per bucketing (a sweep's start is its hint and a floor plan)
-    for plan in [unbucketed, *([hint] if hint is not None else []), *floor_plans]:
-        if plan.buckets not in starts and (plan is unbucketed or plan is hint or feasible(plan)):
-            starts[plan.buckets] = plan
+    known = [unbucketed, *([hint] if hint is not None else []), *counts]  # feasible already
+    for plan in known + [p for p in floor_plans if all(p.buckets != k.buckets for k in known) and feasible(p)]:
+        starts.setdefault(plan.buckets, plan)
     timed = sorted((simulate(problem, p).step_ms, k, p) for k, p in enumerate(starts.values()))
     ctx.starts[:] = [p for _, _, p in timed]
     ctx.stats["starts"] = [{"planner": p.planner, "objective": p.params.get("objective"), "step_ms": round(t, 6)}
