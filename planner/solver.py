@@ -489,12 +489,17 @@ def _feed_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan, hint_ok: boo
 def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) -> _Incumbent:
     """The search of the main model with its share of the time limit; its verified plan, or
     ``floor`` (a feasible hint) when that is better."""
+    scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
+    if ctx.cb.interrupted:  # a Ctrl-C in a step solve's count search: no search runs, the starts stand
+        none = _Incumbent(plan=None, objective=None, bound=None, status="UNKNOWN", scope=scope, window=ctx.window,
+                          solved=False, det_used=0.0)
+        created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        return _floored(ctx, none, floor, created) if floor is not None else none
     focused = _portfolio(ctx.objective, windowed=ctx.window is not None)
     ctx.stats["subsolvers"] = list(focused) or "default"
     solver = _configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - (time.perf_counter() - ctx.t0),
                                 ctx.main_s, focused)
     code = _run_search(solver, handle.model, ctx.cb)
-    scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
     ctx.stats.update(solve_wall_s=round(solver.wall_time, 3),
                      deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,
                      conflicts=solver.num_conflicts, workers=ctx.workers, seed=ctx.seed,
@@ -694,12 +699,24 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
     CP-SAT's own SIGINT handling stops the search but says nothing, so the caller went on to
     its next stage and exited 0. Here the search runs in a thread while this one waits, so
     Python's KeyboardInterrupt arrives at once: the search is stopped, its incumbent kept, and
-    ``cb.interrupted`` tells every later stage not to start."""
+    ``cb.interrupted`` tells every later stage not to start.
+
+    One moment is not safe to stop in: CP-SAT 9.15 takes a complete feasible hint as its first
+    solution while it loads the model into its workers, and a stop before the search has started
+    aborts the process in its postsolve ("Check failed: solution->size() ==
+    postsolve_mapping.size()", exit -6; measured: 4 of 6 Ctrl-Cs right after the first incumbent
+    of a step search on a loaded machine). So a Ctrl-C that lands there stops the search as soon
+    as CP-SAT's log says it has started (a moment later), or when it ends."""
     if cb.interrupted:
         return cp_model.UNKNOWN
     solver.parameters.catch_sigint_signal = False
     if threading.current_thread() is not threading.main_thread():
         return solver.solve(model, cb)
+    searching = threading.Event()  # CP-SAT's workers run: a stop is safe again
+    solver.parameters.log_search_progress = True  # read only to know when the search starts
+    solver.parameters.log_to_stdout = False
+    solver.log_callback = lambda line: searching.set() if line.startswith("Starting") and " search at " in line else None
+    solutions_before = len(cb.points)
     outcome: list = []
     done = threading.Event()  # not Thread.join: an interrupted join can report a live thread done
 
@@ -712,14 +729,20 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
             done.set()
 
     threading.Thread(target=search, daemon=True).start()
+    stop_pending = False
     while True:
         try:
             while not done.wait(0.1):
-                pass
+                if stop_pending and searching.is_set():
+                    stop_pending = False
+                    solver.stop_search()
             break
         except KeyboardInterrupt:
             cb.interrupted = True
-            solver.stop_search()  # then wait for the search to hand back its incumbent
+            if len(cb.points) > solutions_before and not searching.is_set():
+                stop_pending = True  # the hint is its solution and the workers are loading: see above
+            else:
+                solver.stop_search()  # then wait for the search to hand back its incumbent
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
