@@ -77,7 +77,7 @@ def render(rows: list[dict], sources: list[str]) -> str:
             f"{_f(r['base_exposed_ms'])} / {_f(r['greedy_exposed_ms'])} / {_f(r.get('cpsat_exposed_ms'))}",
             _f(r.get("greedy_s"), 2), _f(r.get("cpsat_s"), 1)]) + " |")
     lines += ["", "## Runs", ""] + sources + ["", "## Reading", ""] + reading(rows)
-    lines += presets_section() + first_plan_section(rows) + gloo_section() + sweeps_section()
+    lines += presets_section() + first_plan_section(rows) + gloo_section() + sweeps_section() + step_runs_section()
     return "\n".join(lines) + "\n"
 
 
@@ -271,6 +271,24 @@ def reading(rows: list[dict]) -> list[str]:
         f"FSDP pre-bucketing and {mean_fewer(True)} fewer with it (the pre-bucketed problem has fewer, larger "
         "collectives to start from).",
     ]
+    return out
+
+
+# the step objective's own runs beside the sweeps: (folder, heading, the module that writes it)
+STEP_RUNS = (("step_in_greedy_time", "The step objective within torch greedy's own search time (80 layers)",
+              "experiments.step_in_greedy_time"),
+             ("step_alpha_beta", "The step objective on the α-β link its targets were set on",
+              "experiments.step_alpha_beta"))
+
+
+def step_runs_section() -> list[str]:
+    """The committed tables of the step objective's own experiments, each under its command."""
+    out: list[str] = []
+    for folder, heading, module in STEP_RUNS:
+        table = ROOT / "results" / folder / "table.md"
+        if table.exists():
+            body = table.read_text().split("\n", 2)[2].strip().splitlines()  # the table's own title dropped
+            out += ["", f"## {heading}", "", f"`python -m {module}` (writes `experiments/results/{folder}/`).", "", *body]
     return out
 
 
