@@ -67,8 +67,8 @@ PROBLEM, GREEDY, STAGES = "problem.json.gz", "greedy.json.gz", "stages.json"
 # where a problem file's sibling greedy plan may be, in this order (extract's, compile's, experiments')
 GREEDY_SIBLINGS = ("greedy.json", "greedy-plan.json", "torch-greedy-plan.json", "torch-greedy-plan.json.gz")
 RESULT_COLUMNS = ("case", "objective", "nodes", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
-                  "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "status", "bound", "gap_pct", "plan_sha",
-                  "note")
+                  "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "closed_pct", "status", "bound", "gap_pct",
+                  "plan_sha", "note")
 STAGE_COLUMNS = ("case", "stage", "wall_s", "peak_rss_gb", "attempts", "note")
 MAX_ATTEMPTS = 2  # a task that fails or whose worker dies is retried once, then reported
 HEARTBEAT_S = 30.0  # on Ray, a line at least this often while tasks run (their solver lines stay there)
@@ -502,6 +502,17 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
     return row
 
 
+def closed_pct(row: dict) -> float | None:
+    """How much of torch greedy's distance to the step floor the plan closes, in %:
+    100 * (greedy - plan) / (greedy - floor) (100: the plan reaches the floor; negative: slower
+    than greedy); None where greedy is on the floor or a figure is missing. The step objective's
+    32-layer target reads it where greedy is more than 1% above the floor."""
+    greedy, plan, floor = row.get("greedy_ms"), row.get("plan_ms"), row.get("floor_ms")
+    if greedy is None or plan is None or floor is None or greedy <= floor:
+        return None
+    return round(100 * (greedy - plan) / (greedy - floor), 1)
+
+
 def _read_rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -591,6 +602,7 @@ class _Ledger:
         for r in order:  # rows written before the column existed
             if "nodes" not in r and r.get("status") != "NOT EXTRACTED":
                 r["nodes"] = self.loaded(r["case"])[0].n_scheduled
+            r["closed_pct"] = closed_pct(r)
         stage_rows = [{"case": c.key, **st} for c in self.spec.cases for st in _stages(self.out, c)]
         stage_rows += [{"case": r["case"], "stage": f"solve {r['objective']}", "wall_s": r.get("wall_s"),
                         "peak_rss_gb": r.get("peak_rss_gb"), "attempts": r.get("attempts"), "note": r.get("status")}

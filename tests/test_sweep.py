@@ -209,3 +209,14 @@ def test_a_case_that_cannot_be_extracted_is_a_row_saying_why(tmp_path, capsys):
     table = (out / "results.md").read_text()
     assert "NOT EXTRACTED" in table and "no weights here" in table
     assert "no verified plan for 1 task(s)" in capsys.readouterr().err
+
+
+def test_closed_pct_is_the_share_of_greedys_distance_to_the_floor():
+    from planner.sweep import closed_pct
+
+    # by hand: greedy 200, floor 100 -> a distance of 100 ms; a 150 ms plan closes 50 of it
+    assert closed_pct({"greedy_ms": 200.0, "plan_ms": 150.0, "floor_ms": 100.0}) == 50.0
+    assert closed_pct({"greedy_ms": 200.0, "plan_ms": 100.0, "floor_ms": 100.0}) == 100.0
+    assert closed_pct({"greedy_ms": 200.0, "plan_ms": 210.0, "floor_ms": 100.0}) == -10.0  # slower than greedy
+    assert closed_pct({"greedy_ms": 100.0, "plan_ms": 100.0, "floor_ms": 100.0}) is None  # greedy on the floor
+    assert closed_pct({"greedy_ms": None, "plan_ms": 100.0, "floor_ms": 90.0}) is None
