@@ -6,7 +6,7 @@
 The step objective's targets (2 layers proved in 60 s, 8 layers within 1% of the bound) were set
 from a prototype measured on these problems: the committed 2- and 8-layer graphs priced on one
 α-β link (FSDP over 8 ranks on InfiniBand), where bucket size does not change the per-byte time
-and the step floor is nearly reached (unbucketed − floor: 2.5% of the step on fsdp-8). This runs
+and the step floor is nearly reached (unbucketed − floor: 2.4% of the step on fsdp-8). This runs
 today's step solve on them as ``bucketplan sweep`` runs each case (2 workers, seed 0, torch's
 greedy, repaired when it breaks a rule, as hint and floor plan), so that its figures can be
 read beside the preset sweeps (torch's NCCL curves, where the floor is far from any plan).
@@ -70,8 +70,8 @@ def main() -> None:
         append_row(out / "rows.jsonl", row)
     lines = ["# The step objective on the α-β link its targets were set on", "",
              f"Command: `python -m experiments.step_alpha_beta {' '.join(sys.argv[1:])}`; machine: "
-             f"{json.dumps(machine())}. One wall-clock run per workload, one after another on an otherwise idle "
-             "machine; `greedy_ms`: torch's greedy as recorded, or its repair where it breaks a rule.",
+             f"{json.dumps(machine())}. One wall-clock run per workload, one after another; `greedy_ms`: torch's "
+             "greedy as recorded, or its repair where it breaks a rule.",
              "", *markdown_table(COLUMNS + ["revision"], rows)]
     (out / "table.md").write_text("\n".join(lines) + "\n")
 

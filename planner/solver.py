@@ -53,6 +53,9 @@ WIDEN_MIN_S = 5.0
 # model prices a table link's curve to within 10 ns per bucket (planner.step.duration_pieces) and
 # rounds every time to integer ns.
 STEP_OPTIMAL_TOLERANCE_MS = 1e-3
+# A Ctrl-C while CP-SAT loads its workers waits for their search to start, at most this long (s;
+# loading took 0.02 s on fsdp-8 idle, see _run_search): a later OR-Tools may word its log otherwise.
+STOP_DEFERRED_S = 10.0
 # With deterministic=True the wall-clock limit is this multiple of the time limit, a guard only:
 # CP-SAT's deterministic time accrued at about 0.7x wall time on this 2-core machine when idle
 # (issue #14) and at 0.2x while a second job shared it (fsdp-2 step search, measured).
@@ -133,6 +136,7 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         self.say = say
         self.start = start
         self.interrupted = False  # Ctrl-C stopped a search (see _run_search): no later stage runs
+        self.stop_deferred = False  # a Ctrl-C waited for CP-SAT's workers to start (see _run_search)
         self.scale = NS_PER_MS if objective == "step" else 1
         self.unit = " ms" if objective == "step" else ""
         self.points: list[tuple[float, float, float]] = []
@@ -491,8 +495,9 @@ def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) ->
     ``floor`` (a feasible hint) when that is better."""
     scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
     if ctx.cb.interrupted:  # a Ctrl-C in a step solve's count search: no search runs, the starts stand
-        none = _Incumbent(plan=None, objective=None, bound=None, status="UNKNOWN", scope=scope, window=ctx.window,
-                          solved=False, det_used=0.0)
+        ctx.stats.update(bound_scope=_scope_text(scope, ctx.window, ctx.within), wall_limit_hit=False)
+        none = _Incumbent(plan=None, objective=None, bound=ctx.lb, status="UNKNOWN", scope=scope, window=ctx.window,
+                          solved=False, det_used=0.0)  # ctx.lb: the step floor, a bound for the whole problem
         created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         return _floored(ctx, none, floor, created) if floor is not None else none
     focused = _portfolio(ctx.objective, windowed=ctx.window is not None)
@@ -673,6 +678,7 @@ def _result(ctx: _SolveContext, incumbent: _Incumbent) -> SolveResult:
         ctx.stats["restricted_bound"] = incumbent.bound
     status, bound, gap = _verdict(ctx, incumbent)
     ctx.stats["interrupted"] = ctx.cb.interrupted
+    ctx.stats["stop_deferred"] = ctx.cb.stop_deferred
     plan = incumbent.plan
     if plan is not None:
         plan = plan.model_copy(update={"params": {**plan.params, "interrupted": ctx.cb.interrupted,
@@ -701,22 +707,30 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
     Python's KeyboardInterrupt arrives at once: the search is stopped, its incumbent kept, and
     ``cb.interrupted`` tells every later stage not to start.
 
-    One moment is not safe to stop in: CP-SAT 9.15 takes a complete feasible hint as its first
-    solution while it loads the model into its workers, and a stop before the search has started
-    aborts the process in its postsolve ("Check failed: solution->size() ==
-    postsolve_mapping.size()", exit -6; measured: 4 of 6 Ctrl-Cs right after the first incumbent
-    of a step search on a loaded machine). So a Ctrl-C that lands there stops the search as soon
-    as CP-SAT's log says it has started (a moment later), or when it ends."""
+    One moment is not safe to stop in: CP-SAT 9.15 loads the model into its workers after presolve
+    ("Preloading model."), takes a complete feasible hint as its first solution there, and a stop
+    before its search has started ("Starting ... search at") aborts the process in postsolve
+    ("Check failed: solution->size() == postsolve_mapping.size()", exit -6; measured: 4 of 6
+    Ctrl-Cs right after the first incumbent of a step search on a loaded machine). CP-SAT's log
+    (read here, not printed) says when that moment begins and ends; a Ctrl-C inside it stops the
+    search as soon as the search starts (a moment later), after STOP_DEFERRED_S at most (should
+    a later OR-Tools word its log otherwise), or at once on a second Ctrl-C."""
     if cb.interrupted:
         return cp_model.UNKNOWN
     solver.parameters.catch_sigint_signal = False
     if threading.current_thread() is not threading.main_thread():
         return solver.solve(model, cb)
-    searching = threading.Event()  # CP-SAT's workers run: a stop is safe again
-    solver.parameters.log_search_progress = True  # read only to know when the search starts
+    loading, searching = threading.Event(), threading.Event()
+
+    def read_log(line: str) -> None:
+        if line.startswith("Preloading model"):
+            loading.set()
+        elif line.startswith("Starting") and " search at " in line:
+            searching.set()
+
+    solver.parameters.log_search_progress = True  # read by read_log only
     solver.parameters.log_to_stdout = False
-    solver.log_callback = lambda line: searching.set() if line.startswith("Starting") and " search at " in line else None
-    solutions_before = len(cb.points)
+    solver.log_callback = read_log
     outcome: list = []
     done = threading.Event()  # not Thread.join: an interrupted join can report a live thread done
 
@@ -729,19 +743,23 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
             done.set()
 
     threading.Thread(target=search, daemon=True).start()
-    stop_pending = False
+    stop_by: float | None = None  # a deferred stop: due when the search starts, or at this time
     while True:
         try:
             while not done.wait(0.1):
-                if stop_pending and searching.is_set():
-                    stop_pending = False
+                if stop_by is not None and (searching.is_set() or time.perf_counter() >= stop_by):
+                    stop_by = None
                     solver.stop_search()
             break
         except KeyboardInterrupt:
             cb.interrupted = True
-            if len(cb.points) > solutions_before and not searching.is_set():
-                stop_pending = True  # the hint is its solution and the workers are loading: see above
+            if stop_by is None and loading.is_set() and not searching.is_set():
+                stop_by = time.perf_counter() + STOP_DEFERRED_S
+                cb.stop_deferred = True
+                if cb.say:
+                    cb.say("stopping as soon as CP-SAT's workers have started (Ctrl-C again: now)")
             else:
+                stop_by = None
                 solver.stop_search()  # then wait for the search to hand back its incumbent
     if isinstance(outcome[0], BaseException):
         raise outcome[0]

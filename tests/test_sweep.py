@@ -219,4 +219,6 @@ def test_closed_pct_is_the_share_of_greedys_distance_to_the_floor():
     assert closed_pct({"greedy_ms": 200.0, "plan_ms": 100.0, "floor_ms": 100.0}) == 100.0
     assert closed_pct({"greedy_ms": 200.0, "plan_ms": 210.0, "floor_ms": 100.0}) == -10.0  # slower than greedy
     assert closed_pct({"greedy_ms": 100.0, "plan_ms": 100.0, "floor_ms": 100.0}) is None  # greedy on the floor
+    assert closed_pct({"greedy_ms": 101.0, "plan_ms": 100.5, "floor_ms": 100.0}) is None  # within 1% of it
+    assert closed_pct({"greedy_ms": 102.0, "plan_ms": 101.0, "floor_ms": 100.0}) == 50.0
     assert closed_pct({"greedy_ms": None, "plan_ms": 100.0, "floor_ms": 90.0}) is None
