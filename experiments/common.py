@@ -6,6 +6,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from planner.report import markdown_lines
@@ -57,6 +58,22 @@ def append_row(path, row: dict) -> None:
     """One finished row, appended at once: an interrupted run keeps what it finished and resumes."""
     with Path(path).open("a") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def run_missing(out: Path, cases, key, run) -> list[dict]:
+    """``out/rows.jsonl``'s rows, then ``run(case)`` for every case whose ``key(case)`` is not the
+    ``key`` of a row yet, each row appended as it ends (a run resumes where it stopped); ``key``
+    reads a case folder and a row alike (a row dict has the fields the case name encodes)."""
+    rows = read_rows(out / "rows.jsonl")
+    done = {key(r) for r in rows}
+    for case in cases:
+        if key(case) in done:
+            continue
+        print(f"{case.name} ...", file=sys.stderr, flush=True)
+        row = run(case)
+        rows.append(row)
+        append_row(out / "rows.jsonl", row)
+    return rows
 
 
 def markdown_table(cols: list[str], rows: list[dict]) -> list[str]:

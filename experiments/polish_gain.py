@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
+from experiments.common import git_revision, load_gz, machine, markdown_table, run_missing
 from planner.bounds import step_floor
 from planner.polish import polish
 from planner.repair import repair
@@ -54,15 +54,9 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = read_rows(out / "rows.jsonl")
-    done = {(r["workload"], r["preset"]) for r in rows}
-    for case in sorted(Path(args.source).glob("*--*")):
-        if not (case / "cpsat-step-plan.json.gz").exists() or tuple(case.name.split("--")) in done:
-            continue
-        print(f"{case.name} ...", file=sys.stderr, flush=True)
-        row = run_case(case, args.seconds)
-        rows.append(row)
-        append_row(out / "rows.jsonl", row)
+    cases = [c for c in sorted(Path(args.source).glob("*--*")) if (c / "cpsat-step-plan.json.gz").exists()]
+    rows = run_missing(out, cases, lambda c: (c["workload"], c["preset"]) if isinstance(c, dict)
+                       else tuple(c.name.split("--")), lambda c: run_case(c, args.seconds))
     lines = ["# planner.polish on the committed step plans", "",
              f"Command: `python -m experiments.polish_gain {' '.join(sys.argv[1:])}`; machine: {json.dumps(machine())}; "
              f"one run per case, at most {args.seconds:g} s of wall clock each (the machine was shared with other "

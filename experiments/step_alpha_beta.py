@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
+from experiments.common import git_revision, load_gz, machine, markdown_table, run_missing
 from planner.bounds import step_floor
 from planner.plan_dir import start_plan
 from planner.solver import solve
@@ -57,17 +57,10 @@ def main() -> None:
     args = ap.parse_args()
     source, out = Path(args.source), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = read_rows(out / "rows.jsonl")
-    done = {r["workload"] for r in rows}
     # the pre-bucketed variants (*-pre) are torch's default pipeline's graphs, not the prototype's
     cases = sorted(c for c in source.iterdir() if (c / "problem.json.gz").is_file() and not c.name.endswith("-pre"))
-    for case in cases:
-        if case.name in done:
-            continue
-        print(f"{case.name}: {args.time_limit} s ...", file=sys.stderr, flush=True)
-        row = run_case(case, args.time_limit)
-        rows.append(row)
-        append_row(out / "rows.jsonl", row)
+    rows = run_missing(out, cases, lambda c: c["workload"] if isinstance(c, dict) else c.name,
+                       lambda c: run_case(c, args.time_limit))
     lines = ["# The step objective on the α-β link its targets were set on", "",
              f"Command: `python -m experiments.step_alpha_beta {' '.join(sys.argv[1:])}`; machine: "
              f"{json.dumps(machine())}. One wall-clock run per workload, one after another; `greedy_ms`: torch's "

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
+from experiments.common import git_revision, load_gz, machine, markdown_table, read_rows, run_missing
 from planner.bounds import step_floor
 from planner.repair import repair
 from planner.solver import solve
@@ -59,16 +59,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     greedy_s = {(r["workload"], r["preset"]): r["plan_s"] for r in read_rows(source / "rows.jsonl")
                 if r["planner"] == "torch greedy"}
-    rows = read_rows(out / "rows.jsonl")
-    done = {(r["workload"], r["preset"]) for r in rows}
-    for case in sorted(source.glob("*--*")):
-        key = tuple(case.name.split("--"))
-        if key in done or key not in greedy_s:
-            continue
-        print(f"{case.name}: {greedy_s[key]} s ...", file=sys.stderr, flush=True)
-        row = run_case(case, greedy_s[key])
-        rows.append(row)
-        append_row(out / "rows.jsonl", row)
+    cases = [c for c in sorted(source.glob("*--*")) if tuple(c.name.split("--")) in greedy_s]
+    rows = run_missing(out, cases, lambda c: (c["workload"], c["preset"]) if isinstance(c, dict)
+                       else tuple(c.name.split("--")), lambda c: run_case(c, greedy_s[tuple(c.name.split("--"))]))
     lines = ["# The step objective within torch greedy's own search time", "",
              f"Command: `python -m experiments.step_in_greedy_time {' '.join(sys.argv[1:])}`; machine: "
              f"{json.dumps(machine())}. One run per case; `greedy_search_s`: torch's greedy search on the same graph "
