@@ -121,26 +121,33 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
             update={"problem_fingerprint": "another"}))
 
 
-def test_ctrl_c_in_a_count_search_skips_its_probe(monkeypatch):
-    # a Ctrl-C in a count search's main stage went on to probe the bound: the probe's search did
-    # not run (interrupted) and reading its statistics raised "solve() has not been called"
+def _ctrl_c_at_the_first_solution(monkeypatch) -> list:
+    """A Ctrl-C (simulated, from another thread as a real one may come) at the first incumbent of
+    any search; the list gets that incumbent's objective (in the model's units) once it fires."""
     import _thread
     import threading
 
     import planner.solver as solver_module
 
-    problem = planner.Problem.model_validate(json.loads(gzip.decompress(FSDP8.read_bytes())))
     real = solver_module._Progress.on_solution_callback
-    fired = []
+    fired: list = []
 
     def interrupt_at_first_solution(self):
         real(self)
         if not fired:
-            fired.append(True)
+            fired.append(self.objective_value)
             threading.Timer(0.0, _thread.interrupt_main).start()
 
     monkeypatch.setattr(solver_module._Progress, "on_solution_callback", interrupt_at_first_solution)
-    result = solver_module.solve(problem, objective="count", time_limit_s=120, workers=2)
+    return fired
+
+
+def test_ctrl_c_in_a_count_search_skips_its_probe(monkeypatch):
+    # a Ctrl-C in a count search's main stage went on to probe the bound: the probe's search did
+    # not run (interrupted) and reading its statistics raised "solve() has not been called"
+    problem = planner.Problem.model_validate(json.loads(gzip.decompress(FSDP8.read_bytes())))
+    fired = _ctrl_c_at_the_first_solution(monkeypatch)
+    result = solve(problem, objective="count", time_limit_s=120, workers=2)
     assert fired and result.stats["interrupted"] and "probes" not in result.stats
     assert result.plan is not None and not planner.verify(problem, result.plan)
 
@@ -178,23 +185,9 @@ def test_ctrl_c_while_cp_sat_loads_a_complete_hint_does_not_abort():
 def test_ctrl_c_in_a_step_solves_count_search_keeps_its_starts(monkeypatch):
     # the step search after it did not run (interrupted) and reading its statistics raised
     # "solve() has not been called"
-    import _thread
-    import threading
-
-    import planner.solver as solver_module
-
     problem = planner.Problem.model_validate(json.loads(gzip.decompress(FSDP8.read_bytes())))
-    real = solver_module._Progress.on_solution_callback
-    fired = []
-
-    def interrupt_at_first_count_solution(self):
-        real(self)
-        if not fired:
-            fired.append(self.objective_value)
-            threading.Timer(0.0, _thread.interrupt_main).start()
-
-    monkeypatch.setattr(solver_module._Progress, "on_solution_callback", interrupt_at_first_count_solution)
-    result = solver_module.solve(problem, objective="step", time_limit_s=120, workers=2)
+    fired = _ctrl_c_at_the_first_solution(monkeypatch)
+    result = solve(problem, objective="step", time_limit_s=120, workers=2)
     assert fired and fired[0] < 1e6  # a bucket count, not a step in ns: the count search was stopped
     assert result.stats["interrupted"] and result.plan is not None and not planner.verify(problem, result.plan)
     # what `bucketplan solve` prints: the bound (the step floor) and its scope
