@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import math
-import signal
 import threading
 import time
 from collections import Counter
@@ -748,12 +747,6 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
     while True:
         try:
             while not done.wait(0.1):
-                # A Ctrl-C is a flag the main thread reads when its eval loop is told to, and a
-                # thread that cannot handle signals clears that notice when it runs Python: CP-SAT's
-                # threads run our log and solution callbacks all the time, so the Ctrl-C could wait
-                # for the search's end (2 of 3 full test runs lost it). signal.signal checks the
-                # flag itself; setting SIGINT's handler to itself changes nothing else.
-                _check_signals()
                 if stop_by is not None and (searching.is_set() or time.perf_counter() >= stop_by):
                     stop_by = None
                     solver.stop_search()
@@ -771,14 +764,6 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
     if isinstance(outcome[0], BaseException):
         raise outcome[0]
     return outcome[0]
-
-
-def _check_signals() -> None:
-    """Run the handlers of signals that have arrived (a Ctrl-C), now: ``signal.signal`` checks the
-    pending flag itself, whatever the eval loop was told (see _run_search)."""
-    handler = signal.getsignal(signal.SIGINT)
-    if handler is not None:  # None: installed outside Python, and then not ours to restate
-        signal.signal(signal.SIGINT, handler)
 
 
 def _problem_bound(handle: ModelHandle, solver_bound: float) -> float:
