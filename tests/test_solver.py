@@ -121,35 +121,43 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
             update={"problem_fingerprint": "another"}))
 
 
-def _ctrl_c_at_the_first_solution(monkeypatch) -> list:
-    """A Ctrl-C (simulated, from another thread as a real one may come) at the first incumbent of
-    any search; the list gets that incumbent's objective (in the model's units) once it fires."""
-    import _thread
-    import threading
+# A Ctrl-C (simulated from another thread, as a real one may come) at the first incumbent of a
+# search, in a child process: in the whole test run the simulated interrupt was twice lost in
+# this process (the search ran to its end), though never alone nor in subsets of the suite.
+_CTRL_C_AT_FIRST_SOLUTION = """
+import gzip, json, sys, threading, _thread
+import planner, planner.solver as solver_module
+problem = planner.Problem.model_validate(json.loads(gzip.decompress(open(sys.argv[1], "rb").read())))
+real = solver_module._Progress.on_solution_callback
+fired = []
+def interrupt_at_first_solution(self):
+    real(self)
+    if not fired:
+        fired.append(self.objective_value)
+        threading.Timer(0.0, _thread.interrupt_main).start()
+solver_module._Progress.on_solution_callback = interrupt_at_first_solution
+result = solver_module.solve(problem, objective=sys.argv[2], time_limit_s=120, workers=2)
+verified = result.plan is not None and not planner.verify(problem, result.plan)
+print(json.dumps({"fired": fired, "interrupted": result.stats["interrupted"], "verified": verified,
+                  "probes": "probes" in result.stats, "objective": result.objective, "bound": result.bound,
+                  "bound_scope": result.stats.get("bound_scope"),
+                  "simulated": planner.simulate(problem, result.plan).step_ms if result.plan else None}))
+"""
 
-    import planner.solver as solver_module
 
-    real = solver_module._Progress.on_solution_callback
-    fired: list = []
-
-    def interrupt_at_first_solution(self):
-        real(self)
-        if not fired:
-            fired.append(self.objective_value)
-            threading.Timer(0.0, _thread.interrupt_main).start()
-
-    monkeypatch.setattr(solver_module._Progress, "on_solution_callback", interrupt_at_first_solution)
-    return fired
+def _ctrl_c_at_the_first_solution(objective: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AT_FIRST_SOLUTION, str(FSDP8), objective], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-800:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_ctrl_c_in_a_count_search_skips_its_probe(monkeypatch):
+def test_ctrl_c_in_a_count_search_skips_its_probe():
     # a Ctrl-C in a count search's main stage went on to probe the bound: the probe's search did
     # not run (interrupted) and reading its statistics raised "solve() has not been called"
-    problem = planner.Problem.model_validate(json.loads(gzip.decompress(FSDP8.read_bytes())))
-    fired = _ctrl_c_at_the_first_solution(monkeypatch)
-    result = solve(problem, objective="count", time_limit_s=120, workers=2)
-    assert fired and result.stats["interrupted"] and "probes" not in result.stats
-    assert result.plan is not None and not planner.verify(problem, result.plan)
+    got = _ctrl_c_at_the_first_solution("count")
+    assert got["fired"] and got["interrupted"] and not got["probes"]
+    assert got["verified"]
 
 
 # Run in a child process: on the old code CP-SAT aborts the whole process (exit -6).
@@ -182,14 +190,12 @@ def test_ctrl_c_while_cp_sat_loads_a_complete_hint_does_not_abort():
     assert "kept" in proc.stdout
 
 
-def test_ctrl_c_in_a_step_solves_count_search_keeps_its_starts(monkeypatch):
+def test_ctrl_c_in_a_step_solves_count_search_keeps_its_starts():
     # the step search after it did not run (interrupted) and reading its statistics raised
     # "solve() has not been called"
-    problem = planner.Problem.model_validate(json.loads(gzip.decompress(FSDP8.read_bytes())))
-    fired = _ctrl_c_at_the_first_solution(monkeypatch)
-    result = solve(problem, objective="step", time_limit_s=120, workers=2)
-    assert fired and fired[0] < 1e6  # a bucket count, not a step in ns: the count search was stopped
-    assert result.stats["interrupted"] and result.plan is not None and not planner.verify(problem, result.plan)
+    got = _ctrl_c_at_the_first_solution("step")
+    assert got["fired"] and got["fired"][0] < 1e6  # a bucket count, not a step in ns: the count search was stopped
+    assert got["interrupted"] and got["verified"]
+    assert got["objective"] == pytest.approx(got["simulated"])
     # what `bucketplan solve` prints: the bound (the step floor) and its scope
-    assert result.bound is not None and result.bound <= result.objective and result.stats["bound_scope"]
-    assert result.objective == pytest.approx(planner.simulate(problem, result.plan).step_ms)
+    assert got["bound"] is not None and got["bound"] <= got["objective"] and got["bound_scope"]
