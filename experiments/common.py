@@ -60,14 +60,13 @@ def append_row(path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def run_missing(out: Path, cases, key, run) -> list[dict]:
-    """``out/rows.jsonl``'s rows, then ``run(case)`` for every case whose ``key(case)`` is not the
-    ``key`` of a row yet, each row appended as it ends (a run resumes where it stopped); ``key``
-    reads a case folder and a row alike (a row dict has the fields the case name encodes)."""
+def run_missing(out: Path, cases, run, case_key, row_key) -> list[dict]:
+    """``out/rows.jsonl``'s rows, then ``run(case)`` for every case whose ``case_key(case)`` is no
+    row's ``row_key(row)``, each row appended as it ends (a run resumes where it stopped)."""
     rows = read_rows(out / "rows.jsonl")
-    done = {key(r) for r in rows}
+    done = {row_key(r) for r in rows}
     for case in cases:
-        if key(case) in done:
+        if case_key(case) in done:
             continue
         print(f"{case.name} ...", file=sys.stderr, flush=True)
         row = run(case)

@@ -55,8 +55,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cases = [c for c in sorted(Path(args.source).glob("*--*")) if (c / "cpsat-step-plan.json.gz").exists()]
-    rows = run_missing(out, cases, lambda c: (c["workload"], c["preset"]) if isinstance(c, dict)
-                       else tuple(c.name.split("--")), lambda c: run_case(c, args.seconds))
+    rows = run_missing(out, cases, lambda c: run_case(c, args.seconds), lambda c: tuple(c.name.split("--")),
+                       lambda r: (r["workload"], r["preset"]))
     lines = ["# planner.polish on the committed step plans", "",
              f"Command: `python -m experiments.polish_gain {' '.join(sys.argv[1:])}`; machine: {json.dumps(machine())}; "
              f"one run per case, at most {args.seconds:g} s of wall clock each (the machine was shared with other "

@@ -59,8 +59,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     # the pre-bucketed variants (*-pre) are torch's default pipeline's graphs, not the prototype's
     cases = sorted(c for c in source.iterdir() if (c / "problem.json.gz").is_file() and not c.name.endswith("-pre"))
-    rows = run_missing(out, cases, lambda c: c["workload"] if isinstance(c, dict) else c.name,
-                       lambda c: run_case(c, args.time_limit))
+    rows = run_missing(out, cases, lambda c: run_case(c, args.time_limit), lambda c: c.name, lambda r: r["workload"])
     lines = ["# The step objective on the α-β link its targets were set on", "",
              f"Command: `python -m experiments.step_alpha_beta {' '.join(sys.argv[1:])}`; machine: "
              f"{json.dumps(machine())}. One wall-clock run per workload, one after another; `greedy_ms`: torch's "

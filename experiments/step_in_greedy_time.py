@@ -60,8 +60,8 @@ def main() -> None:
     greedy_s = {(r["workload"], r["preset"]): r["plan_s"] for r in read_rows(source / "rows.jsonl")
                 if r["planner"] == "torch greedy"}
     cases = [c for c in sorted(source.glob("*--*")) if tuple(c.name.split("--")) in greedy_s]
-    rows = run_missing(out, cases, lambda c: (c["workload"], c["preset"]) if isinstance(c, dict)
-                       else tuple(c.name.split("--")), lambda c: run_case(c, greedy_s[tuple(c.name.split("--"))]))
+    rows = run_missing(out, cases, lambda c: run_case(c, greedy_s[tuple(c.name.split("--"))]),
+                       lambda c: tuple(c.name.split("--")), lambda r: (r["workload"], r["preset"]))
     lines = ["# The step objective within torch greedy's own search time", "",
              f"Command: `python -m experiments.step_in_greedy_time {' '.join(sys.argv[1:])}`; machine: "
              f"{json.dumps(machine())}. One run per case; `greedy_search_s`: torch's greedy search on the same graph "
