@@ -141,6 +141,8 @@ def test_four_ddp_ranks_pass_within_the_sum_order_tolerance_only():
 def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
     """`extract --tiny` writes each rank's problem (2-D: the ranks' TP groups differ, so do their
     problems); each is solved offline; `check --plan DIR` applies rank R's plan on rank R."""
+    import shutil
+
     import planner
     from bucketplan_cli import main
 
@@ -155,6 +157,14 @@ def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
     assert main(["check", "llama3-8b-2d-2", "--ranks", "2", "--plan", str(out), "-q"]) == 0
     report = capsys.readouterr().out
     assert "rank 0: bitwise equal" in report and "rank 1: bitwise equal" in report
+    # rank 1 given rank 0's plan (another problem) while rank 0's fits: rank 0 must not go on to
+    # wait in a collective for rank 1, and the refusal is one line naming rank 1, no traceback
+    shutil.copy(out / "rank0" / "plan.json", out / "rank1" / "plan.json")
+    assert main(["check", "llama3-8b-2d-2", "--ranks", "2", "--plan", str(out), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "refused by 1 of 2 ranks" in err and "Traceback" not in err
+    rank_lines = [line for line in err.splitlines() if line.startswith("  rank")]
+    assert len(rank_lines) == 1 and rank_lines[0].startswith(f"  rank 1: {out / 'rank1' / 'plan.json'}: rule 1")
     # a folder missing a rank's plan: one line before anything is spawned
     (out / "rank1" / "plan.json").unlink()
     assert main(["check", "llama3-8b-2d-2", "--ranks", "2", "--plan", str(out), "-q"]) == 2

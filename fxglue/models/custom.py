@@ -10,7 +10,10 @@ planned like the built-ins, with the same wrappers (SimpleFSDP, DDP, FSDP x TP f
   and size; for 2-D also the TP group, which the factory's module uses for its own tensor
   parallelism). It returns ``(module, example_inputs, loss_fn)``: an ``nn.Module`` built in the
   dtype it trains in, a tuple of input tensors, and ``loss_fn(module, *inputs) -> scalar``.
-  With ``--layers N`` it is called as ``factory(groups, layers=N)``.
+  With ``--layers N`` it is called as ``factory(groups, layers=N)``. ``check --model`` calls it
+  for real instead, on each gloo rank, and runs the very inputs it returns (only the factory
+  knows which values its model accepts): once under a seed shared by every rank for the
+  parameters, once more under a seed per data-parallel rank for that rank's inputs.
 - ``--hf-config path/config.json``: any causal LM that ``transformers`` builds from a config
   alone (``AutoModelForCausalLM.from_config``), never a download; ``--layers`` overrides
   ``num_hidden_layers``. ``--hf MODEL_ID`` reads that model's config.json from the local

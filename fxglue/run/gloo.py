@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from planner.solver import PlanMismatchError
+
 SUM_ORDER_EPS_PER_RANK = 8  # see CheckResult.sum_order_tolerance
 # Rank 0's search parameters at these tiny shapes: one worker (every rank is a process on this
 # machine) and a fixed seed; CP-SAT starts from torch's greedy plan.
@@ -42,6 +44,7 @@ class RankResult:
     problem_fingerprint: str = ""
     seconds: float = 0.0
     error: str = ""
+    plan_refused: str = ""  # why apply_plan refused the --plan this rank was given (see PlanRefused)
 
 
 @dataclass
@@ -94,6 +97,31 @@ def rank_plan_file(plan: str, rank: int) -> str:
     return os.path.join(plan, f"rank{rank}", "plan.json") if os.path.isdir(plan) else plan
 
 
+class PlanRefused(PlanMismatchError):
+    """A ``--plan`` that cannot be a rank's plan: a file that cannot be read as a plan, or a
+    plan that does not fit the rank's problem (made for another problem, or breaking a rule).
+    The user's input, not a failure of the check: one line per offending file or rank, and, as
+    a ``PlanMismatchError``, reported by the command line without a traceback, exit 2."""
+
+
+PLAN_HINT = ("`bucketplan extract WORKLOAD --tiny --ranks N -o DIR` writes the problems check runs, one per rank; "
+             "solve DIR/rank<R>/problem.json to DIR/rank<R>/plan.json and pass --plan DIR")
+
+
+def _load_rank_plans(plan: str, ranks: int) -> list:
+    """Every rank's plan, read here before any rank is spawned: a missing, unreadable or
+    malformed file is one line naming it, not a traceback from every rank."""
+    import planner
+
+    plans = []
+    for r in range(ranks):
+        try:
+            plans.append(planner.load_plan(rank_plan_file(plan, r)))
+        except ValueError as e:  # every error of load_plan: the file named, one line
+            raise PlanRefused(f"--plan {plan}: {e}" + (f" ({PLAN_HINT})" if os.path.isdir(plan) else "")) from None
+    return plans
+
+
 def _save_rank_problem(folder: str, problem, greedy) -> None:
     import planner
 
@@ -102,12 +130,12 @@ def _save_rank_problem(folder: str, problem, greedy) -> None:
     planner.save(problem, os.path.join(where, "problem.json"))
 
 
-def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketing, result: RankResult,
+def _bucket(gm, name, groups, planner_name, given_plan, bucket_mode, pre_bucketing, result: RankResult,
             save_problems: str | None = None):
     """Schedule and bucket ``gm`` in place with the chosen planner (a name of ``fxglue.planners``)
-    or ``plan_path``; returns it. ``save_problems``: a folder that gets this rank's problem and
-    torch's greedy plan (``rank<R>/``) first."""
-    import planner
+    or ``given_plan`` (this rank's ``--plan``; ``apply_plan`` raises ``PlanError`` if it does not
+    fit this rank's problem); returns it. ``save_problems``: a folder that gets this rank's
+    problem and torch's greedy plan (``rank<R>/``) first."""
     from torch._guards import detect_fake_mode
 
     from fxglue import planners
@@ -132,8 +160,8 @@ def _bucket(gm, name, groups, planner_name, plan_path, bucket_mode, pre_bucketin
 
     if save_problems:
         _save_rank_problem(save_problems, problem, record_greedy())
-    if plan_path:
-        plan = planner.load_plan(rank_plan_file(plan_path, dist.get_rank()))
+    if given_plan is not None:
+        plan = given_plan
     else:
         entry = planners.get(planner_name)
         if entry.finalize is not None:  # torch buckets by itself, on every rank
@@ -179,10 +207,28 @@ def _rank_workload(spec: dict):
     return get_workload(spec["workload"], small=True)
 
 
+def _rank_inputs(wl, groups, inputs: tuple, dp_rank: int, *, from_factory: bool) -> tuple:
+    """The inputs a rank runs; data differs across data-parallel ranks, as in training.
+
+    A built-in workload's inputs are zeros of the right shape (token ids, labels), and every
+    built-in model at tiny shapes takes ids below 16, so they are drawn anew. A user's factory
+    is the only one that knows what its inputs may hold (class ids below its class count, a
+    mask of 0 and 1): its own inputs are kept, from a second call of the factory under a
+    per-rank seed, so inputs it draws from torch's RNG differ across data-parallel ranks (the
+    first call's seed is the same on every rank: it makes the parameters)."""
+    if from_factory:
+        torch.manual_seed(1000 + dp_rank)
+        return wl.build(groups)[1]
+    gen = torch.Generator().manual_seed(1000 + dp_rank)
+    return tuple(torch.randint(0, 16, x.shape, generator=gen) if not x.is_floating_point()
+                 else torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs)
+
+
 def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     """One rank of ``check_workload``: trace, run, bucket, run again, compare."""
     result = RankResult(rank=rank)
     t0 = time.perf_counter()
+    from fxglue.apply import PlanError
     from fxglue.models import parallel
     from fxglue.pipeline import count_collectives
     from fxglue.models.workloads import get_workload, mesh_groups, trace_step
@@ -194,9 +240,7 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     module, inputs, loss_fn = wl.build(groups)
     style = "ddp" if wl.style == "ddp" else "fsdp"
     wrapped = parallel.wrap(module, style, groups.dp_size, groups.dp, rank=dp_rank)
-    gen = torch.Generator().manual_seed(1000 + dp_rank)  # data differs across data-parallel ranks
-    inputs = tuple(torch.randint(0, 16, x.shape, generator=gen) if not x.is_floating_point()
-                   else torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in inputs)
+    inputs = _rank_inputs(wl, groups, inputs, dp_rank, from_factory=bool(spec.get("model")))
     args = [p.detach() for p in parallel.stored_params(wrapped)] + list(inputs)
     step = parallel.make_train_step(wrapped, loss_fn)
     params = parallel.stored_params(wrapped)
@@ -204,8 +248,22 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     result.collectives_before = sum(count_collectives(gm).values())
     with torch.no_grad():
         reference = gm(*args)
-    bucketed = _bucket(copy.deepcopy(gm), wl.name, groups, spec["planner"], spec.get("plan"),
-                       spec.get("bucket_mode"), spec.get("pre_bucketing", False), result, spec.get("save_problems"))
+    given = spec["plans"][rank] if spec.get("plans") else None
+    try:
+        bucketed = _bucket(copy.deepcopy(gm), wl.name, groups, spec["planner"], given, spec.get("bucket_mode"),
+                           spec.get("pre_bucketing", False), result, spec.get("save_problems"))
+    except PlanError as e:
+        if given is None:
+            raise  # a planner's own plan refused: a bug, reported with its traceback
+        result.plan_refused = str(e)
+    if given is not None:
+        # every rank learns whether any rank refused its plan: a rank that went on to run its
+        # bucketed graph would wait in a collective for the one that stopped, until killed
+        verdicts = [None] * world
+        dist.all_gather_object(verdicts, result.plan_refused)
+        if any(verdicts):
+            result.seconds = time.perf_counter() - t0
+            return result
     bucketed.recompile()
     result.collectives_after = sum(count_collectives(bucketed).values())
     with torch.no_grad():
@@ -321,7 +379,8 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
     ``FILE.py:FACTORY``, run at the shapes it builds, wrapped for ``parallel``. ``plan``: a plan
     file for every rank, or a folder of ``rank<R>/plan.json``; ``save_problems``: a folder that
     gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check
-    with ``plan`` (``bucketplan extract --tiny``)."""
+    with ``plan`` (``bucketplan extract --tiny``). Raises ``PlanRefused`` for a plan that cannot
+    be read (before anything is spawned) or that a rank's problem refuses."""
     from fxglue import planners
     from fxglue.models.workloads import WorkloadError, get_workload
 
@@ -346,7 +405,8 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
         # handmade tensors up to 4096x64 are exact there. Not minimized further; such a group is
         # no FSDP anyway, so it is refused rather than reported as a difference
         raise WorkloadError(f"{workload}: {ranks} rank(s) leave a data-parallel group of {dp}; use at least 2 ranks")
-    spec = {"workload": workload, "planner": "plan" if plan else planner, "plan": plan,
+    plans = _load_rank_plans(plan, ranks) if plan else None
+    spec = {"workload": workload, "planner": "plan" if plan else planner, "plans": plans,
             "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed, "tp_size": tp,
             "model": model, "parallel": parallel, "layers": layers,
             "save_problems": os.path.abspath(save_problems) if save_problems else None}
@@ -359,4 +419,9 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
         except RankError as e:
             # every rank is reported; the failing one carries the message
             result.per_rank = [RankResult(rank=r, error=str(e)[:2000]) for r in range(ranks)]
+    refused = [r for r in result.per_rank if r.plan_refused]
+    if refused:
+        raise PlanRefused(f"--plan {plan}: refused by {len(refused)} of {ranks} ranks ({PLAN_HINT})\n"
+                          + "\n".join(f"  rank {r.rank}: {rank_plan_file(plan, r.rank)}: {r.plan_refused}"
+                                      for r in refused))
     return result
