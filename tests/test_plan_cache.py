@@ -6,6 +6,7 @@ on a traced training graph exactly as inductor calls it on a post-grad graph.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
@@ -90,6 +91,15 @@ def _break(plan_dir, how: str) -> None:
                                   created="2026-11-30T00:00:00+00:00"), path)
     elif how == "missing":
         path.unlink()
+    elif how == "directory":
+        path.unlink()
+        path.mkdir()
+    elif how == "fifo":  # reading it would block the compile forever
+        path.unlink()
+        os.mkfifo(path)
+    elif how == "endless":  # reading it would never end
+        path.unlink()
+        path.symlink_to("/dev/zero")
 
 
 @pytest.mark.parametrize("how,says", [
@@ -97,6 +107,9 @@ def _break(plan_dir, how: str) -> None:
     ("foreign", "is for another problem"),
     ("infeasible", "fails verification"),
     ("missing", "no plan in"),
+    ("directory", "unreadable plan"),
+    ("fifo", "unreadable plan"),
+    ("endless", "unreadable plan"),
 ])
 def test_a_bad_cache_entry_falls_back_to_torch_with_one_warning(solved, tmp_path, caplog, how, says):
     import shutil
@@ -104,12 +117,13 @@ def test_a_bad_cache_entry_falls_back_to_torch_with_one_warning(solved, tmp_path
     plan_dir = tmp_path / "plans"
     shutil.copytree(solved[0], plan_dir)
     _break(plan_dir, how)
-    before = {p.name: p.read_bytes() for p in plan_dir.rglob("*") if p.is_file()}
+    before = {p.name: p.read_bytes() for p in plan_dir.rglob("*") if p.is_file() and not p.is_symlink()}
     session, after, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog)
     (event,) = session.events
     assert event.outcome.startswith("fallback") and len(warnings) == 1 and says in warnings[0], warnings
     assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
-    assert {p.name: p.read_bytes() for p in plan_dir.rglob("*") if p.is_file()} == before  # nothing touched
+    assert {p.name: p.read_bytes() for p in plan_dir.rglob("*")
+            if p.is_file() and not p.is_symlink()} == before  # nothing touched
 
 
 def test_another_model_has_another_fingerprint_and_falls_back(solved, caplog):
@@ -136,8 +150,94 @@ def test_record_refuses_a_directory_it_cannot_write(tmp_path):
     assert not Path("/sys/bucketplan-plans").exists()
 
 
-def test_use_needs_an_existing_directory_and_a_known_preset(tmp_path):
-    with pytest.raises(bucketplan_compile.PlanCacheError, match="no such plan directory"):
-        bucketplan_compile.use(tmp_path / "missing")
-    with pytest.raises(ValueError, match="no-such-cluster"):
-        bucketplan_compile.record(tmp_path / "p", preset="no-such-cluster")
+def test_an_unknown_preset_is_refused_before_anything_compiles(tmp_path):
+    for enter in (bucketplan_compile.record, bucketplan_compile.use):
+        with pytest.raises(ValueError, match="no-such-cluster"):
+            enter(tmp_path / "p", preset="no-such-cluster")
+
+
+@pytest.mark.parametrize("how,says", [
+    ("missing directory", "no plan directory"),
+    ("file for the directory", "not a directory"),
+])
+def test_use_without_a_plan_directory_falls_back_with_one_warning(tmp_path, caplog, how, says):
+    # compilation never fails because of the plan cache: no directory is one more missing plan
+    plan_dir = tmp_path / "plans"
+    if how == "file for the directory":
+        plan_dir.write_text("")
+    session, after, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog)
+    (event,) = session.events
+    assert event.outcome.startswith("fallback") and len(warnings) == 1 and says in warnings[0], warnings
+    assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
+
+
+def _pass_uuid(mode: str, plan_dir) -> str:
+    from torch._inductor import config
+
+    enter = bucketplan_compile.use if mode == "use" else bucketplan_compile.record
+    with enter(plan_dir):
+        return config.post_grad_custom_post_pass.uuid()
+
+
+def test_the_cache_key_is_stable_for_the_same_plans_and_changes_with_them(solved, tmp_path):
+    """Inductor calls ``uuid()`` whenever its FX-graph cache is on (the default): the key must be
+    computable (it once read sibling files by name and raised after a move), equal in another
+    process for the same plans (or nothing is ever served from the cache) and different when a
+    plan changes (or a stale compiled graph would be served)."""
+    import shutil
+    import subprocess
+    import sys
+
+    plan_dir = tmp_path / "plans"
+    shutil.copytree(solved[0], plan_dir)
+    key = _pass_uuid("use", plan_dir)
+    assert key == _pass_uuid("use", plan_dir)
+    code = ("import sys; from tests.test_plan_cache import _pass_uuid; "
+            "print(_pass_uuid('use', sys.argv[1]))")
+    other = subprocess.run([sys.executable, "-c", code, str(plan_dir)], capture_output=True, text=True, timeout=300,
+                           cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+    assert other.returncode == 0, other.stderr[-2000:]
+    assert other.stdout.strip().splitlines()[-1] == key
+
+    (plan_file,) = plan_dir.glob(f"*/{PLAN}")
+    plan_file.write_bytes(plan_file.read_bytes().replace(b"}", b" }", 1))
+    assert _pass_uuid("use", plan_dir) != key
+    # record never serves a graph from the cache: it must see every graph to write its problem
+    assert _pass_uuid("record", tmp_path / "r") != _pass_uuid("record", tmp_path / "r")
+
+
+def test_the_cache_key_covers_the_code_of_both_packages_wherever_a_module_lives():
+    from pathlib import Path
+
+    import fxglue
+    import planner as planner_pkg
+
+    digest = bucketplan_compile._source_digest()
+    assert len(digest) == 64
+    # the modules the pass runs live in several folders (fxglue/, fxglue/run/, planner/): every
+    # one of them is read, so none can be missing after a move
+    files = {p.relative_to(Path(fxglue.__file__).parent).as_posix()
+             for p in Path(fxglue.__file__).parent.rglob("*.py")}
+    assert {"apply.py", "extract.py", "run/compile.py", "pipeline.py"} <= files
+    assert Path(planner_pkg.__file__).with_name("verifier.py").is_file()
+
+
+def test_record_into_a_directory_that_cannot_take_the_problem_warns_and_compiles(tmp_path, caplog):
+    """A file where the problem's folder goes and a directory where the index goes: one warning
+    each, torch's bucketing still runs (compilation never fails because of the plan cache)."""
+    from fxglue.models.workloads import trace
+    from planner.plan_dir import INDEX, problem_dir
+
+    plan_dir = tmp_path / "plans"
+    probe, _, _ = _run_pass(bucketplan_compile.record(tmp_path / "probe"), caplog)
+    fingerprint = probe.events[0].fingerprint
+    plan_dir.mkdir()
+    in_the_way = problem_dir(plan_dir, fingerprint)
+    in_the_way.write_text("in the way")
+    (plan_dir / INDEX).mkdir()
+    session, after, warnings = _run_pass(bucketplan_compile.record(plan_dir), caplog)
+    (event,) = session.events
+    assert event.outcome.startswith("not recorded") and len(warnings) == 1, warnings
+    assert str(in_the_way) in warnings[0]
+    assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
+    assert in_the_way.read_text() == "in the way"

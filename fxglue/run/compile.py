@@ -45,9 +45,12 @@ not fail where torch buckets.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib
 import logging
 import os
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -127,20 +130,55 @@ def _scheduler_kwargs(estimator) -> dict:
     kwargs = {k: v for k in _INDUCTOR_KEYS if (v := getattr(opts, k, None)) is not None}
     # inductor inserts overlap deps by default (post_grad.py), so that its scheduler keeps the order
     kwargs.setdefault("insert_overlap_deps", True)
+    # pre_bucketing off: torch's FSDP pre-bucketing would merge all_gathers and reduce_scatters
+    # before the scheduler hands the graph on, so the recorded problem would hide them from the
+    # search and `unbucketed` would not be free of merges (README, "Use a plan in training")
     kwargs.update(collective_bucketing=True, custom_runtime_estimation=estimator, compute_estimator="analytical",
-                  collective_estimator="analytical", enable_fusion_regions=False)
+                  collective_estimator="analytical", enable_fusion_regions=False,
+                  pre_bucketing_fsdp_collectives=False)
     return kwargs
 
 
+# a plan of this many bytes is not one solve-dir wrote (the largest committed plans are ~1 MB)
+_MAX_PLAN_BYTES = 256 << 20
+
+
 def _plans_digest(plan_dir: Path) -> str:
-    """One hash over every plan in the directory (name and bytes): the cache key part of ``use``."""
+    """One hash over every plan in the directory (name and bytes): the cache key part of ``use``.
+    Only regular files of plausible size are read: a FIFO would block the compile, a link to a
+    device would read without end (``_use`` then reports such a plan as unreadable)."""
     h = hashlib.sha256()
     for p in sorted(plan_dir.glob(f"*/{PLAN}")):
         h.update(p.parent.name.encode())
         try:
-            h.update(hashlib.sha256(p.read_bytes()).digest())
+            st = p.stat()
+            if stat.S_ISREG(st.st_mode) and st.st_size <= _MAX_PLAN_BYTES:
+                h.update(hashlib.sha256(p.read_bytes()).digest())
+            else:
+                h.update(f"not a regular file of at most {_MAX_PLAN_BYTES} bytes: {st.st_mode} {st.st_size}".encode())
         except OSError:
             h.update(b"unreadable")
+    return h.hexdigest()
+
+
+# What the pass's output depends on besides the graph, the preset and the plans: the code of
+# bucketplan's two packages (extraction, pricing, torch's bucketing as we drive it, apply_plan,
+# the verifier). Found through the imported packages themselves, not by file names beside this
+# one: a file moved or added within them changes the key, and none can be missing.
+_CODE_PACKAGES = ("planner", "fxglue")
+
+
+@functools.lru_cache(maxsize=None)
+def _source_digest() -> str:
+    """One hash over the source of every module in ``_CODE_PACKAGES`` (path within the package
+    and bytes), computed once per process."""
+    h = hashlib.sha256()
+    for name in _CODE_PACKAGES:
+        package = importlib.import_module(name)
+        for root in package.__path__:
+            for path in sorted(Path(root).rglob("*.py")):
+                h.update(f"{name}/{path.relative_to(root).as_posix()}".encode())
+                h.update(hashlib.sha256(path.read_bytes()).digest())
     return h.hexdigest()
 
 
@@ -154,9 +192,7 @@ class PlanPass(CustomGraphPass):
 
     def uuid(self) -> str:
         h = hashlib.sha256()
-        h.update(f"{self.session.mode}|{self.preset_name}|".encode())
-        for f in ("compile.py", "apply.py", "extract.py", "estimator.py", "pipeline.py"):
-            h.update(Path(__file__).with_name(f).read_bytes())
+        h.update(f"{self.session.mode}|{self.preset_name}|{_source_digest()}|".encode())
         if self.session.mode == "use":
             h.update(_plans_digest(self.session.plan_dir).encode())
         else:  # record writes files, unbucketed reports: never served from a cache (the caches are off too)
@@ -183,7 +219,7 @@ class PlanPass(CustomGraphPass):
                          bucket_mode=inputs.kwargs.get("bucket_mode"))
         problem = extract_problem(graph, inputs.collective_info, inputs.scheduled, estimator=est,
                                   meta={"source": "torch.compile", "graph": _graph_id(graph), "preset": self.preset_name,
-                                        "pre_bucketing": bool(inputs.kwargs.get("pre_bucketing_fsdp_collectives"))},
+                                        "pre_bucketing": False},  # _scheduler_kwargs
                                   **bucketing)
         event = GraphEvent(_graph_id(graph), _rank(), _graph_kind(graph), problem.fingerprint, before, before, "")
         with cpu_compat(est):
@@ -198,40 +234,62 @@ class PlanPass(CustomGraphPass):
         gm.recompile()
         event.collectives_after = _n_collectives(gm)
         self.session.events.append(event)
-        if self.session.mode == "record":
-            append_index(self.session.plan_dir, {**asdict(event), "collectives": len(problem.collectives),
-                                                 "nodes": len(problem.nodes)})
+        if self.session.mode == "record" and event.outcome == "recorded":
+            try:
+                append_index(self.session.plan_dir, {**asdict(event), "collectives": len(problem.collectives),
+                                                     "nodes": len(problem.nodes)})
+            except (OSError, ValueError) as e:  # the index is informative; the problem is recorded
+                log.warning("bucketplan: %s: cannot append to the index (%s)", self.session.plan_dir,
+                            _one_line(e))
 
     def _record(self, problem: planner.Problem, inputs, bucketing: dict, event: GraphEvent) -> None:
+        """Write the problem and torch's greedy plan on it, once per fingerprint. A directory that
+        cannot take them (a file where the problem's folder goes, a full disk) is one warning:
+        compilation goes on with torch's bucketing, as it would without ``record``."""
         from fxglue.greedy import greedy_plan
 
-        where = problem_dir(self.session.plan_dir, problem.fingerprint)
-        if not (where / PROBLEM).exists():
-            greedy = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
-                                 problem_fingerprint=problem.fingerprint, estimator=self.estimator,
-                                 **bucketing, **inputs.bucketer_kwargs)
-            planner.save(greedy, where / GREEDY)
-            planner.save(problem, where / PROBLEM)  # last: its presence means "recorded"
+        try:
+            where = problem_dir(self.session.plan_dir, problem.fingerprint)
+            if not (where / PROBLEM).is_file():
+                greedy = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
+                                     problem_fingerprint=problem.fingerprint, estimator=self.estimator,
+                                     **bucketing, **inputs.bucketer_kwargs)
+                planner.save(greedy, where / GREEDY)
+                planner.save(problem, where / PROBLEM)  # last: its presence means "recorded"
+        except (OSError, ValueError) as e:
+            event.outcome = f"not recorded: {_one_line(e)}"
+            log.warning("bucketplan: %s graph %s (fingerprint %s…): not recorded: %s", event.kind, event.graph,
+                        problem.fingerprint[:12], _one_line(e))
+            return
         event.outcome = "recorded"
 
     def _use(self, problem: planner.Problem, inputs, bucketing: dict, event: GraphEvent) -> None:
-        """Apply the cached plan for this graph; anything that stops it (no plan, unreadable,
-        another problem's, refused by ``apply_plan``'s verification and cycle check, which run
-        before any mutation) is one warning, and torch's greedy buckets the graph instead."""
+        """Apply the cached plan for this graph; anything that stops it (no plan directory, no
+        plan, unreadable, another problem's, refused by ``apply_plan``'s verification and cycle
+        check, which run before any mutation) is one warning, and torch's greedy buckets the graph
+        instead."""
         from fxglue.apply import PlanError, apply_plan
         from fxglue.pipeline import finalize_with_torch
 
-        path = problem_dir(self.session.plan_dir, problem.fingerprint) / PLAN
-        why = None
-        if not path.exists():
+        why = _unusable_dir(self.session.plan_dir)
+        path = None
+        if why is None:
+            try:
+                path = problem_dir(self.session.plan_dir, problem.fingerprint) / PLAN
+            except (OSError, ValueError) as e:  # a file where the problem's folder goes
+                why = _one_line(e)
+        if why is None and not os.path.lexists(path):
             recorded = sum(1 for _ in self.session.plan_dir.glob(f"*/{PROBLEM}"))
             why = (f"no plan in {self.session.plan_dir} for this graph ({recorded} recorded problem(s) there; "
                    "the model, its shapes or the preset changed since `record`? record and solve-dir again)")
-        else:
+        if why is None:
             try:
+                st = path.stat()
+                if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_PLAN_BYTES:
+                    raise ValueError(f"not a regular file of at most {_MAX_PLAN_BYTES >> 20} MiB")
                 plan = planner.load_plan(path)
             except (SchemaError, OSError, ValueError) as e:
-                why = f"{path}: unreadable plan ({str(e).splitlines()[0][:200]})"
+                why = f"{path}: unreadable plan ({_one_line(e)})"
             else:
                 if plan.problem_fingerprint != problem.fingerprint:
                     why = f"{path} is for another problem (fingerprint {plan.problem_fingerprint[:12]}…)"
@@ -248,6 +306,23 @@ class PlanPass(CustomGraphPass):
         log.warning("bucketplan: %s graph %s (fingerprint %s…): %s; torch's greedy bucketing is used instead",
                     event.kind, event.graph, problem.fingerprint[:12], why)
         finalize_with_torch(inputs)
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
+def _unusable_dir(plan_dir: Path) -> str | None:
+    """Why ``use`` cannot read plans from ``plan_dir`` (missing, not a directory, unlistable), or None."""
+    try:
+        if not plan_dir.is_dir():
+            return (f"no plan directory {plan_dir} ({'not a directory' if plan_dir.exists() else 'missing'}; "
+                    "run record, then bucketplan solve-dir)")
+        os.listdir(plan_dir)
+    except OSError as e:
+        return f"plan directory {plan_dir} cannot be read ({e.strerror or e})"
+    return None
 
 
 @contextlib.contextmanager
@@ -317,6 +392,6 @@ def use(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group: s
     from fxglue.presets import get_preset
 
     get_preset(preset)
-    if not Path(plan_dir).is_dir():
-        raise PlanCacheError(f"{plan_dir}: no such plan directory (run record, then bucketplan solve-dir)")
+    # a missing or unreadable directory is not an error here: like a missing plan, each graph
+    # warns once and torch buckets it (compilation never fails because of the plan cache)
     return _session(plan_dir, "use", preset, tp_group, tp_size)

@@ -1,0 +1,131 @@
+"""The README's training flow, run as a user runs it: the three commands of *Use a plan in
+training*, read from the README and run verbatim in a fresh folder, with inductor's caches on
+(as torch ships them; in this test's own cache folder so an earlier run cannot serve them).
+
+It once failed on every `use` (the pass's cache key read files by name that a move had taken
+away) while every test passed: the tests had switched the caches off.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import planner
+from planner.plan_dir import PLAN, PROBLEM
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # two 2-rank compiles and a solve: about 1.5 minutes on 2 cores
+
+
+def readme_training_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("## Use a plan in training"):]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    commands = [line.split("#")[0].strip() for line in block.splitlines()]
+    return [c for c in commands if c]
+
+
+def run(command: str, cwd: Path, env: dict, timeout_s: int = 600) -> subprocess.CompletedProcess:
+    argv = shlex.split(command)
+    if argv[0] == "python":
+        argv[0] = sys.executable  # `python` as the user's environment resolves it
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def flow_env(tmp_path: Path) -> dict:
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor-cache")
+    env.pop("TORCHINDUCTOR_FX_GRAPH_CACHE", None)
+    env.pop("TORCHINDUCTOR_AUTOGRAD_CACHE", None)
+    return env
+
+
+def losses(out: str) -> list[str]:
+    return re.findall(r"^step \d+: loss (\S+)$", out, re.M)
+
+
+def graph_lines(out: str) -> list[tuple[str, int, int, str]]:
+    """(problem digest prefix, collectives before, after, outcome) per compiled graph."""
+    return [(m[0], int(m[1]), int(m[2]), m[3]) for m in
+            re.findall(r"\(problem (\w+)\): (\d+) -> (\d+) collectives \((.*)\)$", out, re.M)]
+
+
+@pytest.fixture(scope="module")
+def flow(tmp_path_factory):
+    """The README's three commands, run in a folder holding a copy of examples/."""
+    tmp_path = tmp_path_factory.mktemp("flow")
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    env = flow_env(tmp_path)
+    commands = readme_training_commands()
+    assert [c.split()[:3] for c in commands] == [["python", "examples/train_compiled.py", "record"],
+                                                 ["bucketplan", "solve-dir", "plans/"],
+                                                 ["python", "examples/train_compiled.py", "use"]], commands
+    results = [run(c, tmp_path, env) for c in commands]
+    for c, r in zip(commands, results):
+        assert r.returncode == 0, f"{c}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    return tmp_path, env, results
+
+
+def test_the_readme_training_flow_applies_every_plan_and_keeps_the_loss(flow):
+    tmp_path, _, (recorded, _, used) = flow
+    assert "Traceback" not in recorded.stderr + used.stderr
+    assert len(losses(recorded.stdout)) == 3 and losses(used.stdout) == losses(recorded.stdout)
+    plan_dir = tmp_path / "plans"
+    rec, use = graph_lines(recorded.stdout), graph_lines(used.stdout)
+    assert rec and {g[3] for g in rec} == {"recorded"}
+    assert use and {g[3] for g in use} == {"planned"}, used.stdout
+    assert sorted(g[0] for g in rec) == sorted(g[0] for g in use)
+    for digest, before, after, _ in use:
+        (folder,) = [p for p in plan_dir.iterdir() if p.name.startswith(digest)]
+        problem, plan = planner.load_problem(folder / PROBLEM), planner.load_plan(folder / PLAN)
+        assert not planner.verify(problem, plan)
+        # the compiled graph holds exactly the plan's collectives, of a problem that held all the graph's
+        assert (before, after) == (len(problem.collectives), planner.collectives_after(problem, plan))
+        assert after < before
+    assert not re.search(r"^\[rank \d\] bucketplan:", used.stderr, re.M), used.stderr  # no fallback warned
+
+
+def _break(plan_dir: Path, how: str) -> None:
+    (plan_file,) = plan_dir.glob(f"*/{PLAN}")
+    if how == "corrupt":
+        plan_file.write_text("{ not json")
+    elif how == "foreign":
+        greedy = planner.load_plan(plan_file.parent / "greedy.json")
+        planner.save(greedy.model_copy(update={"problem_fingerprint": "sha256:" + "0" * 64}), plan_file)
+    elif how == "infeasible":  # every collective of the graph in one bucket started at the first: breaks a rule
+        problem = planner.load_problem(plan_file.parent / PROBLEM)
+        names = [c.name for c in problem.collectives]
+        bucket = planner.Bucket(members=tuple(names), start=names[0], wait=names[0])
+        planner.save(planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", buckets=(bucket,),
+                                  created="2026-12-02T00:00:00+00:00"), plan_file)
+
+
+@pytest.mark.long  # five more 2-rank compiles: about 2 minutes
+@pytest.mark.parametrize("how,args,says", [
+    ("corrupt", "", "unreadable plan"),
+    ("foreign", "", "is for another problem"),
+    ("infeasible", "", "fails verification"),
+    ("stale", "--layers 3", "no plan in"),  # the model changed: another graph, no plan
+    ("missing directory", "", "no plan directory"),
+])
+def test_every_fallback_warns_once_and_trains_with_torchs_bucketing(flow, tmp_path, how, args, says):
+    flow_dir, env, (recorded, _, _) = flow
+    shutil.copytree(flow_dir / "examples", tmp_path / "examples")
+    if how != "missing directory":
+        shutil.copytree(flow_dir / "plans", tmp_path / "plans")
+        _break(tmp_path / "plans", how)
+    r = run(f"python examples/train_compiled.py use plans/ {args}", tmp_path, flow_env(tmp_path))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("[rank 0] bucketplan:")]
+    assert len(warnings) == 1 and says in warnings[0], r.stderr[-3000:]
+    assert {g[3].split(":")[0] for g in graph_lines(r.stdout)} == {"fallback"}
+    if how != "stale":  # torch's greedy on the same graph: the numbers record computed
+        assert losses(r.stdout) == losses(recorded.stdout)
