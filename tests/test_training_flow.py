@@ -129,3 +129,13 @@ def test_every_fallback_warns_once_and_trains_with_torchs_bucketing(flow, tmp_pa
     assert {g[3].split(":")[0] for g in graph_lines(r.stdout)} == {"fallback"}
     if how != "stale":  # torch's greedy on the same graph: the numbers record computed
         assert losses(r.stdout) == losses(recorded.stdout)
+
+
+def test_use_again_is_served_from_inductors_cache_with_the_same_numbers(flow, tmp_path):
+    """The same plans and code give the same cache key in a new process: nothing recompiles."""
+    flow_dir, env, (_, _, used) = flow
+    use = readme_training_commands()[2]
+    again = run(use, flow_dir, env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "no graph was compiled: inductor served this program from its cache" in again.stdout, again.stdout
+    assert losses(again.stdout) == losses(used.stdout)
