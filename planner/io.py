@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import io
 import json
 import os
 import shutil
@@ -28,6 +29,122 @@ M = TypeVar("M", bound=BaseModel)
 
 class SchemaError(ValueError):
     """A problem or plan file that cannot be read; the message names the file and field."""
+
+
+class BadFileError(ValueError):
+    """A file the tools read or append to is not a regular file of bounded size (a FIFO, a
+    device, a directory, a symlink to one, something huge) or cannot be opened; the one-line
+    message names the file and says what it is."""
+
+
+# bookkeeping files (index.jsonl, rows.jsonl, stages.json, a sweep spec) hold a line per graph
+# or task; far beyond this is not ours, and reading it whole would only exhaust memory
+BOOKKEEPING_MAX_BYTES = 64 * 1024**2
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(path: Path, mode: int, what: str) -> BadFileError:
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    via = f", through a symlink to {os.path.realpath(path)}" if os.path.islink(path) else ""
+    return BadFileError(f"{path}: not a regular file ({kind}{via}); cannot be the {what}")
+
+
+def _open_regular(path: Path, flags: int, what: str) -> tuple[int, os.stat_result]:
+    """``path`` opened with ``flags`` once it is known to be a regular file: stat first (it follows
+    symlinks), so a FIFO is never opened (opening one blocks until a writer comes) and a device is
+    never read (/dev/zero reads without end); O_NONBLOCK and a second check on the open file
+    cover a file swapped for one of them in between. Missing: FileNotFoundError."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise BadFileError(f"{path}: cannot read the {what} ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st.st_mode, what)
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise BadFileError(f"{path}: cannot open the {what} ({e.strerror})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise _not_regular(path, st.st_mode, what)
+    return fd, st
+
+
+def read_regular_file(path: str | os.PathLike, max_bytes: int, what: str, *, missing_ok: bool = False) -> bytes | None:
+    """The bytes of ``path``, checked first to be a regular file (a symlink resolved) of at most
+    ``max_bytes``; anything else raises ``BadFileError`` with a one-line message naming the file
+    and ``what`` it should be ("plan index"). ``missing_ok``: None when there is no such file
+    (else ``BadFileError`` saying so). Every bookkeeping file the tools read goes through here."""
+    p = Path(path)
+    try:
+        fd, st = _open_regular(p, os.O_RDONLY, what)
+    except FileNotFoundError:
+        if missing_ok:
+            return None
+        raise BadFileError(f"{p}: cannot read the {what} (no such file)") from None
+    try:
+        if st.st_size > max_bytes:
+            raise BadFileError(f"{p}: {st.st_size} bytes is too large for a {what} (limit {max_bytes})")
+        chunks, left = [], max_bytes + 1  # one byte past the limit: a file that grew is caught too
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as e:
+        raise BadFileError(f"{p}: cannot read the {what} ({e.strerror})") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > max_bytes:
+        raise BadFileError(f"{p}: more than {max_bytes} bytes is too large for a {what}")
+    return data
+
+
+def read_regular_text(path: str | os.PathLike, max_bytes: int, what: str, *, missing_ok: bool = False) -> str | None:
+    """``read_regular_file`` decoded as UTF-8 (``BadFileError`` naming the file when it is not)."""
+    data = read_regular_file(path, max_bytes, what, missing_ok=missing_ok)
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadFileError(f"{path}: the {what} is not UTF-8 text (byte {data[e.start]:#04x} at offset "
+                           f"{e.start})") from None
+
+
+def append_line(path: str | os.PathLike, line: str, what: str) -> None:
+    """Append one line (``line`` without its newline) to a regular file, creating it, in one
+    write with O_APPEND, so lines from processes appending at once stay whole. A FIFO, device or
+    directory there raises ``BadFileError``: opening a FIFO to write would block until a reader
+    comes, and a line written to /dev/null would be lost without a word."""
+    p = Path(path)
+    try:
+        fd, _ = _open_regular(p, os.O_WRONLY | os.O_APPEND, what)
+    except FileNotFoundError:
+        try:  # O_EXCL: no FIFO slipped in since the stat; losing a race to another creator is fine
+            fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            try:
+                fd, _ = _open_regular(p, os.O_WRONLY | os.O_APPEND, what)
+            except FileNotFoundError:  # O_EXCL refuses a dangling symlink too
+                raise BadFileError(f"{p}: the {what} is a symlink to nothing ({os.path.realpath(p)})") from None
+        except OSError as e:
+            raise BadFileError(f"{p}: cannot create the {what} ({e.strerror})") from None
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    except OSError as e:
+        raise BadFileError(f"{p}: cannot append to the {what} ({e.strerror})") from None
+    finally:
+        os.close(fd)
 
 
 def _loc(loc: tuple) -> str:
@@ -60,18 +177,14 @@ def _describe(err: ValidationError, limit: int = 5) -> str:
 def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
     p = Path(path)
     try:
-        st = p.stat()
-    except OSError as e:
-        raise SchemaError(f"{p}: cannot read {what}: {e.strerror}") from None
-    # stat, not open: /dev/zero reads forever (MemoryError) and opening a FIFO blocks until a
-    # writer comes; a directory or device is no problem or plan file either
-    if not stat.S_ISREG(st.st_mode):
-        raise SchemaError(f"{p}: not a regular file (a {what} file is a JSON file)")
-    size = st.st_size
-    if size > MAX_FILE_BYTES:
-        raise SchemaError(f"{p}: {size} bytes is too large for a {what} file (limit {MAX_FILE_BYTES})")
-    try:
-        text = _read_text(p)
+        # /dev/zero reads forever (MemoryError) and opening a FIFO blocks until a writer comes;
+        # a directory or device is no problem or plan file either
+        raw = read_regular_file(p, MAX_FILE_BYTES, f"{what} file", missing_ok=True)
+        if raw is None:
+            raise SchemaError(f"{p}: cannot read {what}: no such file")
+        text = _decode(p, raw)
+    except BadFileError as e:
+        raise SchemaError(str(e)) from None
     except (OSError, UnicodeDecodeError, EOFError) as e:
         raise SchemaError(f"{p}: cannot read {what}: {e}") from None
     if len(text) > MAX_FILE_BYTES:
@@ -104,12 +217,12 @@ def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
         raise SchemaError(f"{p}: invalid {what}: {_describe(e)}") from None
 
 
-def _read_text(p: Path) -> str:
+def _decode(p: Path, raw: bytes) -> str:
     """The file's text; a ``.gz`` file decompressed (the committed experiment problems are), read
     only up to one byte past the size limit so a compression bomb cannot fill memory."""
     if p.suffix != ".gz":
-        return p.read_text(encoding="utf-8")
-    with gzip.open(p, "rb") as fh:
+        return raw.decode("utf-8")
+    with gzip.GzipFile(fileobj=io.BytesIO(raw), mode="rb") as fh:
         return fh.read(MAX_FILE_BYTES + 1).decode("utf-8")
 
 

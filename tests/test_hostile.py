@@ -355,7 +355,8 @@ def test_non_regular_files_are_refused_up_front(tmp_path, capsys, which, special
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
-    _one_line_error(capsys, code, f"{path}: not a regular file (a {which} file is a JSON file)")
+    kind = "a FIFO" if special == "fifo" else "a character device"
+    _one_line_error(capsys, code, f"{path}: not a regular file ({kind}); cannot be the {which} file")
 
 
 @pytest.mark.parametrize("command", [["workloads"], ["verify", "problem.json", "plan.json"]])
