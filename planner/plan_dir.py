@@ -7,60 +7,112 @@ Layout (one place; the torch side imports it)::
     plan_dir/<hex fingerprint>/problem.json
     plan_dir/<hex fingerprint>/greedy.json  torch's greedy plan, recorded
     plan_dir/<hex fingerprint>/plan.json    the solved plan (verified; written atomically)
-    plan_dir/summary.csv, summary.md        one row per problem solved by solve_dir
+    plan_dir/summary.csv, summary.md        one row per problem with a plan, rebuilt from the plans
+    plan_dir/.solve-dir.lock                held (flock) by the one solve_dir running on the directory
+
+A plan counts as solved when it is a regular file that loads, is for its folder's problem and was
+not cut short by Ctrl-C (``params.interrupted``); anything else is solved again. Each plan
+carries its own summary row (``params.solve_dir``), written with it in one atomic rename, so
+the summary is rebuilt from the plans on disk and no interrupt can separate the two.
 
 Torch-free: solving needs no torch, so the directory can be copied to a machine without it.
 """
 
 from __future__ import annotations
 
-import csv
+import fcntl
 import json
 import os
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import re
+import stat
+import signal
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from planner.io import SchemaError, load_plan, load_problem, save
+from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, load_plan, load_problem,
+                        read_regular_text, save)
 from planner.report import write_table
 
-INDEX = "index.jsonl"
+INDEX, LOCK = "index.jsonl", ".solve-dir.lock"
 PROBLEM, GREEDY, PLAN = "problem.json", "greedy.json", "plan.json"
 SUMMARY_COLUMNS = ("problem", "graphs", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
                    "plan_ms", "floor_ms", "status", "bound_ms", "gap_pct", "wall_s", "note")
+SUMMARY_PARAM = "solve_dir"  # the plan's params key holding its summary row
+_HEX = re.compile(r"[0-9a-f]{8,128}")
+
+
+class PlanDirError(BadFileError):
+    """The plan directory cannot be used as asked (a bookkeeping file or problem folder that is
+    not what it must be, or another solve-dir running on it); the one-line message names it."""
 
 
 def problem_dir(plan_dir: str | os.PathLike, fingerprint: str) -> Path:
-    """Where a problem with this fingerprint lives (the hex digest, without the ``sha256:``)."""
-    return Path(plan_dir) / fingerprint.split(":")[-1]
+    """Where a problem with this fingerprint lives (the hex digest, without the ``sha256:``).
+    ``PlanDirError`` when the fingerprint is no hex digest (it must not name a path elsewhere)
+    or something other than a folder is in the way."""
+    digest = fingerprint_digest(fingerprint)
+    if digest is None:
+        raise PlanDirError(f"{fingerprint!r}: not a problem fingerprint (sha256:<hex digest>)")
+    path = Path(plan_dir) / digest
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return path
+    except OSError as e:
+        raise PlanDirError(f"{path}: cannot use it as a problem folder ({e.strerror})") from None
+    if not stat.S_ISDIR(mode):
+        raise PlanDirError(f"{path}: exists and is not a folder; it is where this problem's files go")
+    return path
 
 
 def read_index(plan_dir: str | os.PathLike) -> list[dict]:
-    """The graphs ``record`` saw, one dict per graph and rank (lines that do not parse are skipped:
-    the index is informative, the problems are the record)."""
-    path = Path(plan_dir) / INDEX
-    if not path.exists():
-        return []
+    """The graphs ``record`` saw, one dict per graph and rank. A line that does not parse or
+    whose graph, rank or fingerprint has the wrong type is skipped: the index is informative,
+    the problems are the record. An index that is no regular file raises ``BadFileError``."""
+    text = read_regular_text(Path(plan_dir) / INDEX, BOOKKEEPING_MAX_BYTES, "plan index", missing_ok=True)
     out = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in (text or "").splitlines():
         try:
             entry = json.loads(line)
         except ValueError:
             continue
-        if isinstance(entry, dict):
+        if (isinstance(entry, dict) and isinstance(entry.get("fingerprint"), str)
+                and isinstance(entry.get("graph", ""), str) and type(entry.get("rank", 0)) is int):
             out.append(entry)
     return out
 
 
 def append_index(plan_dir: str | os.PathLike, entry: dict) -> None:
+    """One line for ``entry``; ``BadFileError`` when the index is a directory, FIFO or device."""
     # one write of one short line with O_APPEND: whole lines even when ranks append at once
-    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    fd = os.open(Path(plan_dir) / INDEX, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    append_line(Path(plan_dir) / INDEX, json.dumps(entry, sort_keys=True), "plan index")
+
+
+@contextmanager
+def locked(plan_dir: str | os.PathLike) -> Iterator[None]:
+    """Hold the directory's solve-dir lock for the block, or raise ``PlanDirError`` at once when
+    another process holds it: two runs would solve every problem twice and race on the summary.
+    flock, so the lock goes with the process however it ends (no stale lock file to clear)."""
+    path = Path(plan_dir) / LOCK
     try:
-        os.write(fd, line)
+        # O_RDWR, O_NONBLOCK: neither blocks on a FIFO put there; fstat below refuses it
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+    except OSError as e:
+        raise PlanDirError(f"{path}: cannot open the solve-dir lock ({e.strerror})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise PlanDirError(f"{path}: the solve-dir lock is not a regular file; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PlanDirError(f"{plan_dir}: another solve-dir is running on this directory; wait for it to "
+                               "finish (one solve-dir per directory at a time)") from None
+        yield
     finally:
-        os.close(fd)
+        os.close(fd)  # releases the lock
 
 
 def recorded_problems(plan_dir: str | os.PathLike) -> list[Path]:
@@ -102,8 +154,8 @@ def _start_plan(problem, folder: Path):
 
 
 def solve_one(job: SolveJob) -> dict:
-    """Solve one recorded problem; write plan.json (verified) and return its summary row."""
-    from planner.bounds import step_floor
+    """Solve one recorded problem; write plan.json (verified, carrying this row) and return its
+    summary row."""
     from planner.problem import collectives_after
     from planner.simulator import simulate
     from planner.solver import solve
@@ -118,8 +170,7 @@ def solve_one(job: SolveJob) -> dict:
     start, note = _start_plan(problem, folder)
     result = solve(problem, time_limit_s=job.time_limit_s, objective=job.objective, workers=job.workers,
                    seed=job.seed, hint=start, floor_plans=(start,) if start is not None else ())
-    row.update(collectives=len(problem.collectives), unbucketed_ms=round(simulate(problem).step_ms, 3),
-               floor_ms=round(step_floor(problem).floor_ms, 3), status=result.status, wall_s=round(result.wall_s, 1),
+    row.update(_problem_figures(problem), status=result.status, wall_s=round(result.wall_s, 1),
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
         row.update(greedy_after=collectives_after(problem, start),
@@ -129,83 +180,174 @@ def solve_one(job: SolveJob) -> dict:
     report = check(problem, result.plan)  # the solver verifies; this is the file's own guard
     if not report.feasible:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
-    save(result.plan, folder / PLAN)
     bound = result.bound if job.objective == "step" else None
-    row.update(plan_after=collectives_after(problem, result.plan),
-               plan_ms=round(simulate(problem, result.plan).step_ms, 3),
-               bound_ms=None if bound is None else round(bound, 3),
-               gap_pct=None if result.gap is None else round(100 * result.gap, 2),
-               note="; ".join(x for x in (note, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
-                                          else "") if x))
-    return row
+    planned = {**row, **_plan_figures(problem, result.plan), "bound_ms": None if bound is None else round(bound, 3),
+               "gap_pct": None if result.gap is None else round(100 * result.gap, 2),
+               "note": "; ".join(x for x in (note, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
+                                             else "", "interrupted: solved again by the next run"
+                                             if row["interrupted"] else "") if x)}
+    # the row travels inside the plan: one atomic rename writes both, so a Ctrl-C between the
+    # plan and the summary cannot lose the row (the summary is rebuilt from the plans)
+    plan = result.plan.model_copy(update={"params": {**result.plan.params,
+                                                     SUMMARY_PARAM: {k: v for k, v in planned.items()
+                                                                     if k != "problem"}}})
+    try:
+        save(plan, folder / PLAN)
+    except OSError as e:  # a directory in its place, a read-only folder
+        return {**row, "status": "ERROR", "note": f"{folder / PLAN}: cannot write the plan ({e.strerror})"}
+    return planned
+
+
+def _idle_worker_ignores_ctrl_c() -> None:
+    # a worker waiting for a job would die of Ctrl-C with a traceback; the driver stops anyway
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _solve_in_worker(job: SolveJob) -> dict:
+    """``solve_one`` in a pool worker, Ctrl-C enabled for it: the solver stops its search on
+    KeyboardInterrupt and returns the best verified plan, which is saved."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return solve_one(job)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _problem_figures(problem) -> dict:
+    from planner.bounds import step_floor
+    from planner.simulator import simulate
+
+    return {"collectives": len(problem.collectives), "unbucketed_ms": round(simulate(problem).step_ms, 3),
+            "floor_ms": round(step_floor(problem).floor_ms, 3)}
+
+
+def _plan_figures(problem, plan) -> dict:
+    from planner.problem import collectives_after
+    from planner.simulator import simulate
+
+    return {"plan_after": collectives_after(problem, plan), "plan_ms": round(simulate(problem, plan).step_ms, 3)}
+
+
+def plan_row(folder: Path) -> dict | None:
+    """The summary row of the folder's plan when it has one that counts -- a regular file that
+    loads and is for the problem beside it -- else None (the problem is solved again). The row
+    says ``interrupted`` when Ctrl-C cut the plan's search short (solved again too)."""
+    try:
+        problem = load_problem(folder / PROBLEM)
+        plan = load_plan(folder / PLAN)
+    except (OSError, SchemaError):
+        return None
+    if plan.problem_fingerprint != problem.fingerprint:
+        return None
+    stored = plan.params.get(SUMMARY_PARAM)
+    if isinstance(stored, dict):
+        row = {k: stored[k] for k in SUMMARY_COLUMNS if k in stored}
+    else:  # a plan solve-dir did not write (`bucketplan solve -o DIR/<fingerprint>/plan.json`)
+        row = {**_problem_figures(problem), **_plan_figures(problem, plan), "note": "figures recomputed: the plan carries no row"}
+    return {**row, "problem": folder.name, "interrupted": bool(plan.params.get("interrupted"))}
+
+
+def fingerprint_digest(fingerprint) -> str | None:
+    """The hex digest of a ``sha256:<hex>`` fingerprint (a problem folder's name); None for
+    anything else, which must never become a path."""
+    digest = fingerprint.split(":")[-1] if isinstance(fingerprint, str) else ""
+    return digest if _HEX.fullmatch(digest) else None
 
 
 def _graphs_by_problem(plan_dir: Path) -> dict[str, str]:
     seen: dict[str, dict[str, set]] = {}
     for e in read_index(plan_dir):
-        fp = problem_dir(plan_dir, str(e.get("fingerprint", ""))).name
-        seen.setdefault(fp, {}).setdefault(str(e.get("graph", "?")), set()).add(e.get("rank"))
+        fp = fingerprint_digest(e["fingerprint"])
+        if fp is not None:
+            seen.setdefault(fp, {}).setdefault(str(e.get("graph", "?")), set()).add(e.get("rank"))
     return {fp: ", ".join(f"{g} ({len(r)} rank{'s' if len(r) > 1 else ''})" for g, r in graphs.items())
             for fp, graphs in seen.items()}
 
 
 def write_summary(plan_dir: Path, rows: list[dict]) -> None:
     """``summary.csv`` and ``summary.md``, fingerprints cut to 12 characters in the Markdown."""
-    write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12)
+    try:
+        write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12)
+    except OSError as e:  # a directory named summary.csv, a read-only plan directory
+        # filename2: the rename's target (summary.csv), where filename is the temporary file
+        raise PlanDirError(f"{e.filename2 or e.filename or plan_dir}: cannot write the summary ({e.strerror})") from None
 
 
 def solve_dir(plan_dir: str | os.PathLike, *, objective: str = "step", time_limit_s: float = 60.0, jobs: int = 1,
               workers: int | None = None, seed: int = 0, force: bool = False,
               progress: Callable[[str], None] | None = None) -> list[dict]:
-    """Solve every recorded problem of ``plan_dir`` that has no plan yet (``force``: all of them).
+    """Solve every recorded problem of ``plan_dir`` without a plan that counts (``plan_row``):
+    none, unreadable, another problem's, or interrupted by Ctrl-C; ``force``: all of them.
 
     ``jobs`` problems at once in worker processes, each solve with ``workers`` CP-SAT workers
-    (default: the machine's cores shared among the jobs). Rows of problems solved earlier are
-    kept from the previous summary; the summary is rewritten after every problem."""
-    say = progress or (lambda msg: None)
+    (default: the machine's cores shared among the jobs). One run per directory at a time
+    (``locked``). The summary is rebuilt from the plans on disk first and rewritten after every
+    problem and when the run ends, Ctrl-C included."""
     root = Path(plan_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such plan directory")
+    with locked(root):
+        return _solve_dir(root, objective, time_limit_s, jobs, workers, seed, force, progress or (lambda msg: None))
+
+
+def _solve_dir(root: Path, objective: str, time_limit_s: float, jobs: int, workers: int | None, seed: int,
+               force: bool, say: Callable[[str], None]) -> list[dict]:
     folders = recorded_problems(root)
-    todo = [f for f in folders if force or not (f / PLAN).exists()]
-    previous = {}
-    if (root / "summary.csv").exists():
-        with open(root / "summary.csv", newline="", encoding="utf-8") as fh:
-            previous = {r["problem"]: r for r in csv.DictReader(fh) if r.get("problem")}
-    rows = {f.name: previous[f.name] for f in folders if f not in todo and f.name in previous}
-    graphs = _graphs_by_problem(root)
+    graphs = _graphs_by_problem(root)  # before any solve: a broken index stops the run here
+    rows = {f.name: r for f in folders if (r := plan_row(f)) is not None}
+    todo = [f for f in folders if force or f.name not in rows or rows[f.name]["interrupted"]]
+    resumed = sum(1 for f in todo if rows.get(f.name, {}).get("interrupted"))
+
+    def table() -> list[dict]:
+        return [{**rows[f.name], "graphs": graphs.get(f.name, "")} for f in folders if f.name in rows]
+
+    write_summary(root, table())  # a summary lost or cut short by an earlier run is whole again
     cores = os.cpu_count() or 1
     jobs = max(1, min(jobs, len(todo) or 1))
     per_job = workers or max(1, cores // jobs)
-    say(f"{len(folders)} recorded problem(s) in {root}; {len(todo)} to solve ({objective}, {time_limit_s:g}s each, "
-        f"{jobs} at a time x {per_job} CP-SAT workers)")
+    say(f"{len(folders)} recorded problem(s) in {root}; {len(todo)} to solve"
+        + (f" ({resumed} interrupted earlier)" if resumed else "")
+        + f" ({objective}, {time_limit_s:g}s each, {jobs} at a time x {per_job} CP-SAT workers)")
     batch = [SolveJob(str(f), objective, time_limit_s, per_job, seed) for f in todo]
+    finished: set[str] = set()
 
     def done(i: int, row: dict) -> None:
-        row["graphs"] = graphs.get(row["problem"], "")
         rows[row["problem"]] = row
-        write_summary(root, [rows[f.name] for f in folders if f.name in rows])
+        finished.add(row["problem"])
+        write_summary(root, table())
         figures = (f"{row.get('collectives')} -> {row.get('plan_after')} collectives, step {row.get('plan_ms')} ms "
                    f"(greedy {row.get('greedy_ms')}, floor {row.get('floor_ms')}), gap {row.get('gap_pct')}%"
                    if row.get("plan_ms") is not None else row.get("note", ""))
         say(f"[{i}/{len(batch)}] {row['problem'][:12]}…: {row.get('status')}: {figures}")
 
-    if jobs == 1:
-        for i, job in enumerate(batch, 1):
-            say(f"[{i}/{len(batch)}] solving {Path(job.folder).name[:12]}…")
-            row = solve_one(job)
-            done(i, row)
-            if row.get("interrupted"):  # Ctrl-C: that plan (the best verified so far) is kept; stop here
-                say(f"interrupted: {len(batch) - i} problem(s) left; run again to resume")
-                break
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            futures = [pool.submit(solve_one, job) for job in batch]
-            try:
-                for i, fut in enumerate(as_completed(futures), 1):
-                    done(i, fut.result())
-            except KeyboardInterrupt:
-                for fut in futures:
-                    fut.cancel()
-                raise
-    return [rows[f.name] for f in folders if f.name in rows]
+    try:
+        if jobs == 1:
+            for i, job in enumerate(batch, 1):
+                say(f"[{i}/{len(batch)}] solving {Path(job.folder).name[:12]}…")
+                row = solve_one(job)
+                done(i, row)
+                if row.get("interrupted"):  # Ctrl-C: that plan (the best verified so far) is kept; stop here
+                    say(f"interrupted: {len(batch) - i} problem(s) left; run again to resume")
+                    break
+        else:
+            # no more jobs handed out than there are workers: the pool would queue one more ahead
+            # that no cancel can stop, and after a Ctrl-C it would run to its full time limit
+            queue, running, i = list(batch), set(), 0
+            with ProcessPoolExecutor(max_workers=jobs, initializer=_idle_worker_ignores_ctrl_c) as pool:
+                while queue or running:
+                    while queue and len(running) < jobs:
+                        running.add(pool.submit(_solve_in_worker, queue.pop(0)))
+                    ended, running = wait(running, return_when=FIRST_COMPLETED)
+                    for fut in ended:
+                        i += 1
+                        done(i, fut.result())
+                # on Ctrl-C, leaving the block waits for the solves in flight: Ctrl-C reached them
+                # too (one process group), so they stop and save their best plan
+    finally:
+        # a Ctrl-C ends the loop above before the rows of the solves in flight come back; their
+        # plans, saved by the workers, carry the rows
+        for f in todo:
+            if f.name not in finished and (r := plan_row(f)) is not None:
+                rows[f.name] = r
+        write_summary(root, table())
+    return table()

@@ -13,7 +13,9 @@ Layout of the output folder (one place)::
     DIR/cases/<case>/greedy.json.gz     torch's greedy plan on it, recorded (when there is one)
     DIR/cases/<case>/stages.json        extraction stages: wall seconds and peak memory
     DIR/cases/<case>/<objective>-plan.json   the verified plan of each task
-    DIR/rows.jsonl                      one line per finished task (the sweep resumes from it)
+    DIR/rows.jsonl                      one line per finished task (the sweep resumes from it: a task
+                                        counts when its row is whole, under the same settings, and
+                                        has a verified plan, saved, not cut short by Ctrl-C)
     DIR/results.csv, results.md, results.png   the results table: no timings, so the same plans
                                         give the same bytes on any backend
     DIR/stages.csv, stages.md           wall time, peak memory and attempts of every stage and task
@@ -57,7 +59,8 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
-from planner.io import SchemaError, atomic_write_text, dumps, load_plan, load_problem, save
+from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
+                        load_plan, load_problem, read_regular_file, read_regular_text, save)
 from planner.report import sweep_plot, write_table
 
 OBJECTIVES = ("count", "step", "exposure")
@@ -244,11 +247,12 @@ def load_spec(path: str | os.PathLike, *, default_preset: str | None = None) -> 
     """A sweep spec read and checked whole before any work (``SpecError`` names the offending item)."""
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SpecError(f"{p}: no such spec file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"{p}: cannot read the spec: {e}") from None
+        text = read_regular_text(p, BOOKKEEPING_MAX_BYTES, "sweep spec", missing_ok=True)
+        if text is None:
+            raise SpecError(f"{p}: no such spec file")
+        data = tomllib.loads(text)
+    except BadFileError as e:
+        raise SpecError(str(e)) from None
     except tomllib.TOMLDecodeError as e:
         raise SpecError(f"{p}: not valid TOML: {e}") from None
     unknown = sorted(set(data) - _TOP)
@@ -378,6 +382,15 @@ def ray_available() -> bool:
     return True
 
 
+def check_cpus(tasks: list[Task], cpus: int, where: str) -> None:
+    """``SpecError`` when a task reserves more CPUs than the cluster has: Ray would keep it
+    pending forever, waiting for a node that never comes."""
+    worst = max(tasks, key=lambda t: t.settings.workers, default=None)
+    if worst is not None and worst.settings.workers > cpus:
+        raise SpecError(f"case {worst.case}: workers_per_task = {worst.settings.workers} but {where} has {cpus} "
+                        f"CPU(s); Ray could never start the task (lower workers_per_task, or --cpus)")
+
+
 def run_on_ray(tasks: list[Task], done: Done, say: Callable[[str], None], *, address: str | None = None,
                cpus: int | None = None) -> None:
     """Every task as a Ray task reserving ``workers`` CPUs (so tasks x workers <= cores); a task
@@ -388,12 +401,15 @@ def run_on_ray(tasks: list[Task], done: Done, say: Callable[[str], None], *, add
     import ray
 
     if address is None:
-        ray.init(num_cpus=cpus or os.cpu_count() or 1, include_dashboard=False, log_to_driver=False,
-                 configure_logging=False)
+        n_cpus = cpus or os.cpu_count() or 1
+        check_cpus(tasks, n_cpus, "the local Ray instance")  # before starting Ray: it is known here
+        ray.init(num_cpus=n_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False,
                  runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
     try:
+        if address is not None:
+            check_cpus(tasks, int(ray.cluster_resources().get("CPU", 0)), f"the Ray cluster at {address}")
         remote = ray.remote(run_task)
         pending: dict = {}
 
@@ -516,24 +532,38 @@ def closed_pct(row: dict) -> float | None:
     return round(100 * (greedy - plan) / (greedy - floor), 1)
 
 
-def _read_rows(path: Path) -> list[dict]:
-    if not path.exists():
+def _usable_row(line: bytes):
+    """The row of one line of rows.jsonl, or None when it is not one (not UTF-8, not JSON, not an
+    object naming its case, objective and status)."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    if not (isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("case", "objective", "status"))):
+        return None
+    return row
+
+
+def load_rows(path: Path, say: Callable[[str], None] = lambda m: None) -> list[dict]:
+    """The rows of ``rows.jsonl``, and the file made safe to append to: a last line without its
+    newline (a crash mid-write) would swallow the next row appended, so it is dropped, with any
+    line that is no row, and the file rewritten atomically without them. Their tasks run again."""
+    data = read_regular_file(path, BOOKKEEPING_MAX_BYTES, "sweep rows file", missing_ok=True)
+    if data is None:
         return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a crash mid-write: that task runs again
-            continue
+    lines = data.split(b"\n")
+    cut = lines.pop()  # b"" when the file ends with its newline; else a line cut short
+    rows = [r for line in lines if (r := _usable_row(line)) is not None]
+    dropped = len(lines) - len(rows) + (cut != b"")
+    if dropped:
+        say(f"{path}: dropped {dropped} line(s) that are not whole rows (a crash mid-write?); their tasks run again")
+        atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 
-def _append_row(path: Path, row: dict) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, (json.dumps(row) + "\n").encode())
-    finally:
-        os.close(fd)
+def _interrupted(row: dict) -> bool:
+    # rows written before the field existed say it in their note
+    return bool(row.get("interrupted")) or "interrupted" in str(row.get("note", "")).split("; ")
 
 
 @dataclass
@@ -550,9 +580,7 @@ class _Ledger:
     def __init__(self, spec: Spec, out: Path, unextracted: dict[str, str], say: Callable[[str], None]):
         self.spec, self.out, self.say = spec, out, say
         self.by_key = {c.key: c for c in spec.cases}
-        kept = {(r["case"], r["objective"]): r for r in _read_rows(out / ROWS)
-                if r.get("status") not in ("FAILED", None) and r.get("case") in self.by_key}
-        self.rows = {k: r for k, r in kept.items() if r.get("settings") == asdict(self.by_key[k[0]].settings)}
+        self.rows = {(r["case"], r["objective"]): r for r in load_rows(out / ROWS, say) if self._finished(r)}
         for case, objective in spec.tasks():
             if case.key in unextracted:  # in the table, saying why; tried again by the next run
                 self.rows[(case.key, objective)] = {"case": case.key, "objective": objective,
@@ -560,6 +588,21 @@ class _Ledger:
         self._problems: dict[str, tuple] = {}
         self.finished = self.failed = 0
         self.best: tuple[float, str] | None = None
+
+    def _finished(self, row: dict) -> bool:
+        """A row a rerun keeps: a task of this spec, solved under its settings, to a verified plan
+        that is still on disk as the row says, and not cut short by Ctrl-C. Anything else
+        (failed, rejected, no plan, interrupted, plan lost) is solved again."""
+        case = self.by_key.get(row["case"])
+        if case is None or row.get("settings") != asdict(case.settings) or _interrupted(row):
+            return False
+        if row["status"] == "FAILED" or row.get("plan_ms") is None:
+            return False
+        try:
+            plan = load_plan(case_dir(self.out, case) / f"{row['objective']}-plan.json")
+        except SchemaError:
+            return False
+        return plan_sha(plan) == row.get("plan_sha")
 
     def loaded(self, key: str):
         if key not in self._problems:
@@ -585,8 +628,8 @@ class _Ledger:
         if plan is not None:
             save(plan, case_dir(self.out, case) / f"{task.objective}-plan.json")
         row.update(settings=asdict(case.settings), attempts=attempts, wall_s=result.get("wall_s"),
-                   peak_rss_gb=result.get("peak_rss_gb"))
-        _append_row(self.out / ROWS, row)
+                   peak_rss_gb=result.get("peak_rss_gb"), interrupted=bool(result.get("interrupted")))
+        append_line(self.out / ROWS, json.dumps(row), "sweep rows file")
         self.rows[(task.case, task.objective)] = row
         self.finished += 1
         self.failed += plan is None
@@ -629,7 +672,10 @@ def run_sweep(spec: Spec, out: str | os.PathLike, *, extract: Extract | None, ap
     here; ``extract`` (fxglue.run.sweep.extract_case) is needed only for cases that are not problem files;
     ``apply`` (fxglue.run.sweep.apply_case) applies the plans of cases with ``apply = true``."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # -o under a file, a read-only parent
+        raise BadFileError(f"{out}: cannot make the output folder ({e.strerror})") from None
     ledger = _Ledger(spec, out, _extract_all(spec, out, extract, say), say)
     todo = ledger.todo()
     use_ray = ray_available() if ray is None else ray
@@ -648,11 +694,21 @@ def run_sweep(spec: Spec, out: str | os.PathLike, *, extract: Extract | None, ap
     return ledger.write_tables()
 
 
-def _stages(out: Path, case: Case) -> list[dict]:
+def read_stages(path: Path) -> dict | None:
+    """A case's stages file as written (``{"stages": [...], "running": ...}``); None when there is
+    none or it is not such a JSON object (it is informative). ``BadFileError`` when it is no
+    regular file."""
+    text = read_regular_text(path, BOOKKEEPING_MAX_BYTES, "stages file", missing_ok=True)
     try:
-        return json.loads((case_dir(out, case) / STAGES).read_text())["stages"]
-    except (OSError, ValueError, KeyError):
-        return []
+        data = json.loads(text) if text is not None else None
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("stages"), list) else None
+
+
+def _stages(out: Path, case: Case) -> list[dict]:
+    data = read_stages(case_dir(out, case) / STAGES)
+    return [s for s in data["stages"] if isinstance(s, dict)] if data else []
 
 
 def _extract_all(spec: Spec, out: Path, extract: Extract | None, say: Callable[[str], None]) -> dict[str, str]:
@@ -688,7 +744,8 @@ def _apply_all(spec: Spec, out: Path, rows: dict, apply: Apply | None, say: Call
             continue
         best = min(mine, key=lambda r: r["plan_ms"])
         tag = f"apply {best['objective']}: "
-        if any(st["stage"].startswith(tag) and best["plan_sha"] in st.get("note", "") for st in _stages(out, case)):
+        if any(str(st.get("stage")).startswith(tag) and best["plan_sha"] in str(st.get("note"))
+               for st in _stages(out, case)):
             continue
         say(f"{case.key}: applying the {best['objective']} plan to the traced graph")
         try:
