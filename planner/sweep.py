@@ -594,7 +594,8 @@ class _Ledger:
         that is still on disk as the row says, and not cut short by Ctrl-C. Anything else
         (failed, rejected, no plan, interrupted, plan lost) is solved again."""
         case = self.by_key.get(row["case"])
-        if case is None or row.get("settings") != asdict(case.settings) or _interrupted(row):
+        if case is None or row["objective"] not in case.objectives or row.get("settings") != asdict(case.settings) \
+                or _interrupted(row):
             return False
         if row["status"] == "FAILED" or row.get("plan_ms") is None:
             return False

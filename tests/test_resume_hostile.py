@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -337,13 +338,20 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "rows.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture
-def clean_sweep(tmp_path):
-    """An uninterrupted sweep of the tiny problem: (spec, its results.csv)."""
-    spec = _sweep_spec(tmp_path)
-    run = _sweep(spec, tmp_path / "clean")
+@pytest.fixture(scope="module")
+def _clean_sweep_once(tmp_path_factory):
+    base = tmp_path_factory.mktemp("clean-sweep")
+    run = _sweep(_sweep_spec(base), base / "clean")
     assert run.returncode == 0, run.stderr[-2000:]
-    return spec, (tmp_path / "clean" / "results.csv").read_text()
+    return base
+
+
+@pytest.fixture
+def clean_sweep(tmp_path, _clean_sweep_once):
+    """An uninterrupted sweep of the tiny problem in tmp_path/clean (run once, copied for each
+    test): (spec, its results.csv)."""
+    shutil.copytree(_clean_sweep_once, tmp_path, dirs_exist_ok=True)
+    return tmp_path / "spec.toml", (tmp_path / "clean" / "results.csv").read_text()
 
 
 def test_a_rows_file_cut_mid_line_is_repaired_before_the_next_row(tmp_path, clean_sweep):
