@@ -22,6 +22,9 @@ reported as the problem's).
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -32,6 +35,55 @@ from planner.problem import Bucket, Plan, Problem
 # count: fewest collectives. exposure: least summed exposed communication per bucket (no stream
 # queuing; see TimeTerms). step: the simulated step itself (planner.step, added by the solver).
 OBJECTIVES = ("count", "exposure", "step")
+
+
+class BuildStopped(Exception):
+    """A model's build stopped before it was complete, for the reason its message gives: the
+    deadline passed (``timed_out``) or the model outgrew its candidate pairs (see ``build_guard``)."""
+
+    def __init__(self, message: str, *, timed_out: bool):
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True)
+class _BuildGuard:
+    deadline: float | None  # time.perf_counter() value
+    max_pairs: int | None
+
+
+# The guard of the build running in this thread (a context variable: sweeps and solve-dir may
+# build models in several threads at once). Read by build_tick, which the loops over
+# collectives, candidates and constraints call.
+_GUARD: contextvars.ContextVar[_BuildGuard | None] = contextvars.ContextVar("bucketplan_build_guard", default=None)
+
+
+@contextlib.contextmanager
+def build_guard(*, deadline: float | None = None, max_pairs: int | None = None):
+    """Within it, a model's build (``build_model``, ``planner.step.add_step_objective``) raises
+    ``BuildStopped`` once ``time.perf_counter()`` passes ``deadline`` or the model has more than
+    ``max_pairs`` candidate (collective, anchor) pairs: their variables and constraints are what
+    take a build's time and memory (a 200,000-collective problem built past 2:40 and 16 GB), and
+    the time limit must hold while building too."""
+    token = _GUARD.set(_BuildGuard(deadline, max_pairs))
+    try:
+        yield
+    finally:
+        _GUARD.reset(token)
+
+
+def build_tick(pairs: int | None = None) -> None:
+    """Raise ``BuildStopped`` when the guard of this build (``build_guard``) says so; ``pairs``:
+    the candidate pairs made so far, where the caller knows them. Called once per collective or
+    constraint: a clock read, far below the work it guards."""
+    guard = _GUARD.get()
+    if guard is None:
+        return
+    if guard.deadline is not None and time.perf_counter() > guard.deadline:
+        raise BuildStopped("the time limit was reached while building the model", timed_out=True)
+    if pairs is not None and guard.max_pairs is not None and pairs > guard.max_pairs:
+        raise BuildStopped(f"the problem is too large for the model (more than {guard.max_pairs:,} candidate "
+                           f"(collective, anchor) pairs)", timed_out=False)
 
 
 @dataclass
@@ -68,6 +120,7 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
             succ.setdefault(d, []).append(i)
     out = []
     for k, c in enumerate(problem.collectives):
+        build_tick()
         protected = c.status == "hidden" or (protect_partly and c.status == "partly")
         hp = tuple(sorted(pos[index[h]] for h in c.hiding))
         cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, protected, hp,
@@ -155,27 +208,26 @@ class _Variables:
         for c in colls:
             by_key.setdefault(c.key, []).append(c)
         self.joiners: dict[int, list[int]] = {c.idx: [] for c in colls}
-        self.s_dom: dict[int, list[int]] = {}
-        self.w_dom: dict[int, list[int]] = {}
+        # the first and last wait position of its key each collective's wait can take: the key's
+        # waits strictly between w_lo and w_hi (a range, not the list of them: at 8,000
+        # collectives of one key the lists alone held 30 million entries, quadratic in the key)
+        w_range: dict[int, tuple[int, int]] = {}
         for group in by_key.values():
             group.sort(key=lambda c: c.s)
             starts = [c.s for c in group]
             waits = sorted(c.w for c in group)
             rank = {c.idx: r for r, c in enumerate(group)}
             for c in group:
-                if c.hider:
-                    self.s_dom[c.idx], self.w_dom[c.idx] = [c.s], [c.w]
-                    continue
-                # sorted lists: the open intervals are slices (found by bisection, not scans)
-                self.w_dom[c.idx] = waits[bisect.bisect_right(waits, c.w_lo):bisect.bisect_left(waits, c.w_hi)]
-                wmax = self.w_dom[c.idx][-1]
-                self.s_dom[c.idx] = starts[bisect.bisect_right(starts, c.s_lo):
-                                           bisect.bisect_left(starts, min(c.s_hi, wmax))]
+                # never empty: a collective's own wait lies strictly between w_lo and w_hi
+                w_range[c.idx] = (c.w, c.w) if c.hider else (
+                    waits[bisect.bisect_right(waits, c.w_lo)], waits[bisect.bisect_left(waits, c.w_hi) - 1])
             for c in group:
+                build_tick(len(self.x))
                 cands = [c.idx]
                 if not c.hider:
+                    wc = w_range[c.idx]
                     lo = bisect.bisect_right(starts, c.s_lo)
-                    hi = bisect.bisect_left(starts, min(c.s_hi, self.w_dom[c.idx][-1]))
+                    hi = bisect.bisect_left(starts, min(c.s_hi, wc[1]))
                     if window is not None:  # group is in start order: the window is a slice too
                         lo, hi = max(lo, rank[c.idx] - window), min(hi, rank[c.idx] + window + 1)
                     for a in group[lo:hi]:
@@ -185,10 +237,10 @@ class _Variables:
                             continue
                         if c.size + a.size > cap:
                             continue
-                        wa, wc = self.w_dom[a.idx], self.w_dom[c.idx]
-                        # both are slices of one sorted list of distinct positions: they share a
-                        # position exactly when their ranges overlap
-                        if wa[-1] < wc[0] or wc[-1] < wa[0]:
+                        wa = w_range[a.idx]
+                        # both are ranges of one sorted list of distinct positions: they share a
+                        # position exactly when they overlap
+                        if wa[1] < wc[0] or wc[1] < wa[0]:
                             continue  # no wait position both can take
                         cands.append(a.idx)
                 for a in cands:
@@ -197,10 +249,11 @@ class _Variables:
                         self.joiners[a].append(c.idx)
         # wait anchors: b must be able to sit in a's bucket (b == a, or b joins a)
         for c in colls:
+            build_tick(len(self.x))
             a = c.idx
-            w_ok = set(self.w_dom[a])
+            first, last = w_range[a]
             for b in [a] + self.joiners[a]:
-                if colls[b].w in w_ok:
+                if first <= colls[b].w <= last:  # b's wait is one of the key's: in a's range, it is allowed
                     self.y[a, b] = m.new_bool_var(f"y[{c.name},{colls[b].name}]")
         # final positions range over what the candidates allow (exact: nothing else is reachable)
         anchors_of: dict[int, list[int]] = {}
@@ -211,14 +264,19 @@ class _Variables:
             bw_vals.setdefault(a, []).append(colls[b].w)
         self.s_dom = {i: sorted({colls[a].s for a in anchors_of[i]}) for i in anchors_of}
         self.bw_dom = {a: sorted(set(vals)) for a, vals in bw_vals.items()}
-        self.w_dom = {i: sorted({w for a in anchors_of[i] for w in self.bw_dom[a]} & set(self.w_dom[i]))
-                      for i in anchors_of}
-        self.fs = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.s_dom[c.idx]), f"FS[{c.name}]")
-                   for c in colls}
-        self.fw = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.w_dom[c.idx]), f"FW[{c.name}]")
-                   for c in colls}
-        self.bw = {c.idx: m.new_int_var_from_domain(cp_model.Domain.from_values(self.bw_dom[c.idx]), f"BW[{c.name}]")
-                   for c in colls}
+        self.w_dom: dict[int, list[int]] = {}
+        for i in anchors_of:
+            build_tick(len(self.x))
+            first, last = w_range[i]
+            self.w_dom[i] = sorted({w for a in anchors_of[i] for w in self.bw_dom[a] if first <= w <= last})
+        self.fs: dict[int, cp_model.IntVar] = {}
+        self.fw: dict[int, cp_model.IntVar] = {}
+        self.bw: dict[int, cp_model.IntVar] = {}
+        for c in colls:
+            build_tick()
+            self.fs[c.idx] = m.new_int_var_from_domain(cp_model.Domain.from_values(self.s_dom[c.idx]), f"FS[{c.name}]")
+            self.fw[c.idx] = m.new_int_var_from_domain(cp_model.Domain.from_values(self.w_dom[c.idx]), f"FW[{c.name}]")
+            self.bw[c.idx] = m.new_int_var_from_domain(cp_model.Domain.from_values(self.bw_dom[c.idx]), f"BW[{c.name}]")
 
 
 def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int,
@@ -250,6 +308,7 @@ def _one_bucket_per_collective(m: cp_model.CpModel, v: _Variables, colls: list[_
     x = v.x
     by_i = _by_first(x)
     for i, anchors in by_i.items():
+        build_tick()
         m.add_exactly_one(x[i, a] for a in anchors)
         for a in anchors:
             if a != i:
@@ -263,6 +322,7 @@ def _one_wait_anchor_per_bucket(m: cp_model.CpModel, v: _Variables, colls: list[
     x, y = v.x, v.y
     ys = _by_first(y)
     for a, bs in ys.items():
+        build_tick()
         m.add_exactly_one(y[a, b] for b in bs)
         for b in bs:
             if b != a:
@@ -273,7 +333,9 @@ def _one_wait_anchor_per_bucket(m: cp_model.CpModel, v: _Variables, colls: list[
 
 def _members_wait_with_their_bucket(m: cp_model.CpModel, v: _Variables) -> int:
     """Structure: a member's final wait FW is its bucket's BW."""
-    for (i, a), var in v.x.items():
+    for k, ((i, a), var) in enumerate(v.x.items()):
+        if k % 64 == 0:
+            build_tick()
         m.add(v.fw[i] == v.bw[a]).only_enforce_if(var)
     return len(v.x)
 
@@ -282,6 +344,7 @@ def _members_fit_the_cap(m: cp_model.CpModel, v: _Variables, colls: list[_Coll],
     """Rule 3 (byte cap): the members of each bucket whose candidates could overflow fit the cap."""
     n = 0
     for a, js in v.joiners.items():
+        build_tick()
         if js and sum(colls[j].size for j in js) + colls[a].size > cap:
             # written against x[a, a] (joiners need it anyway): the same integer points, a much
             # tighter linear relaxation (no room is left in a bucket that is not opened)
@@ -296,6 +359,7 @@ def _final_order_keeps_dependencies(m: cp_model.CpModel, v: _Variables, colls: l
     # dependency would need BW < FS of the same bucket: rule 6 follows.
     n = 0
     for c in colls:
+        build_tick()
         m.add(v.fs[c.idx] < v.fw[c.idx])
         for j in c.wait_preds_of_start:
             m.add(v.fw[j] < v.fs[c.idx])
@@ -349,6 +413,7 @@ def _no_new_stream_blocking(m: cp_model.CpModel, v: _Variables, colls: list[_Col
         fs_dom = v.s_dom[c.idx]
         anchors, a_s, bw_min, bw_max = by_pg[c.pg]
         for ph in c.hiders:
+            build_tick()
             maybe_a = (a_s < fs_dom[-1]) & (bw_max > ph)
             maybe_b = (a_s > fs_dom[0]) & (bw_min < ph)
             for k in np.flatnonzero(maybe_a | maybe_b):
@@ -404,8 +469,14 @@ def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[
     positions = sorted({c.s for c in colls} | {c.w for c in colls})
     terms: dict[int, list] = {p: [] for p in positions}
     for c in colls:
+        build_tick()
         fs_dom, fw_dom = v.s_dom[c.idx], v.w_dom[c.idx]
-        for p in positions:
+        # only the positions where c may hold extra memory, in position order (the early range
+        # lies before c's start, the late one from its wait on): a scan of every position for
+        # every collective was quadratic in the problem
+        early = positions[bisect.bisect_left(positions, fs_dom[0]):bisect.bisect_left(positions, c.s)]
+        late = positions[bisect.bisect_left(positions, c.w):bisect.bisect_left(positions, fw_dom[-1])]
+        for p in early + late:
             if fs_dom[0] <= p < c.s:  # alive early at p iff FS <= p
                 if fs_dom[-1] <= p:
                     terms[p].append(c.size)
@@ -424,6 +495,7 @@ def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[
                     terms[p].append(c.size * lit)
     n = 0
     for p, ts in terms.items():
+        build_tick()
         if ts:
             m.add(sum(ts) <= budget)
             n += 1
@@ -491,6 +563,7 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
             ys.setdefault(a, []).append(b)
         exposed = []
         for a in anchors:
+            build_tick()
             ca = colls[a]
             members = [a] + v.joiners[a]
             comm = terms.fixed_us[ca.name] * v.x[a, a] + sum(

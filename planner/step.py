@@ -42,7 +42,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.bounds import BucketReach, bucket_reach, per_byte_floors
-from planner.cpsat import ModelHandle
+from planner.cpsat import ModelHandle, build_tick
 from planner.problem import Link, Plan, Problem, copy_bytes
 
 NS_PER_MS = 1_000_000
@@ -396,7 +396,10 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     magnitude = min(MAGNITUDE_LOG2_MOST, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
     least = per_byte_floors(problem)  # per table, computed once
     pieces = _pieces_by_key(problem, handle, members, anchors, reach) if exact else {}
-    terms = {a: _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces) for a in anchors}
+    terms = {}
+    for a in anchors:
+        build_tick()  # a build that passes its deadline stops here too (planner.cpsat.build_guard)
+        terms[a] = _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces)
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
@@ -407,6 +410,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     clock_at_wait: dict[int, cp_model.IntVar] = {}
     n_events = 0
     for pos, what, ref in events:
+        build_tick()
         here = compute_before(pos)
         gap = here - prev_compute
         prev_compute = here
