@@ -307,11 +307,24 @@ class Problem(_Frozen):
             if bad:
                 raise ValueError(f"nodes[{i}] ({n.name}): depends on collective start {bad[0]!r}, "
                                  "which only its wait may use")
-        pgs = {link.pg for link in self.links}
+        # positions index torch's scheduled order of n_scheduled nodes (the pinned ones are a
+        # subset): a position at or past it is a corrupt file, and the bounds and polish take
+        # n_scheduled + 1 as "past every position" (a fixed limit before a wait otherwise)
+        if self.nodes and self.nodes[-1].pos >= self.n_scheduled:
+            raise ValueError(f"n_scheduled is {self.n_scheduled}, but nodes[{len(self.nodes) - 1}] "
+                             f"({self.nodes[-1].name}) is at position {self.nodes[-1].pos}: positions index the "
+                             f"scheduled order, so n_scheduled must exceed every position")
+        pgs: set[str] = set()
+        for i, link in enumerate(self.links):
+            if link.pg in pgs:  # which of two cost models would price the group is arbitrary
+                raise ValueError(f"links[{i}]: a second link for process group {link.pg!r}")
+            pgs.add(link.pg)
         for i, c in enumerate(self.collectives):
             if c.pg not in pgs:
                 raise ValueError(f"collectives[{i}] ({c.name}): process group {c.pg!r} has no link (cost model)")
         for t in self.timelines:
+            if t.pg not in pgs:
+                raise ValueError(f"timeline {t.pg}: process group {t.pg!r} has no link (cost model)")
             for j in t.nodes:
                 if not 0 <= j < len(self.nodes):
                     raise ValueError(f"timeline {t.pg}: node index {j} out of range")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from planner.policy import Policy
 from planner.problem import Plan, Problem
-from planner.solver import SolveResult, _repair, check_plan_matches
+from planner.solver import SolveResult, _repair
 
 
 def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers: int | None = None,
@@ -21,7 +21,7 @@ def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers:
            deterministic: bool = False) -> SolveResult:
     """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
     buckets split where needed): how a plan that breaks a rule is compared fairly. A plan made for
-    another problem raises ``PlanMismatchError`` first. ``deterministic``: as ``solve``'s."""
-    check_plan_matches(problem, plan)
+    another problem raises ``PlanMismatchError`` first, and a bad argument one ValueError naming it
+    (checked in ``_repair``). ``deterministic``: as ``solve``'s."""
     return _repair(problem, plan, time_limit_s=time_limit_s, workers=workers, seed=seed,
                    policy=Policy(protect_partly, memory_budget_bytes), deterministic=deterministic)

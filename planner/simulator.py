@@ -27,6 +27,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planner.arguments import PlanMismatchError, check_fingerprint, problem_and_plan
 from planner.problem import Collective, Link, Plan, Problem, copy_bytes
 
 
@@ -90,7 +91,7 @@ def _buckets(problem: Problem, plan: Plan | None, colls: dict) -> list[tuple[tup
     for i, b in enumerate(plan.buckets if plan is not None else ()):
         unknown = [m for m in b.members if m not in colls]
         if unknown:
-            raise ValueError(f"bucket {i}: unknown collective(s) {unknown}")
+            raise PlanMismatchError(f"bucket {i}: unknown collective(s) {unknown}")
         out.append((b.members, b.start, b.wait))
         placed.update(b.members)
     out += [((c.name,), c.name, c.name) for c in problem.collectives if c.name not in placed]
@@ -166,13 +167,24 @@ def replay_index(problem: Problem) -> ReplayIndex:
 
 
 def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
-    """Replay the final schedule of ``plan`` on ``problem`` (``None``: unbucketed)."""
+    """Replay the final schedule of ``plan`` on ``problem`` (``None``: unbucketed). A plan made
+    for another problem raises ``PlanMismatchError`` (it would be priced on the wrong graph)."""
+    _check_arguments(problem, plan)
     return _replay(problem, plan, replay_index(problem), record=True)
+
+
+def _check_arguments(problem: Problem, plan: Plan | None) -> None:
+    """A Problem and a Plan of it (or None). Only the fingerprints are compared here; names the
+    problem does not have are refused as they are met (``_buckets``)."""
+    problem_and_plan(problem, plan, optional=True)
+    if plan is not None:
+        check_fingerprint(problem, plan)
 
 
 def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | None = None) -> float:
     """``simulate(problem, plan).step_ms``, without recording the runs (a local search scores
     thousands of plans). ``index``: ``replay_index(problem)`` when the caller has it."""
+    _check_arguments(problem, plan)
     return _replay(problem, plan, index or replay_index(problem), record=False).step_ms
 
 

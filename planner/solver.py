@@ -26,8 +26,10 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
+from planner import arguments
+from planner.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.solver's API
 from planner.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
-from planner.cpsat import OBJECTIVES, ModelHandle, build_model, plan_objective
+from planner.cpsat import OBJECTIVES, BuildStopped, ModelHandle, build_guard, build_model, plan_objective
 from planner.polish import polish, reanchored
 from planner.policy import Policy
 from planner.problem import Plan, Problem
@@ -42,6 +44,14 @@ STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "NOT_RUN")
 AUTO_FULL_MODEL_MAX_COLLECTIVES = 320
 AUTO_FULL_MODEL_MAX_PAIRS = 20_000  # candidate (collective, anchor) pairs; ddp-32 has 39k and stalls
 AUTO_WINDOW = 16
+# The most candidate (collective, anchor) pairs a model may have (planner.cpsat.build_guard): a
+# build beyond it stops and the solve returns the best plan known; the automatic window narrows
+# below AUTO_WINDOW on problems so large that AUTO_WINDOW would pass it (above 60,000 collectives).
+# Measured on generated problems of one bucket key with window 16: about 1.4 KB per pair while
+# building (264k pairs: 360 MB, 1.06M pairs: 1.44 GB and 38 s on a loaded 2-core machine), so 2
+# million pairs stay within a few GB with CP-SAT's copy; a 200,000-collective problem went past
+# 16 GB building its window of 16.
+MAX_MODEL_PAIRS = 2_000_000
 # With probing, the main search keeps at least half the time limit and at least this many
 # seconds (8-layer models need 20-30 s to reach their optimum: fsdp-8 proved in 22 s); the
 # probe gets the rest. `bucketplan compare`'s 30 s per objective thus leaves no time to probe.
@@ -84,28 +94,6 @@ POLISH_SHARE = 0.15
 POLISH_SHARE_LARGE = 0.4
 STEP_LARGE_MODEL_PAIRS = 2500
 POLISH_EVALUATIONS_PER_S = 100
-
-
-class PlanMismatchError(ValueError):
-    """A plan handed to ``solve`` (``hint``) or ``repair`` that cannot belong to the problem: it
-    was made for another problem, or names collectives the problem does not have."""
-
-
-def check_plan_matches(problem: Problem, plan: Plan) -> None:
-    """Raise ``PlanMismatchError`` unless ``plan`` can be a plan of ``problem``.
-
-    Why here: the model and the repair index the problem's collectives by a plan's member names
-    (a KeyError deep in ``repair`` otherwise), and a plan of another problem would silently steer
-    the search. Fingerprints are compared when both are set (a problem built in code without
-    ``with_fingerprint`` has none; files always have one)."""
-    if plan.problem_fingerprint and problem.fingerprint and plan.problem_fingerprint != problem.fingerprint:
-        raise PlanMismatchError(f"plan is for another problem (its problem_fingerprint "
-                                f"{plan.problem_fingerprint[:19]}..., the problem's {problem.fingerprint[:19]}...)")
-    names = {c.name for c in problem.collectives}
-    unknown = sorted({m for b in plan.buckets for m in b.members} - names)
-    if unknown:
-        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
-        raise PlanMismatchError(f"plan names collective(s) {unknown[:5]}{more} that the problem does not have")
 
 
 @dataclass
@@ -186,7 +174,7 @@ class _SolveContext:
     time_limit_s: float
     t0: float  # time.perf_counter() when solve started
     bounds: dict  # lower_bound and key_bounds for planner.cpsat.build_model
-    lb: float  # the relaxation bound for the whole problem (the step floor for step)
+    lb: float | None  # the relaxation bound for the whole problem (the step floor for step); None until computed
     floor_ms: float | None
     reach: BucketReach | None  # planner.bounds.bucket_reach, computed once for a step solve
     progress: Callable[[str], None] | None
@@ -254,6 +242,7 @@ class _Incumbent:
     window: int | None
     solved: bool
     det_used: float
+    floor: str | None = None  # the plan is the solve's floor, not a search's: that floor's planner
 
 
 def solve(
@@ -303,72 +292,141 @@ def solve(
     one searched with part of the time limit (STEP_COUNT_SHARE, STEP_COUNT_SHARE_LARGE; not with
     ``within``). ``stats['starts']`` lists the starts, fastest first.
     """
-    _validate(problem, time_limit_s, objective, hint, count_plan)
-    ctx, handle = _prepare(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed,
-                           window=window, within=within, probe=probe, deterministic=deterministic,
-                           progress=progress, policy=Policy(protect_partly, memory_budget_bytes))
-    hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans, count_plan)
-    incumbent = _main_search(ctx, handle, hint if hint_ok else None)
-    # after a Ctrl-C no later stage starts (their searches would not run, and they read their stats)
-    if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None \
-            and not ctx.cb.interrupted:
-        incumbent = _widen(ctx, incumbent)  # the restricted model is solved: spend the rest on wider windows
-    if ctx.probing and incumbent.plan is not None and incumbent.status != "OPTIMAL" and not ctx.cb.interrupted:
-        incumbent = _probe(ctx, incumbent)
-    if ctx.polish_s and incumbent.plan is not None and not ctx.cb.interrupted:
-        incumbent = _polished(ctx, incumbent)
+    _validate(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed, window=window,
+              protect_partly=protect_partly, memory_budget_bytes=memory_budget_bytes, deterministic=deterministic,
+              hint=hint, within=within, count_plan=count_plan, floor_plans=floor_plans)
+    ctx = _context(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed, window=window,
+                   within=within, probe=probe, deterministic=deterministic, progress=progress,
+                   policy=Policy(protect_partly, memory_budget_bytes))
+    given = (hint, count_plan, *floor_plans)  # the plans the caller knows: the result's floor with the unbucketed one
+    incumbent: _Incumbent | None = None  # the last finished stage's: a verified plan and what is proved about it
+    try:
+        ctx = _with_bounds(ctx)
+        ctx, handle = _main_model(ctx)
+        hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans, count_plan)
+        incumbent = _main_search(ctx, handle, hint if hint_ok else _best_known(ctx, ()))
+        # after a Ctrl-C no later stage starts (their searches would not run, and they read their stats)
+        if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None \
+                and not ctx.cb.interrupted:
+            incumbent = _widen(ctx, incumbent)  # the restricted model is solved: spend the rest on wider windows
+        if ctx.probing and incumbent.plan is not None and incumbent.status != "OPTIMAL" and not ctx.cb.interrupted:
+            incumbent = _probe(ctx, incumbent)
+        if ctx.polish_s and incumbent.plan is not None and not ctx.cb.interrupted:
+            incumbent = _polished(ctx, incumbent)
+    except BuildStopped as stop:  # the main model's build (a later stage's stops that stage alone)
+        ctx.stats["model_not_built"] = str(stop)
+        if ctx.cb.say:
+            ctx.cb.say(f"{stop}: no search; returning the best plan known")
+    except KeyboardInterrupt:
+        # a Ctrl-C outside a search (a search stops itself, see _run_search): while bounds or a
+        # model were built, a hint repaired or a plan polished. The last finished stage's plan is
+        # kept; a second Ctrl-C here leaves solve at once.
+        ctx.cb.interrupted = True
+    if incumbent is None:  # no search ran: the best of the plans known, the unbucketed one at least
+        incumbent = _no_search(ctx, _best_known(ctx, given))
     return _result(ctx, incumbent)
 
 
-def _validate(problem: Problem, time_limit_s: float, objective: str, *plans: Plan | None) -> None:
-    """Refuse bad arguments before any model is built (``plans``: the hint and count plan)."""
-    if time_limit_s <= 0:
-        raise ValueError("time_limit_s must be positive")
+def _validate(problem: Problem, *, time_limit_s, objective, workers, seed, window, protect_partly,
+              memory_budget_bytes, deterministic, hint, within, count_plan, floor_plans) -> None:
+    """Refuse bad arguments before any model is built, each with one ValueError naming it (the
+    rules of planner.arguments, which the command line applies to its flags too); a plan made
+    for another problem raises PlanMismatchError."""
+    arguments.positive_number(time_limit_s, "time_limit_s")
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
-    for plan in plans:
+    if workers is not None:  # None: the default (2)
+        arguments.worker_count(workers, "workers")
+    arguments.seed(seed, "seed")
+    arguments.window(window, "window")
+    arguments.flag(protect_partly, "protect_partly")
+    arguments.flag(deterministic, "deterministic")
+    arguments.memory_budget_bytes(memory_budget_bytes, "memory_budget_bytes")
+    for name, plan in {"hint": hint, "within": within, "count_plan": count_plan}.items():
+        arguments.problem_and_plan(problem, plan, name, optional=True)
         if plan is not None:
             check_plan_matches(problem, plan)
+    # floor plans are only type-checked: one of another problem breaks rule 1 and is left out
+    # (sweeps pass the plans they have; none of them must stop the solve)
+    if not isinstance(floor_plans, (tuple, list)):
+        raise ValueError(f"floor_plans must be a tuple of plans, not {type(floor_plans).__name__}")
+    for k, plan in enumerate(floor_plans):
+        arguments.problem_and_plan(problem, plan, f"floor_plans[{k}]")
 
 
-def _prepare(problem: Problem, *, time_limit_s: float, objective: str, workers: int | None, seed: int,
+def _context(problem: Problem, *, time_limit_s: float, objective: str, workers: int | None, seed: int,
              window: int | str | None, within: Plan | None, probe: bool, deterministic: bool,
-             progress: Callable[[str], None] | None, policy: Policy) -> tuple[_SolveContext, ModelHandle]:
-    """The context of one solve and its main model. ``window="auto"`` is a full model up to
-    AUTO_FULL_MODEL_MAX_COLLECTIVES collectives and AUTO_FULL_MODEL_MAX_PAIRS candidate pairs,
-    a window of AUTO_WINDOW beyond."""
+             progress: Callable[[str], None] | None, policy: Policy) -> _SolveContext:
+    """The context of one solve, without its bounds yet (``_with_bounds``): created before
+    anything that takes time, so that a Ctrl-C or a stopped build still has it to report with.
+    ``window="auto"`` is a full model up to AUTO_FULL_MODEL_MAX_COLLECTIVES collectives (and
+    AUTO_FULL_MODEL_MAX_PAIRS candidate pairs, see ``_main_model``), a window of AUTO_WINDOW beyond
+    (narrower where that would pass MAX_MODEL_PAIRS)."""
     t0 = time.perf_counter()
     auto = window == "auto"
     if auto:
-        window = None if len(problem.collectives) <= AUTO_FULL_MODEL_MAX_COLLECTIVES else AUTO_WINDOW
-    key_bounds = key_lower_bounds(problem, protect_partly=policy.protect_partly)
-    lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
-    reach = bucket_reach(problem) if objective == "step" else None  # the floor's and every step model's
-    floor_ms = step_floor(problem, reach).floor_ms if objective == "step" else None
-    ctx = _SolveContext(
+        n = len(problem.collectives)
+        # a window of w leaves each collective at most 2w + 1 anchors: narrowed to stay within
+        # MAX_MODEL_PAIRS (a build beyond it would stop with nothing to search)
+        window = None if n <= AUTO_FULL_MODEL_MAX_COLLECTIVES else min(AUTO_WINDOW, max(1, (MAX_MODEL_PAIRS // n - 1) // 2))
+    return _SolveContext(
         problem=problem, objective=objective, policy=policy, within=within, window=window, auto=auto, probe=probe,
         workers=workers or 2, seed=seed, deterministic=deterministic, time_limit_s=time_limit_s, t0=t0,
-        bounds={"lower_bound": lb, "key_bounds": key_bounds},
-        lb=floor_ms if objective == "step" else lb,  # the step's relaxation bound, valid for the whole problem
-        floor_ms=floor_ms, reach=reach, progress=progress, cb=_Progress(progress, t0, objective), stats={})
-    handle = _build(ctx, ctx.window, within)
-    if auto and ctx.window is None and within is None and handle.stats["x_vars"] > AUTO_FULL_MODEL_MAX_PAIRS:
-        ctx = dataclasses.replace(ctx, window=AUTO_WINDOW)
-        handle = _build(ctx, ctx.window, None)
+        bounds={"lower_bound": None, "key_bounds": None}, lb=None, floor_ms=None, reach=None, progress=progress,
+        cb=_Progress(progress, t0, objective), stats={})
+
+
+def _with_bounds(ctx: _SolveContext) -> _SolveContext:
+    """``ctx`` with the relaxation bounds of planner.bounds (and for step, the bucket reach and
+    the step floor), computed once for every model of the solve."""
+    problem = ctx.problem
+    key_bounds = key_lower_bounds(problem, protect_partly=ctx.policy.protect_partly)
+    lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
+    reach = bucket_reach(problem) if ctx.step else None  # the floor's and every step model's
+    floor_ms = step_floor(problem, reach).floor_ms if ctx.step else None
+    ctx = dataclasses.replace(ctx, bounds={"lower_bound": lb, "key_bounds": key_bounds},
+                              lb=floor_ms if ctx.step else lb,  # the step's relaxation bound, valid for the whole problem
+                              floor_ms=floor_ms, reach=reach)
+    ctx.stats["relaxation_bound"] = ctx.lb
+    return ctx
+
+
+def _main_model(ctx: _SolveContext) -> tuple[_SolveContext, ModelHandle]:
+    """The main model, within the time limit and MAX_MODEL_PAIRS (``BuildStopped`` otherwise).
+    An automatic full model that outgrows AUTO_FULL_MODEL_MAX_PAIRS is stopped there and built
+    windowed instead."""
+    if ctx.cb.say:
+        ctx.cb.say(f"building the model ({len(ctx.problem.collectives)} collectives, "
+                   f"{'full' if ctx.window is None else f'window {ctx.window}'})")
+    if ctx.auto and ctx.window is None and ctx.within is None:
+        try:
+            handle = _build(ctx, None, None, max_pairs=AUTO_FULL_MODEL_MAX_PAIRS)
+        except BuildStopped as stop:
+            if stop.timed_out:
+                raise
+            ctx = dataclasses.replace(ctx, window=AUTO_WINDOW)
+            handle = _build(ctx, ctx.window, None)
+    else:
+        handle = _build(ctx, ctx.window, ctx.within)
     ctx = dataclasses.replace(ctx, large=ctx.window is not None or handle.stats["x_vars"] > STEP_LARGE_MODEL_PAIRS)
     ctx.stats.update(handle.stats)
-    ctx.stats["relaxation_bound"] = ctx.lb
-    ctx.stats["build_s"] = round(time.perf_counter() - t0, 3)
+    ctx.stats["build_s"] = round(time.perf_counter() - ctx.t0, 3)
     return ctx, handle
 
 
-def _build(ctx: _SolveContext, window: int | None, within: Plan | None) -> ModelHandle:
-    """The rule model with its objective; ``step`` adds the step variables of planner.step."""
-    if not ctx.step:
-        return build_model(ctx.problem, objective=ctx.objective, window=window, within=within, **ctx.bounds,
-                           **ctx.policy.as_params())
-    handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds, **ctx.policy.as_params())
-    step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0, reach=ctx.reach)
+def _build(ctx: _SolveContext, window: int | None, within: Plan | None, *,
+           max_pairs: int | None = None) -> ModelHandle:
+    """The rule model with its objective; ``step`` adds the step variables of planner.step.
+    ``BuildStopped`` when the time limit passes while building or the model outgrows
+    ``max_pairs`` candidate pairs (default MAX_MODEL_PAIRS; planner.cpsat.build_guard)."""
+    max_pairs = MAX_MODEL_PAIRS if max_pairs is None else max_pairs
+    with build_guard(deadline=ctx.deadline(ctx.time_limit_s), max_pairs=max_pairs):
+        if not ctx.step:
+            return build_model(ctx.problem, objective=ctx.objective, window=window, within=within, **ctx.bounds,
+                               **ctx.policy.as_params())
+        handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds,
+                             **ctx.policy.as_params())
+        step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0, reach=ctx.reach)
     handle.objective = "step"
     handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
     return handle
@@ -396,8 +454,10 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     # deterministic solve another hint, hence another plan (hf-qwen3-moe-8, seen once in 46 runs)
     repaired = _repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
                        seed=ctx.seed, policy=ctx.policy, deterministic=ctx.deterministic)
-    ctx.stats["hint_repaired"] = repaired.plan is not None
-    if repaired.plan is not None:
+    ctx.cb.interrupted = ctx.cb.interrupted or bool(repaired.stats.get("interrupted"))  # the Ctrl-C was for us
+    # a repair that found nothing in time returns its floor, the unbucketed plan: no repair
+    ctx.stats["hint_repaired"] = repaired.plan is not None and not repaired.stats.get("fallback")
+    if ctx.stats["hint_repaired"]:
         return repaired.plan, True
     return hint, False
 
@@ -407,7 +467,18 @@ def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int |
     """``planner.repair.repair`` (the public entry, which checks the plan first): here, because
     it is a solve within the plan's buckets and ``solve`` repairs an infeasible hint with it. A
     fast re-anchoring first; when it keeps every bucket it is optimal for this restricted space
-    (no refinement has fewer buckets) and no search is needed."""
+    (no refinement has fewer buckets) and no search is needed. The arguments are checked first (the
+    re-anchoring does not reach ``solve``'s checks): one ValueError naming the bad one, or
+    PlanMismatchError for a plan of another problem."""
+    arguments.problem_and_plan(problem, plan)
+    check_plan_matches(problem, plan)
+    arguments.positive_number(time_limit_s, "time_limit_s")
+    if workers is not None:
+        arguments.worker_count(workers, "workers")
+    arguments.seed(seed, "seed")
+    arguments.flag(policy.protect_partly, "protect_partly")
+    arguments.memory_budget_bytes(policy.memory_budget_bytes, "memory_budget_bytes")
+    arguments.flag(deterministic, "deterministic")
     t0 = time.perf_counter()
     params = policy.as_params()
     quick = reanchored(problem, plan)
@@ -485,21 +556,21 @@ def _feed_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan, hint_ok: boo
     # the full hint needs a second model built and solved: at 80 layers (windowed) the two
     # builds alone took the step search 41 s past its 120 s limit (llama3-70b-fsdp-80)
     if ctx.step and not ctx.cb.interrupted and ctx.window is None:
-        twin = _build(ctx, ctx.window, ctx.within)
+        try:
+            twin = _build(ctx, ctx.window, ctx.within)
+        except BuildStopped:  # out of time: the search starts from the x/y hints alone
+            stats["hint_every_variable"] = False
+            return
         stats["hint_every_variable"] = hint_every_variable(handle, twin, hint,
                                                            time_limit_s=min(10.0, ctx.time_limit_s / 6))
 
 
 def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) -> _Incumbent:
     """The search of the main model with its share of the time limit; its verified plan, or
-    ``floor`` (a feasible hint) when that is better."""
+    ``floor`` (a feasible hint, else the unbucketed plan) when that is better."""
     scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
     if ctx.cb.interrupted:  # a Ctrl-C in a step solve's count search: no search runs, the starts stand
-        ctx.stats.update(bound_scope=_scope_text(scope, ctx.window, ctx.within), wall_limit_hit=False)
-        none = _Incumbent(plan=None, objective=None, bound=ctx.lb, status="UNKNOWN", scope=scope, window=ctx.window,
-                          solved=False, det_used=0.0)  # ctx.lb: the step floor, a bound for the whole problem
-        created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        return _floored(ctx, none, floor, created) if floor is not None else none
+        return _no_search(ctx, floor)  # ctx.lb: the step floor, a bound for the whole problem
     focused = _portfolio(ctx.objective, windowed=ctx.window is not None)
     ctx.stats["subsolvers"] = list(focused) or "default"
     solver = _configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - (time.perf_counter() - ctx.t0),
@@ -513,7 +584,7 @@ def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) ->
                      bound_scope=_scope_text(scope, ctx.window, ctx.within))
     created = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     plan = obj = bound = None
-    status = solver.status_name(code)
+    status = ctx.stats["search_status"] = solver.status_name(code)
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         plan, obj = _verified_plan(ctx, handle, solver, params=ctx.params, created=created)
         if plan is None:  # a modelling bug: never hand out an unverified plan
@@ -522,19 +593,53 @@ def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) ->
         bound = _problem_bound(handle, solver.best_objective_bound)
     incumbent = _Incumbent(plan=plan, objective=obj, bound=bound, status=status, scope=scope, window=ctx.window,
                            solved=code == cp_model.OPTIMAL, det_used=solver.deterministic_time)
-    return _floored(ctx, incumbent, floor, created) if floor is not None else incumbent
+    return _floored(ctx, incumbent, floor, created)
 
 
-def _floored(ctx: _SolveContext, incumbent: _Incumbent, floor: Plan, created: str) -> _Incumbent:
-    """``incumbent``, or the feasible hint ``floor`` as a cpsat plan when the search found nothing
-    better: a feasible hint is never beaten by the result."""
+def _floored(ctx: _SolveContext, incumbent: _Incumbent, floor: Plan | None, created: str) -> _Incumbent:
+    """``incumbent``, or the verified ``floor`` (a feasible hint, else the unbucketed plan) as a
+    cpsat plan when the search found nothing better: the result never loses to it, and a search
+    that found nothing in time still returns a plan (``_result`` says so)."""
+    if floor is None:  # the verifier refused even the unbucketed plan (see _best_known)
+        return incumbent
     value = plan_objective(ctx.problem, floor, ctx.objective)
     if incumbent.objective is not None and value >= incumbent.objective:
         return incumbent
     plan = Plan(problem_fingerprint=ctx.problem.fingerprint, planner="cpsat", created=created,
                 params={**ctx.params, "from_hint": floor.planner}, buckets=floor.buckets)
-    status = "FEASIBLE" if incumbent.status in ("UNKNOWN", "FEASIBLE", "OPTIMAL") else incumbent.status
-    return dataclasses.replace(incumbent, plan=plan, objective=value, status=status)
+    # a verified plan is feasible whatever the search said (INFEASIBLE or MODEL_INVALID there is a
+    # modelling bug, kept in stats['search_status'])
+    return dataclasses.replace(incumbent, plan=plan, objective=value, status="FEASIBLE", floor=floor.planner)
+
+
+def _unbucketed(problem: Problem) -> Plan:
+    """Every collective left alone: feasible under every rule and policy (nothing moves)."""
+    return Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
+
+
+def _best_known(ctx: _SolveContext, plans: tuple[Plan | None, ...]) -> Plan | None:
+    """The best of ``plans`` and the unbucketed plan that the verifier accepts (None only if it
+    refuses them all, which would be a verifier bug: the unbucketed plan moves nothing)."""
+    best, best_value = None, math.inf
+    for plan in (*plans, _unbucketed(ctx.problem)):
+        if plan is None or verify(ctx.problem, plan, **ctx.policy.as_params()):
+            continue
+        value = plan_objective(ctx.problem, plan, ctx.objective)
+        if value < best_value:
+            best, best_value = plan, value
+    return best
+
+
+def _no_search(ctx: _SolveContext, floor: Plan | None) -> _Incumbent:
+    """The incumbent of a solve whose main search did not run (its model was not built, or a
+    Ctrl-C came first): ``floor``, with the relaxation bound (None if the Ctrl-C came before it),
+    which holds for the whole problem."""
+    scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
+    ctx.stats.setdefault("bound_scope", _scope_text(scope, ctx.window, ctx.within))
+    ctx.stats.setdefault("wall_limit_hit", False)
+    none = _Incumbent(plan=None, objective=None, bound=ctx.lb, status="UNKNOWN", scope=scope, window=ctx.window,
+                      solved=False, det_used=0.0)
+    return _floored(ctx, none, floor, _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
 
 def _scope_text(scope: str, window: int | None, within: Plan | None) -> str:
@@ -566,7 +671,10 @@ def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
         if ctx.cb.say:
             ctx.cb.say(f"restricted model solved at {obj:g}; widening the window to {window}")
         started = time.perf_counter()
-        handle = _build(ctx, window, None)
+        try:
+            handle = _build(ctx, window, None)
+        except BuildStopped:  # out of time or too large: the last window's result stands
+            break
         build_s = time.perf_counter() - started
         handle.add_hint(plan)
         solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
@@ -591,7 +699,8 @@ def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     ctx.stats["widened"] = stages
     scope = "problem" if exact else "window"
     ctx.stats["bound_scope"] = _scope_text(scope, window, None)
-    return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound, window=window, scope=scope)
+    return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound, window=window, scope=scope,
+                               floor=incumbent.floor if plan is incumbent.plan else None)
 
 
 def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
@@ -608,8 +717,12 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     while target < obj:
         if deadline - time.perf_counter() < 0.5 or det_left < 0.05 or ctx.cb.interrupted:
             break  # (a Ctrl-C in the last probe: it kept what it found)
-        handle = build_model(ctx.problem, objective="count", lower_bound=target, max_count=target,
-                             key_bounds=ctx.bounds["key_bounds"], **ctx.policy.as_params())
+        try:
+            with build_guard(deadline=deadline, max_pairs=MAX_MODEL_PAIRS):
+                handle = build_model(ctx.problem, objective="count", lower_bound=target, max_count=target,
+                                     key_bounds=ctx.bounds["key_bounds"], **ctx.policy.as_params())
+        except BuildStopped:  # out of time: the bound so far stands
+            break
         handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
         solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
                                     _portfolio("count", windowed=False))
@@ -626,7 +739,8 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
                 plan, obj = found, value
         break  # found (it meets the bound) or out of time
     ctx.stats["probes"] = probes
-    return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound)
+    return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound,
+                               floor=incumbent.floor if plan is incumbent.plan else None)
 
 
 def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
@@ -643,7 +757,7 @@ def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     if result.step_ms < incumbent.objective:
         from_start = {"polished_from": result.stats["best_from"]} if "best_from" in result.stats else {}
         plan = result.plan.model_copy(update={"params": {**incumbent.plan.params, "polished": True, **from_start}})
-        return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms)
+        return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms, floor=None)
     return incumbent
 
 
@@ -660,7 +774,7 @@ def _verdict(ctx: _SolveContext, incumbent: _Incumbent) -> tuple[str, float | No
         bound = None if ctx.within is not None else ctx.lb
         if status == "OPTIMAL":
             status = "FEASIBLE"
-    elif bound is not None:
+    elif bound is not None and ctx.lb is not None:
         bound = max(bound, ctx.lb)
     if bound is not None:
         bound = float(round(bound, 6))
@@ -677,6 +791,9 @@ def _result(ctx: _SolveContext, incumbent: _Incumbent) -> SolveResult:
     if incumbent.scope != "problem":
         ctx.stats["restricted_bound"] = incumbent.bound
     status, bound, gap = _verdict(ctx, incumbent)
+    if incumbent.floor is not None and status != "OPTIMAL":
+        # no search found a better plan in time (or none ran): the plan is the floor, FEASIBLE
+        ctx.stats["fallback"] = incumbent.floor
     ctx.stats["interrupted"] = ctx.cb.interrupted
     ctx.stats["stop_deferred"] = ctx.cb.stop_deferred
     plan = incumbent.plan

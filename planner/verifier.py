@@ -19,7 +19,8 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from planner.problem import MAX_BYTES, Collective, Plan, Problem
+from planner import arguments
+from planner.problem import Collective, Plan, Problem
 
 RULES = {
     1: "plan-matches-problem",
@@ -91,17 +92,27 @@ def recorded_policy(plan: Plan, *, ignore=()) -> dict:
     out: dict = {}
     if "protect_partly" in plan.params and "protect_partly" not in ignore:
         value = plan.params["protect_partly"]
-        if not isinstance(value, bool):
+        if not _obeys(arguments.flag, value):
             raise ValueError(f"params.protect_partly: {value!r} is not a policy (true or false)")
         out["protect_partly"] = value
     if "memory_budget_bytes" in plan.params and "memory_budget_bytes" not in ignore:
         value = plan.params["memory_budget_bytes"]
-        # type() is int: True is an int in Python, and a JSON float is not a byte count
-        if value is not None and not (type(value) is int and 0 <= value < MAX_BYTES):
+        # the library's rule for the argument (True is an int in Python, a JSON float no byte count)
+        if not _obeys(arguments.memory_budget_bytes, value):
             raise ValueError(f"params.memory_budget_bytes: {value!r} is not a budget "
                              f"(null or an integer from 0 to below 2**62)")
         out["memory_budget_bytes"] = value
     return out
+
+
+def _obeys(rule, value) -> bool:
+    """Whether ``value`` passes one of planner.arguments' rules (a file's value is reported in
+    its own words, naming the params key)."""
+    try:
+        rule(value, "value")
+    except ValueError:
+        return False
+    return True
 
 
 def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
@@ -118,8 +129,12 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
 
     ``protect_partly``: the stricter policy in which rules 4, 7 and 8 protect partly hidden
     collectives too (torch's default protects fully hidden ones only). ``memory_budget_bytes``:
-    rule 10 applies only when it is given.
+    rule 10 applies only when it is given. A bad argument raises one ValueError naming it.
     """
+    arguments.problem_and_plan(problem, plan)
+    arguments.flag(check_fingerprint, "check_fingerprint")
+    arguments.flag(protect_partly, "protect_partly")
+    arguments.memory_budget_bytes(memory_budget_bytes, "memory_budget_bytes")
     ill_formed = _bucket_by_bucket(_rule_1_plan_matches_problem(problem, plan, check_fingerprint)
                                    + _rule_5_anchors_are_members(plan))
     if ill_formed:  # positions are undefined for an ill-formed plan

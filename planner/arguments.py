@@ -1,0 +1,116 @@
+"""The rules for the arguments of the library's entry points, one function per rule.
+
+Why this exists: ``solve(time_limit_s=nan)``, ``workers=0`` or ``seed=2**40`` used to pass
+silently into CP-SAT (an unbounded search, a silent default, MODEL_INVALID or a TypeError deep in
+ortools). Each rule lives here once: ``planner.solve``, ``planner.repair``, ``planner.simulate``
+and ``planner.verify`` call it with the argument's name, and the command line calls it with the
+flag's name, so a value is refused with the same words wherever it comes from. Every function
+raises one ``ValueError`` naming the argument, or ``PlanMismatchError`` (a ``ValueError``) for a
+plan of another problem.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.problem import MAX_BYTES, Plan, Problem
+
+# CP-SAT refuses more than 10,000 workers (kMaxReasonableParallelism in OR-Tools'
+# ortools/sat/parameters_validation.cc: num_workers, and interleave_batch_size, which the solver
+# sets to the worker count, are MODEL_INVALID above it; measured on 9.15: 10,000 runs, 10,001 is
+# MODEL_INVALID)
+MAX_WORKERS = 10_000
+# CP-SAT's random_seed is an int32 (a larger one is a TypeError deep inside ortools)
+SEED_RANGE = (-(2**31), 2**31 - 1)
+
+
+class PlanMismatchError(ValueError):
+    """A plan handed to ``solve`` (``hint``), ``repair`` or ``simulate`` that cannot belong to the
+    problem: it was made for another problem, or names collectives the problem does not have."""
+
+
+def _is_integer(value) -> bool:
+    # bool is an int in Python: True workers or seed is a mistake, not 1
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def positive_number(value, name: str, *, zero_ok: bool = False) -> None:
+    """A finite number above 0 (or 0 with ``zero_ok``): nan and inf are refused, since CP-SAT
+    would run unbounded or not at all."""
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value > 0 or zero_ok and value == 0)):
+        raise ValueError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} number, not {value!r}")
+
+
+def worker_count(value, name: str) -> None:
+    """CP-SAT's workers: an integer from 1 to MAX_WORKERS (0 would silently become CP-SAT's
+    default, a negative count or one above MAX_WORKERS is MODEL_INVALID)."""
+    if not _is_integer(value) or value < 1:
+        raise ValueError(f"{name} must be a positive number, not {value!r}")
+    if value > MAX_WORKERS:
+        raise ValueError(f"{name} must be at most {MAX_WORKERS} (CP-SAT's limit), not {value!r}")
+
+
+def seed(value, name: str) -> None:
+    """CP-SAT's random seed: an int32."""
+    if not _is_integer(value) or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise ValueError(f"{name} must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (CP-SAT's range), "
+                         f"not {value!r}")
+
+
+def window(value, name: str) -> None:
+    """A search window: "auto", None (the full model) or a positive number of same-key
+    neighbours (0 or less would leave a collective no anchor but itself: a silent no-op search)."""
+    if value == "auto" or value is None:
+        return
+    if not _is_integer(value) or value <= 0:
+        raise ValueError(f"{name} must be 'auto', None or a positive integer, not {value!r}")
+
+
+def memory_budget_bytes(value, name: str) -> None:
+    """None (no budget) or a byte count from 0 to below MAX_BYTES, as a problem's byte counts
+    (sums stay within CP-SAT's int64); a float is no byte count (nan, or a budget of 2.5 bytes)."""
+    if value is not None and not (_is_integer(value) and 0 <= value < MAX_BYTES):
+        raise ValueError(f"{name} must be None or an integer from 0 to below 2**62, not {value!r}")
+
+
+def flag(value, name: str) -> None:
+    """A boolean option (a string "no" is truthy: it must not silently mean True)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, not {value!r}")
+
+
+def problem_and_plan(problem, plan, plan_name: str = "plan", *, optional: bool = False) -> None:
+    """``problem`` is a Problem and ``plan`` a Plan (or None with ``optional``): a dict or a file
+    name fails later with an AttributeError that names neither."""
+    if not isinstance(problem, Problem):
+        raise ValueError(f"problem must be a planner.Problem, not {type(problem).__name__}")
+    if plan is None and optional:
+        return
+    if not isinstance(plan, Plan):
+        raise ValueError(f"{plan_name} must be a planner.Plan{' or None' if optional else ''}, "
+                         f"not {type(plan).__name__}")
+
+
+def check_plan_matches(problem: Problem, plan: Plan) -> None:
+    """Raise ``PlanMismatchError`` unless ``plan`` can be a plan of ``problem``.
+
+    Why: the model and the repair index the problem's collectives by a plan's member names (a
+    KeyError deep in ``repair`` otherwise), a plan of another problem would silently steer the
+    search, and ``simulate`` would price it on the wrong graph. Fingerprints are compared when
+    both are set (a problem built in code without ``with_fingerprint`` has none; files always
+    have one)."""
+    check_fingerprint(problem, plan)
+    names = {c.name for c in problem.collectives}
+    unknown = sorted({m for b in plan.buckets for m in b.members} - names)
+    if unknown:
+        more = f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+        raise PlanMismatchError(f"plan names collective(s) {unknown[:5]}{more} that the problem does not have")
+
+
+def check_fingerprint(problem: Problem, plan: Plan) -> None:
+    """Raise ``PlanMismatchError`` when ``plan`` records another problem's fingerprint (compared
+    when both are set; cheap enough for a local search's thousands of replays)."""
+    if plan.problem_fingerprint and problem.fingerprint and plan.problem_fingerprint != problem.fingerprint:
+        raise PlanMismatchError(f"plan is for another problem (its problem_fingerprint "
+                                f"{plan.problem_fingerprint[:19]}..., the problem's {problem.fingerprint[:19]}...)")

@@ -1,0 +1,391 @@
+"""`planner.solve` within its limits (issue 27): the time limit and a memory guard hold while the
+model is built, a solve always returns a verified plan, Ctrl-C while building or verifying exits
+130 without a traceback, and the library's entry points refuse bad arguments by name."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import planner
+import planner.solver as solver_module
+from bucketplan_cli import main as cli
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ROOT / "experiments" / "results" / "greedy_vs_cpsat_small"
+
+
+def overlapping_gathers(n: int, overlap: int = 40) -> planner.Problem:
+    """``n`` exposed all_gathers of one bucket key along a chain of matmuls, each in flight over
+    ``overlap`` matmuls and waited by the next one: every collective can join its window's
+    neighbours, so a windowed model has about 33 candidate anchors per collective (8,000
+    collectives: 264k candidate pairs, a build of 5-11 s on a 2-core machine)."""
+    N, C = planner.Node, planner.Collective
+    nodes: list = []
+    start_of: dict[int, int] = {}
+    waits: list[int] = []
+    last_mm = None
+    for k in range(n + overlap):
+        if k < n:
+            start_of[k] = len(nodes)
+            nodes.append(N(name=f"ag_{k}", kind="start", pos=len(nodes), est_ms=0.0))
+        wait = None
+        if 0 <= k - overlap < n:
+            wait = len(nodes)
+            nodes.append(N(name=f"w_{k - overlap}", kind="wait", pos=wait, est_ms=0.0, deps=(start_of[k - overlap],)))
+            waits.append(wait)
+        deps = tuple(d for d in (last_mm, wait) if d is not None)
+        last_mm = len(nodes)
+        nodes.append(N(name=f"mm_{k}", kind="compute", pos=len(nodes), est_ms=0.05, deps=deps))
+    colls = tuple(C(name=f"ag_{j}", wait=f"w_{j}", kind="all_gather", pg="0", key="all_gather/0/bfloat16",
+                    dtype="bfloat16", size_bytes=1 << 20, wire_bytes=8 << 20, est_ms=0.5, exposed_ms=0.5,
+                    start_pos=start_of[j], wait_pos=waits[j], status="exposed") for j in range(n))
+    return planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=len(nodes), collectives=colls,
+                           nodes=tuple(nodes), timelines=(),
+                           links=(planner.Link(pg="0", group_size=8, latency_ms=0.02, bandwidth_gbps=50.0),)
+                           ).with_fingerprint()
+
+
+def _small(name: str = "llama3-8b-fsdp-2") -> planner.Problem:
+    return planner.Problem.model_validate(json.loads(gzip.decompress((SMALL / name / "problem.json.gz").read_bytes())))
+
+
+def _verified(problem: planner.Problem, result) -> bool:
+    return result.plan is not None and not planner.verify(problem, result.plan)
+
+
+# -- the time limit and the memory guard while building -------------------------------------------
+
+def test_a_model_that_takes_longer_to_build_than_the_time_limit_stops_with_the_unbucketed_plan():
+    # 12,000 overlapping collectives: building their windowed model takes far longer than the
+    # 1.5 s limit (the issue: 200,000 collectives built past 2:40 with a 10 s limit)
+    problem = overlapping_gathers(12_000)
+    started = time.perf_counter()
+    result = planner.solve(problem, time_limit_s=1.5, workers=2)
+    wall = time.perf_counter() - started
+    assert wall < 1.5 + 4.0, wall  # the bounds, then verifying the unbucketed plan, after the stop
+    assert "time limit" in result.stats["model_not_built"]
+    assert _verified(problem, result) and result.plan.buckets == ()
+    assert result.status == "FEASIBLE" and result.stats["fallback"] == "unbucketed"
+    assert result.objective == len(problem.collectives)
+
+
+def test_a_model_beyond_its_candidate_pairs_is_not_built(monkeypatch):
+    problem = overlapping_gathers(300)  # a full model: 300 x (up to 81) candidate pairs
+    monkeypatch.setattr(solver_module, "MAX_MODEL_PAIRS", 1000)
+    result = planner.solve(problem, time_limit_s=20, window=None, workers=1)
+    assert "too large" in result.stats["model_not_built"]
+    assert _verified(problem, result) and result.plan.buckets == ()
+    assert result.status == "FEASIBLE" and result.wall_s < 10
+
+
+def test_the_automatic_window_narrows_to_stay_within_the_candidate_pairs(monkeypatch):
+    # 2,000 collectives and room for 10,000 pairs: at most 5 anchors each, a window of 2
+    problem = overlapping_gathers(2000)
+    monkeypatch.setattr(solver_module, "MAX_MODEL_PAIRS", 10_000)
+    result = planner.solve(problem, time_limit_s=5, workers=1)
+    assert "model_not_built" not in result.stats
+    assert result.plan.params["window"] == 2 and result.stats["x_vars"] <= 10_000
+    assert _verified(problem, result)
+
+
+def test_the_bucket_reach_of_a_huge_key_is_bounded_by_projection():
+    # 4,000 collectives of one key that all overlap: the grid's rectangles took 30 s (8,000: a
+    # 512 MB grid); beyond REACH_SCAN_MAX_CELLS the key is bounded by projection, in moments
+    from planner.bounds import REACH_SCAN_MAX_CELLS, bucket_reach
+
+    problem = overlapping_gathers(4000)
+    started = time.perf_counter()
+    reach = bucket_reach(problem)
+    assert time.perf_counter() - started < 5
+    # never below a collective's own bytes, never above what the cap lets a bucket hold (1 GB of
+    # members' sizes, 8 wire bytes per byte of size)
+    assert all(8 << 20 <= reach.member[c.name] <= 8 << 30 for c in problem.collectives)
+    assert REACH_SCAN_MAX_CELLS < 2.2e10  # this key scans 2.2e10 cells (measured; see planner.bounds)
+
+
+def test_projected_reach_is_never_below_the_grids(monkeypatch):
+    # the projection is a superset argument too: on the largest committed problem it may only be
+    # looser than the exact grid (every feasible bucket is within the grid's reach, test_bounds)
+    import planner.bounds as bounds
+
+    for problem in (planner.Problem.model_validate(json.loads(gzip.decompress(
+            (ROOT / "experiments/results/sweep_production/cases/llama3-405b-fsdp-126--h100-64nodes/problem.json.gz")
+            .read_bytes()))), overlapping_gathers(300)):
+        exact = bounds.bucket_reach(problem)
+        with monkeypatch.context() as patched:
+            patched.setattr(bounds, "REACH_GRID_MAX_CELLS", 0)
+            projected = bounds.bucket_reach(problem)
+        assert all(projected.member[n] >= exact.member[n] and projected.anchored[n] >= exact.anchored[n]
+                   for n in exact.member)
+
+
+def test_feasible_buckets_are_within_the_projected_reach():
+    # as test_bounds' test of the grid, against every plan the verifier accepts
+    from unittest import mock
+
+    from hypothesis import HealthCheck, given, settings
+
+    import planner.bounds as bounds
+    from tests.brute import feasible_plans
+    from tests.strategies import problems
+
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
+    def check(problem):
+        with mock.patch.object(bounds, "REACH_GRID_MAX_CELLS", 0):
+            reach = bounds.bucket_reach(problem)
+        wire = {c.name: c.wire_bytes for c in problem.collectives}
+        for plan in feasible_plans(problem):
+            for b in plan.buckets:
+                total = sum(wire[m] for m in b.members)
+                assert all(total <= reach.member[m] for m in b.members)
+                assert total <= reach.anchored[b.start]
+
+    check()
+
+
+# -- a solve always returns a verified plan ---------------------------------------------------------
+
+def _searches_find_nothing(monkeypatch) -> None:
+    """Every CP-SAT search of solve ends at once with nothing found (UNKNOWN), as a search that
+    runs out of time does: the precondition made certain, not hoped for on a busy machine."""
+    real = solver_module._run_search
+
+    def out_of_time(solver, model, cb):
+        solver.parameters.max_time_in_seconds = 0.0
+        solver.parameters.max_deterministic_time = 0.0
+        return real(solver, model, cb)
+
+    monkeypatch.setattr(solver_module, "_run_search", out_of_time)
+
+
+@pytest.fixture
+def nothing_found_in_time(monkeypatch):
+    _searches_find_nothing(monkeypatch)
+
+
+def test_a_search_that_finds_nothing_in_time_returns_the_unbucketed_plan(nothing_found_in_time):
+    problem = _small()
+    result = planner.solve(problem, time_limit_s=5, workers=1)
+    assert result.stats["search_status"] == "UNKNOWN"
+    assert _verified(problem, result) and result.plan.buckets == ()
+    assert result.status == "FEASIBLE" and result.stats["fallback"] == "unbucketed"
+    assert result.objective == len(problem.collectives)
+    assert result.bound is not None and result.bound <= result.objective
+
+
+def test_a_search_that_finds_nothing_in_time_returns_a_feasible_hint(monkeypatch):
+    problem = _small()
+    first = planner.solve(problem, time_limit_s=5, workers=1, probe=False)  # a real search: some buckets
+    assert len(first.plan.buckets) > 1
+    # one bucket fewer than the search's plan: above the bound, so the result cannot be OPTIMAL
+    hint = first.plan.model_copy(update={"planner": "mine", "buckets": first.plan.buckets[1:]})
+    assert not planner.verify(problem, hint)
+    _searches_find_nothing(monkeypatch)
+    result = planner.solve(problem, time_limit_s=5, workers=1, hint=hint)
+    assert result.stats["fallback"] == "mine" and result.plan.buckets == hint.buckets
+    assert _verified(problem, result)
+
+
+def test_solve_on_the_command_line_writes_the_unbucketed_plan_when_nothing_better_is_found(
+        tmp_path, capsys, nothing_found_in_time):
+    # the issue: `solve --time-limit 10` on a small problem printed "no plan: status UNKNOWN"
+    problem = _small()
+    problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
+    planner.save(problem, problem_path)
+    code = cli(["solve", str(problem_path), "-o", str(plan_path), "--time-limit", "10", "-q"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "status              FEASIBLE (no better plan found in time than the unbucketed plan)" in out
+    plan = planner.load_plan(plan_path)
+    assert plan.buckets == () and not planner.verify(problem, plan)
+
+
+# -- Ctrl-C while building the model, and in verify ------------------------------------------------
+
+def _sigint_default() -> None:
+    """In a child before it starts: SIGINT as a terminal gives it (a background job inherits it
+    ignored; see test_solver._sigint_default)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130(tmp_path):
+    problem = overlapping_gathers(12_000)  # its windowed model takes 8-20 s to build
+    problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
+    planner.save(problem, problem_path)
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve", str(problem_path), "-o", str(plan_path),
+                             "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_sigint_default)
+    watchdog = threading.Timer(240, proc.kill)  # bounded, should the child stop talking
+    watchdog.start()
+    seen = []
+    while True:  # the child says when it starts building
+        line = proc.stderr.readline()
+        seen.append(line)
+        if "building the model" in line or not line:
+            break
+    assert "building the model" in seen[-1], "".join(seen)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    interrupted = time.perf_counter()
+    out, err = proc.communicate(timeout=120)
+    watchdog.cancel()
+    assert time.perf_counter() - interrupted < 15  # not the build's seconds, let alone the 300 s limit
+    assert proc.returncode == 130, err[-800:]
+    assert "Traceback" not in err, err[-800:]
+    assert "interrupted: the best verified plan so far" in out
+    plan = planner.load_plan(plan_path)
+    assert plan.params["interrupted"] is True and plan.buckets == ()  # no search ran
+    assert not planner.verify(problem, plan)
+
+
+# The real check, made to take long: the Ctrl-C lands inside `bucketplan verify` for certain.
+_SLOW_VERIFY = """
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
+import planner.verifier, bucketplan_cli
+real = planner.verifier.check
+def slow_check(*a, **k):
+    print("checking", flush=True)
+    time.sleep(60)
+    return real(*a, **k)
+planner.verifier.check = slow_check
+sys.exit(bucketplan_cli.main(["verify", sys.argv[1], sys.argv[2]]))
+"""
+
+
+def test_ctrl_c_in_verify_exits_130_without_a_traceback(tmp_path):
+    problem = _small()
+    problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
+    planner.save(problem, problem_path)
+    planner.save(planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=()),
+                 plan_path)
+    proc = subprocess.Popen([sys.executable, "-c", _SLOW_VERIFY, str(problem_path), str(plan_path)], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    assert proc.stdout.readline().strip() == "checking"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err[-800:]
+    assert "Traceback" not in err and err.strip() == "bucketplan verify: interrupted before the check was complete"
+
+
+# -- workers: what CP-SAT accepts ------------------------------------------------------------------
+
+def test_max_workers_is_cp_sats_limit():
+    from ortools.sat.python import cp_model
+
+    from planner.arguments import MAX_WORKERS
+
+    def status(workers: int) -> str:
+        m = cp_model.CpModel()
+        m.minimize(m.new_int_var(0, 3, "v"))
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = workers
+        solver.parameters.max_time_in_seconds = 0.0  # the parameters are validated before any search
+        return solver.status_name(solver.solve(m))
+
+    assert status(MAX_WORKERS + 1) == "MODEL_INVALID"
+    assert status(MAX_WORKERS) != "MODEL_INVALID"
+
+
+def test_too_many_workers_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(solver_module, "solve", lambda *a, **k: pytest.fail("solve ran"))
+    problem_path = tmp_path / "problem.json"
+    planner.save(_small(), problem_path)
+    code = cli(["solve", str(problem_path), "-o", str(tmp_path / "plan.json"), "-q", "--workers", "100000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "bucketplan solve: error: --workers must be at most 10000 (CP-SAT's limit), not 100000"
+
+
+# -- the library refuses bad arguments by name -----------------------------------------------------
+
+@pytest.mark.parametrize("kw, name", [
+    ({"time_limit_s": math.nan}, "time_limit_s"), ({"time_limit_s": math.inf}, "time_limit_s"),
+    ({"time_limit_s": 0}, "time_limit_s"),
+    ({"workers": 0}, "workers"), ({"workers": -1}, "workers"), ({"workers": 100_000}, "workers"),
+    ({"workers": 2.5}, "workers"),
+    ({"window": 0}, "window"), ({"window": -3}, "window"), ({"window": "x"}, "window"), ({"window": True}, "window"),
+    ({"memory_budget_bytes": -5}, "memory_budget_bytes"), ({"memory_budget_bytes": math.nan}, "memory_budget_bytes"),
+    ({"memory_budget_bytes": 2**62}, "memory_budget_bytes"),
+    ({"seed": 2**40}, "seed"), ({"seed": -(2**31) - 1}, "seed"), ({"seed": 1.5}, "seed"),
+    ({"protect_partly": "no"}, "protect_partly"), ({"hint": {"buckets": []}}, "hint"),
+])
+def test_solve_refuses_a_bad_argument_by_name(monkeypatch, kw, name):
+    monkeypatch.setattr(solver_module, "build_model", lambda *a, **k: pytest.fail("a model was built"))
+    with pytest.raises(ValueError) as e:
+        planner.solve(_small(), **kw)
+    assert str(e.value).startswith(f"{name} must be"), str(e.value)
+
+
+@pytest.mark.parametrize("kw, name", [
+    ({"time_limit_s": math.nan}, "time_limit_s"), ({"workers": 0}, "workers"), ({"seed": 2**40}, "seed"),
+    ({"memory_budget_bytes": -5}, "memory_budget_bytes"),
+])
+def test_repair_refuses_a_bad_argument_by_name(kw, name):
+    problem = _small()
+    greedy = planner.Plan.model_validate(json.loads(gzip.decompress(
+        (SMALL / "llama3-8b-fsdp-2" / "greedy-plan.json.gz").read_bytes())))
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        planner.repair(problem, greedy, **kw)
+
+
+def test_verify_refuses_a_bad_argument_by_name():
+    problem = _small()
+    plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=())
+    with pytest.raises(ValueError, match="^memory_budget_bytes must be"):
+        planner.verify(problem, plan, memory_budget_bytes=-5)
+    with pytest.raises(ValueError, match="^protect_partly must be"):
+        planner.verify(problem, plan, protect_partly="yes")
+    with pytest.raises(ValueError, match="^plan must be a planner.Plan"):
+        planner.verify(problem, None)
+
+
+def test_simulate_refuses_a_plan_of_another_problem():
+    problem, other = _small("llama3-8b-fsdp-2"), _small("llama3-8b-ddp-2")
+    theirs = planner.Plan(problem_fingerprint=other.fingerprint, planner="unbucketed", created="t", buckets=())
+    with pytest.raises(planner.PlanMismatchError, match="plan is for another problem"):
+        planner.simulate(problem, theirs)
+    from planner.simulator import step_ms
+
+    with pytest.raises(planner.PlanMismatchError):
+        step_ms(problem, theirs)
+    # a plan of its own problem still runs (the fingerprint is all that differs above)
+    assert planner.simulate(problem, theirs.model_copy(update={"problem_fingerprint": problem.fingerprint})).step_ms > 0
+
+
+def _problem_data() -> dict:
+    return _small().model_dump(mode="json", exclude={"fingerprint"})
+
+
+def test_a_problem_refuses_two_links_for_one_group():
+    data = _problem_data()
+    data["links"] = [data["links"][0], {**data["links"][0], "latency_ms": 1.0}]
+    with pytest.raises(ValueError, match=r"links\[1\]: a second link for process group"):
+        planner.Problem.model_validate(data)
+
+
+def test_a_problem_refuses_n_scheduled_at_or_below_a_position():
+    data = _problem_data()
+    last = data["nodes"][-1]["pos"]
+    data["n_scheduled"] = last  # positions index 0 .. n_scheduled - 1
+    with pytest.raises(ValueError, match="n_scheduled must exceed every position"):
+        planner.Problem.model_validate(data)
+    data["n_scheduled"] = last + 1
+    planner.Problem.model_validate(data)  # the least valid one
+
+
+def test_a_problem_refuses_a_timeline_for_a_group_with_no_link():
+    data = _problem_data()
+    data["timelines"] = [*data["timelines"], {"pg": "nowhere", "nodes": [0], "types": "s"}]
+    with pytest.raises(ValueError, match="timeline nowhere: process group 'nowhere' has no link"):
+        planner.Problem.model_validate(data)
