@@ -59,7 +59,6 @@ def test_a_deterministic_solve_repairs_an_infeasible_hint_deterministically(monk
     assert within_calls == [True, False]
 
 
-@pytest.mark.slow
 def _sigint_default() -> None:
     """In a child before it starts: SIGINT as a terminal gives it. A background job of a shell
     inherits it ignored, and Python then never raises KeyboardInterrupt: every Ctrl-C test failed
@@ -67,6 +66,7 @@ def _sigint_default() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_keeps_the_best_verified_plan_and_exits_130(tmp_path):
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     problem_path.write_bytes(gzip.decompress(FSDP8.read_bytes()))
@@ -167,22 +167,38 @@ def test_ctrl_c_in_a_count_search_skips_its_probe():
     assert got["verified"]
 
 
-# Run in a child process: on the old code CP-SAT aborts the whole process (exit -6).
+# Run in a child process: on the old code CP-SAT aborts the whole process (exit -6). Its
+# precondition is made certain, not hoped for on a busy machine (it once failed with no step
+# solution before the solve ended): the step search starts from a complete hint, which CP-SAT 9.15
+# reports as its first solution while it loads the model. The unbucketed plan is given as the
+# fewest-collectives plan, so no count search runs first; the hint's twin solve gets all the time
+# it needs (hint_every_variable, asserted); limits are deterministic time, so load cuts nothing;
+# and the loading is held until the main thread has handled the Ctrl-C.
 _CTRL_C_WHILE_LOADING = """
-import gzip, json, signal, sys, threading, time, _thread
+import gzip, json, signal, sys, time, _thread
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import planner, planner.solver as solver_module
 problem = planner.Problem.model_validate(json.loads(gzip.decompress(open(sys.argv[1], "rb").read())))
+real_hint = solver_module.hint_every_variable
+solver_module.hint_every_variable = lambda handle, twin, plan, time_limit_s: real_hint(handle, twin, plan,
+                                                                                      time_limit_s=600)
+unbucketed = planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=())
 real = solver_module._Progress.on_solution_callback
+fired = []
 def first_step_solution(self):
     real(self)
-    if self.objective_value > 1e6 and not getattr(first_step_solution, "fired", False):
-        first_step_solution.fired = True  # the complete hint, reported while CP-SAT loads its workers
+    if not fired:
+        fired.append(self.objective_value)  # the complete hint, reported while CP-SAT loads its workers
         _thread.interrupt_main()
-        time.sleep(1.0)  # hold the loading until the main thread has handled the Ctrl-C
+        held = time.monotonic() + 120  # bounded: a stop that is never deferred fails below
+        while not self.stop_deferred and time.monotonic() < held:
+            time.sleep(0.01)
 solver_module._Progress.on_solution_callback = first_step_solution
-result = solver_module.solve(problem, objective="step", time_limit_s=60, workers=2)
-assert first_step_solution.fired and result.stats["interrupted"] and result.stats["stop_deferred"], result.stats
+result = solver_module.solve(problem, objective="step", time_limit_s=60, workers=2, count_plan=unbucketed,
+                             deterministic=True)
+assert result.stats["hint_every_variable"], result.stats
+assert fired and fired[0] > 1e6, fired  # a step in ns: the step search's first solution
+assert result.stats["interrupted"] and result.stats["stop_deferred"], result.stats
 assert result.plan is not None and not planner.verify(problem, result.plan)
 print("kept", result.objective)
 """
