@@ -243,7 +243,8 @@ def plan_row(folder: Path) -> dict | None:
     if isinstance(stored, dict):
         row = {k: stored[k] for k in SUMMARY_COLUMNS if k in stored}
     else:  # a plan solve-dir did not write (`bucketplan solve -o DIR/<fingerprint>/plan.json`)
-        row = {**_problem_figures(problem), **_plan_figures(problem, plan), "note": "figures recomputed: the plan carries no row"}
+        row = {**_problem_figures(problem), **_plan_figures(problem, plan),
+               "note": "figures recomputed: the plan carries no row"}
     return {**row, "problem": folder.name, "interrupted": bool(plan.params.get("interrupted"))}
 
 
@@ -270,7 +271,8 @@ def write_summary(plan_dir: Path, rows: list[dict]) -> None:
         write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12)
     except OSError as e:  # a directory named summary.csv, a read-only plan directory
         # filename2: the rename's target (summary.csv), where filename is the temporary file
-        raise PlanDirError(f"{e.filename2 or e.filename or plan_dir}: cannot write the summary ({e.strerror})") from None
+        where = e.filename2 or e.filename or plan_dir
+        raise PlanDirError(f"{where}: cannot write the summary ({e.strerror})") from None
 
 
 def solve_dir(plan_dir: str | os.PathLike, *, objective: str = "step", time_limit_s: float = 60.0, jobs: int = 1,

@@ -210,6 +210,20 @@ def test_the_summary_is_rebuilt_from_the_plans_on_disk(tmp_path, damage):
     assert {name: (tmp_path / name).read_bytes() for name in before} == before
 
 
+def test_a_plan_solve_dir_did_not_write_counts_and_gets_its_row(tmp_path):
+    """`bucketplan solve -o DIR/<fingerprint>/plan.json` by hand: the plan counts, and its row is
+    rebuilt from it (the figures recomputed; there is no solver status to show)."""
+    (folder,) = _plan_dir(tmp_path, 1)
+    problem = planner.load_problem(folder / PROBLEM)
+    plan = planner.solve(problem, time_limit_s=5, workers=1).plan
+    planner.save(plan, folder / PLAN)
+    run = _solve_dir(tmp_path)
+    assert run.returncode == 0 and "0 to solve" in run.stderr, run.stderr[-2000:]
+    row = _summary(tmp_path)[folder.name]
+    assert float(row["plan_ms"]) == round(planner.simulate(problem, plan).step_ms, 3)
+    assert row["note"] == "figures recomputed: the plan carries no row"
+
+
 def _set_interrupted(folder: Path) -> None:
     data = json.loads((folder / PLAN).read_text())
     data["params"]["interrupted"] = True
