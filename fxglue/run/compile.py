@@ -50,7 +50,6 @@ import hashlib
 import importlib
 import logging
 import os
-import stat
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -60,7 +59,7 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import planner
-from planner.io import SchemaError
+from planner.io import MAX_FILE_BYTES, BadFileError, SchemaError, read_regular_file
 from planner.plan_dir import PLAN, PROBLEM, GREEDY, append_index, problem_dir
 
 log = logging.getLogger("bucketplan.compile")
@@ -139,25 +138,17 @@ def _scheduler_kwargs(estimator) -> dict:
     return kwargs
 
 
-# a plan of this many bytes is not one solve-dir wrote (the largest committed plans are ~1 MB)
-_MAX_PLAN_BYTES = 256 << 20
-
-
 def _plans_digest(plan_dir: Path) -> str:
     """One hash over every plan in the directory (name and bytes): the cache key part of ``use``.
-    Only regular files of plausible size are read: a FIFO would block the compile, a link to a
-    device would read without end (``_use`` then reports such a plan as unreadable)."""
+    Read through ``read_regular_file``: a FIFO would block the compile, a link to a device would
+    read without end (``_use`` then reports such a plan as unreadable)."""
     h = hashlib.sha256()
     for p in sorted(plan_dir.glob(f"*/{PLAN}")):
         h.update(p.parent.name.encode())
         try:
-            st = p.stat()
-            if stat.S_ISREG(st.st_mode) and st.st_size <= _MAX_PLAN_BYTES:
-                h.update(hashlib.sha256(p.read_bytes()).digest())
-            else:
-                h.update(f"not a regular file of at most {_MAX_PLAN_BYTES} bytes: {st.st_mode} {st.st_size}".encode())
-        except OSError:
-            h.update(b"unreadable")
+            h.update(hashlib.sha256(read_regular_file(p, MAX_FILE_BYTES, "plan file")).digest())
+        except BadFileError as e:
+            h.update(f"unreadable: {e}".encode())
     return h.hexdigest()
 
 
@@ -284,10 +275,7 @@ class PlanPass(CustomGraphPass):
                    "the model, its shapes or the preset changed since `record`? record and solve-dir again)")
         if why is None:
             try:
-                st = path.stat()
-                if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_PLAN_BYTES:
-                    raise ValueError(f"not a regular file of at most {_MAX_PLAN_BYTES >> 20} MiB")
-                plan = planner.load_plan(path)
+                plan = planner.load_plan(path)  # a regular file of bounded size (planner.io)
             except (SchemaError, OSError, ValueError) as e:
                 why = f"{path}: unreadable plan ({_one_line(e)})"
             else:
