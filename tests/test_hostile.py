@@ -9,6 +9,7 @@ import pytest
 
 import planner
 from bucketplan_cli import main as cli
+from tests.bounded import bounded
 
 
 def _problem() -> planner.Problem:
@@ -336,7 +337,6 @@ def _fifo(tmp_path):
 @pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
 def test_non_regular_files_are_refused_up_front(tmp_path, capsys, which, special):
     import os
-    import signal
 
     if special == "/dev/zero" and not os.path.exists(special):
         pytest.skip("no /dev/zero here")
@@ -346,15 +346,8 @@ def test_non_regular_files_are_refused_up_front(tmp_path, capsys, which, special
     _write(plan_path, _plan(P, []))
     files = [path, str(plan_path)] if which == "problem" else [str(problem_path), path]
 
-    def blocked(*_):  # opening a FIFO waits for a writer: fail the test instead of hanging it
-        raise TimeoutError(f"{path} was opened")
-    previous = signal.signal(signal.SIGALRM, blocked)
-    signal.alarm(20)
-    try:
+    with bounded(20, f"opening {path}"):  # a FIFO waits for a writer: fail the test instead of hanging it
         code = cli(["verify", *files])
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
     kind = "a FIFO" if special == "fifo" else "a character device"
     _one_line_error(capsys, code, f"{path}: not a regular file ({kind}); cannot be the {which} file")
 

@@ -14,6 +14,7 @@ import planner
 from fxglue.run import compile as bucketplan_compile
 from fxglue.pipeline import count_collectives
 from planner.plan_dir import GREEDY, PLAN, PROBLEM, read_index, recorded_problems, solve_dir
+from tests.bounded import bounded
 
 WORKLOAD = "llama3-8b-ddp-2"
 
@@ -118,7 +119,10 @@ def test_a_bad_cache_entry_falls_back_to_torch_with_one_warning(solved, tmp_path
     shutil.copytree(solved[0], plan_dir)
     _break(plan_dir, how)
     before = {p.name: p.read_bytes() for p in plan_dir.rglob("*") if p.is_file() and not p.is_symlink()}
-    session, after, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog)
+    with bounded(120, "the pass"):  # a FIFO plan once blocked the compile, /dev/zero read without end
+        session, after, warnings = _run_pass(bucketplan_compile.use(plan_dir), caplog)
+        key = config_uuid(bucketplan_compile.use(plan_dir))  # inductor's cache key reads every plan
+    assert len(key) == 64
     (event,) = session.events
     assert event.outcome.startswith("fallback") and len(warnings) == 1 and says in warnings[0], warnings
     assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
@@ -171,12 +175,17 @@ def test_use_without_a_plan_directory_falls_back_with_one_warning(tmp_path, capl
     assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
 
 
-def _pass_uuid(mode: str, plan_dir) -> str:
+def config_uuid(ctx) -> str:
+    """The cache key part of the pass ``ctx`` installs, as inductor asks for it."""
     from torch._inductor import config
 
-    enter = bucketplan_compile.use if mode == "use" else bucketplan_compile.record
-    with enter(plan_dir):
+    with ctx:
         return config.post_grad_custom_post_pass.uuid()
+
+
+def _pass_uuid(mode: str, plan_dir) -> str:
+    enter = bucketplan_compile.use if mode == "use" else bucketplan_compile.record
+    return config_uuid(enter(plan_dir))
 
 
 def test_the_cache_key_is_stable_for_the_same_plans_and_changes_with_them(solved, tmp_path):

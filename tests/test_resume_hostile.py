@@ -17,7 +17,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,6 +26,7 @@ from planner.io import BadFileError, read_regular_file
 from planner.plan_dir import (INDEX, PLAN, PROBLEM, PlanDirError, append_index, locked, problem_dir,
                               recorded_problems)
 from planner.sweep import ray_available
+from tests.bounded import bounded
 from tests.test_hostile import _problem
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,20 +49,6 @@ def _one_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in err, err
     return err
-
-
-@contextmanager
-def _bounded(seconds: int = 20):
-    """For in-process calls that old code blocked in (opening a FIFO): fail instead of hanging."""
-    def expired(*_):
-        raise TimeoutError("blocked")
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def _tiny(i: int) -> planner.Problem:
@@ -117,7 +103,7 @@ def _kinds(path: Path, kind: str) -> None:
 def test_read_regular_file_refuses_what_is_not_a_regular_file_without_blocking(tmp_path, kind, named):
     path = tmp_path / "index.jsonl"
     _kinds(path, kind)
-    with _bounded(), pytest.raises(BadFileError) as err:
+    with bounded(), pytest.raises(BadFileError) as err:
         read_regular_file(path, 1000, "plan index")
     assert str(err.value) == f"{path}: not a regular file ({named}); cannot be the plan index"
 
@@ -320,7 +306,7 @@ def test_index_lines_of_the_wrong_shape_are_skipped(tmp_path):
 @pytest.mark.parametrize("kind", ["fifo", "dir", "devzero"])
 def test_append_index_refuses_an_index_that_is_not_a_file(tmp_path, kind):
     _kinds(tmp_path / INDEX, kind)
-    with _bounded(), pytest.raises(BadFileError, match=f"{tmp_path / INDEX}: not a regular file"):
+    with bounded(), pytest.raises(BadFileError, match=f"{tmp_path / INDEX}: not a regular file"):
         append_index(tmp_path, {"graph": "0/0/forward", "rank": 0, "fingerprint": _tiny(0).fingerprint})
 
 
