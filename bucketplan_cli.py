@@ -159,6 +159,15 @@ def cmd_extract(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    try:
+        return _verify_and_report(args)
+    except KeyboardInterrupt:  # loading or checking a large problem takes seconds: exit as a tool interrupted
+        print("bucketplan verify: interrupted before the check was complete", file=sys.stderr)
+        return 130
+
+
+def _verify_and_report(args) -> int:
+    """``bucketplan verify``: check the plan under its recorded policy (or the flags'), report."""
     import planner
     from planner.verifier import check, recorded_policy
 
@@ -210,26 +219,33 @@ def cmd_verify(args) -> int:
     return 0 if report.feasible else 1
 
 
-# CP-SAT's random_seed is an int32 (a larger one is a TypeError deep inside ortools)
-SEED_RANGE = (-(2**31), 2**31 - 1)
+def _library_rule(rule, value, flag: str, **kw) -> None:
+    """One of planner.arguments' rules (the library's, so that a flag and the argument it feeds
+    are refused alike) applied to a flag: its ValueError becomes a one-line error naming the flag."""
+    try:
+        rule(value, flag, **kw)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
 
 
 def _seed(value: int, flag: str) -> None:
-    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-        raise CLIError(f"{flag} must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (CP-SAT's range), "
-                       f"not {value}")
+    from planner import arguments
+
+    _library_rule(arguments.seed, value, flag)  # CP-SAT's int32
 
 
 def _window(value: str) -> int | str | None:
-    """--window: 'auto', 'none' (the full model) or a positive number of same-key neighbours."""
+    """--window: 'auto', 'none' (the full model) or a positive number of same-key neighbours
+    (planner.arguments.window's rule, spelled for the command line)."""
+    from planner import arguments
+
     if value in ("auto", "none"):
         return None if value == "none" else value
     try:
         n = int(value)
+        arguments.window(n, "--window")
     except ValueError:
-        n = 0
-    if n <= 0:  # 0 or less would leave a collective no anchor but itself: a silent no-op search
-        raise CLIError(f"--window must be 'auto', 'none' or a positive integer, not {value!r}")
+        raise CLIError(f"--window must be 'auto', 'none' or a positive integer, not {value!r}") from None
     return n
 
 
@@ -273,17 +289,31 @@ def _memory_budget(gb: float | None) -> int | None:
 
 
 def cmd_solve(args) -> int:
-    import planner
-    from planner.solver import PlanMismatchError, solve
+    from planner import arguments
 
     # every flag and the output path are checked before anything is loaded or solved: a bad
     # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
     _positive(args.time_limit, "--time-limit")  # nan and inf too: CP-SAT would run unbounded or not at all
-    _positive(args.workers, "--workers")  # 0 silently became 2, -1 gave MODEL_INVALID
+    # 0 silently became 2; -1 and more than CP-SAT's 10,000 gave MODEL_INVALID
+    _library_rule(arguments.worker_count, args.workers, "--workers")
     _seed(args.seed, "--seed")
     window = _window(args.window)
     budget = _memory_budget(args.memory_budget_gb)
     _output_file(args.output, "-o")
+    try:
+        return _solve_and_report(args, window, budget)
+    except KeyboardInterrupt:
+        # solve keeps the best verified plan at a first Ctrl-C (written, exit 130); this one came
+        # while loading the problem, at a second Ctrl-C, or while writing: nothing verified to keep
+        print("bucketplan solve: interrupted before a plan was written", file=sys.stderr)
+        return 130
+
+
+def _solve_and_report(args, window: int | str | None, budget: int | None) -> int:
+    """``bucketplan solve`` once its flags are checked: load, solve, write, report."""
+    import planner
+    from planner.solver import PlanMismatchError, solve
+
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     say = _progress(args.quiet)
@@ -305,11 +335,18 @@ def cmd_solve(args) -> int:
         planner.save(result.plan, args.output)
     except OSError as e:  # checked up front; this is a race (the folder changed during the search)
         raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
-    print(f"status              {result.status}" + (" (interrupted: the best verified plan so far)"
-                                                   if result.stats.get("interrupted") else ""))
+    notes = []
+    if result.stats.get("interrupted"):
+        notes.append("interrupted: the best verified plan so far")
+    if result.stats.get("model_not_built"):  # a huge problem: its model would pass the time or memory limit
+        notes.append(f"no search: {result.stats['model_not_built']}")
+    if result.stats.get("fallback"):  # planner README, Planning: solve always returns a verified plan
+        notes.append(f"no better plan found in time than the {result.stats['fallback']} plan")
+    print(f"status              {result.status}" + (f" ({'; '.join(notes)})" if notes else ""))
     print(f"collectives         {len(problem.collectives)} -> {planner.collectives_after(problem, result.plan)}")
     if args.objective == "step":
-        print(f"step / bound        {result.objective:.3f} ms (simulated) / {result.bound:.3f} ms "
+        bound = "n/a" if result.bound is None else f"{result.bound:.3f} ms"  # None: interrupted before the floor
+        print(f"step / bound        {result.objective:.3f} ms (simulated) / {bound} "
               f"({result.stats['bound_scope']}); unbucketed {planner.simulate(problem).step_ms:.3f} ms")
     else:
         print(f"objective / bound   {result.objective} / {result.bound} ({result.stats['bound_scope']})")
@@ -322,6 +359,7 @@ def cmd_solve(args) -> int:
 
 
 def cmd_solve_dir(args) -> int:
+    from planner.io import BOOKKEEPING_MAX_BYTES, BadFileError, read_regular_text
     from planner.plan_dir import recorded_problems, solve_dir
 
     root = Path(args.plan_dir)
@@ -334,16 +372,25 @@ def cmd_solve_dir(args) -> int:
     _positive(args.jobs, "--jobs")
     _seed(args.seed, "--seed")
     if args.workers is not None:
-        _positive(args.workers, "--workers")
+        from planner import arguments
+
+        _library_rule(arguments.worker_count, args.workers, "--workers")
     try:
         rows = solve_dir(root, objective=args.objective, time_limit_s=args.time_limit, jobs=args.jobs,
                          workers=args.workers, seed=args.seed, force=args.force, progress=_progress(args.quiet))
+    except BadFileError as e:  # a bookkeeping file that is no regular file, another solve-dir running
+        raise CLIError(str(e)) from None
     except PermissionError as e:
         raise CLIError(f"{e.filename or root}: cannot write plans there ({e.strerror})") from None
     except KeyboardInterrupt:
-        print("interrupted: the plans written so far are kept; run again to resume", file=sys.stderr)
+        print("interrupted: the plans written so far are kept and an interrupted problem is solved again; "
+              "run again to resume", file=sys.stderr)
         return 130
-    print((root / "summary.md").read_text(encoding="utf-8") if rows else "nothing to solve", end="")
+    try:
+        print(read_regular_text(root / "summary.md", BOOKKEEPING_MAX_BYTES, "summary") if rows else "nothing to solve",
+              end="")
+    except BadFileError as e:  # replaced since this run wrote it
+        raise CLIError(str(e)) from None
     failed = [r["problem"] for r in rows if r.get("status") in ("ERROR", "") or r.get("plan_ms") in (None, "")]
     print(f"wrote {root}/*/plan.json, {root}/summary.csv, {root}/summary.md")
     if failed:
@@ -353,7 +400,7 @@ def cmd_solve_dir(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from planner.io import SchemaError
+    from planner.io import BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, read_regular_text
     from planner.sweep import SpecError, load_spec, ray_available, run_sweep
 
     from fxglue.presets import DEFAULT_PRESET
@@ -386,14 +433,18 @@ def cmd_sweep(args) -> int:
     try:
         report = run_sweep(spec, out, extract=extract, apply=apply, ray=False if args.sequential else None,
                            address=args.address, cpus=args.cpus, say=say)
-    except (SpecError, SchemaError) as e:
+    except (SpecError, SchemaError, BadFileError) as e:  # BadFileError: a bookkeeping file that is no regular file
         raise CLIError(str(e)) from None
     except PermissionError as e:
         raise CLIError(f"{e.filename or out}: cannot write there ({e.strerror})") from None
     except KeyboardInterrupt:
-        print(f"interrupted: the tasks finished so far are in {out}/rows.jsonl; run again to resume", file=sys.stderr)
+        print(f"interrupted: the tasks finished so far are in {out}/rows.jsonl (an interrupted one is solved again); "
+              "run again to resume", file=sys.stderr)
         return 130
-    print((out / "results.md").read_text(encoding="utf-8"), end="")
+    try:
+        print(read_regular_text(out / "results.md", BOOKKEEPING_MAX_BYTES, "results table"), end="")
+    except BadFileError as e:  # replaced since this run wrote it
+        raise CLIError(str(e)) from None
     print(f"wrote {out}/results.csv, results.md, results.png, stages.csv, stages.md, cases/*/")
     if report.failed:
         print(f"no verified plan for {len(report.failed)} task(s): {', '.join(report.failed)}", file=sys.stderr)
@@ -402,10 +453,9 @@ def cmd_sweep(args) -> int:
 
 
 def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
-    import math
+    from planner import arguments
 
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and (value > 0 or zero_ok and value == 0)):
-        raise CLIError(f"{flag} must be a {'non-negative' if zero_ok else 'positive'} number, not {value!r}")
+    _library_rule(arguments.positive_number, value, flag, zero_ok=zero_ok)
 
 
 def cmd_apply(args) -> int:
@@ -437,13 +487,6 @@ def cmd_check(args) -> int:
         raise CLIError("check runs built-in workloads and --model factories; for --hf-config/--hf use a built-in "
                        "hf-... workload of the same architecture (tiny shapes) or a --model factory")
     _workload(args)  # one workload, a factory that imports, --layers only with --model: before spawning
-    if args.plan and Path(args.plan).is_dir():
-        from fxglue.run.gloo import rank_plan_file
-
-        missing = [rank_plan_file(args.plan, r) for r in range(args.ranks) if not Path(rank_plan_file(args.plan, r)).is_file()]
-        if missing:
-            raise CLIError(f"--plan {args.plan}: no {missing[0]} (a plan folder holds rank<R>/plan.json for every rank; "
-                           "`bucketplan extract --tiny` writes the problems to solve)")
     what = args.workload or args.model
     shapes = "tiny shapes" if args.workload else "the shapes the factory builds"
     say(f"running {what} ({shapes}) on {args.ranks} gloo ranks: original vs bucketed")
