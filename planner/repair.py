@@ -22,6 +22,8 @@ def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers:
     """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
     buckets split where needed): how a plan that breaks a rule is compared fairly. A plan made for
     another problem raises ``PlanMismatchError`` first, and a bad argument one ValueError naming it
-    (checked in ``_repair``). ``deterministic``: as ``solve``'s."""
+    (checked in ``_repair``). ``deterministic``: as ``solve``'s. When nothing better is found in
+    time the result is solve's floor (``stats['fallback']``), at worst the unbucketed plan, which
+    lies within any plan's buckets: a repair always has a feasible plan."""
     return _repair(problem, plan, time_limit_s=time_limit_s, workers=workers, seed=seed,
                    policy=Policy(protect_partly, memory_budget_bytes), deterministic=deterministic)

