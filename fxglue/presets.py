@@ -51,7 +51,14 @@ class Hardware:
     @classmethod
     def from_json(cls, path: str | Path) -> "Hardware":
         """Override defaults from a JSON file: any of the fields above; links as {role: {...}}."""
-        data = json.loads(Path(path).read_text())
+        from planner.io import read_regular_text
+
+        try:  # a FIFO or a device would block or read without end (planner.io)
+            data = json.loads(read_regular_text(path, 1 << 20, "hardware file"))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a hardware file is a JSON object of fields, not {type(data).__name__}")
         base = cls()
         unknown = set(data) - {"name", "bf16_tflops", "fp32_tflops", "hbm_tbps", "links", "launch_us"}
         if unknown:

@@ -230,14 +230,17 @@ def _plan_figures(problem, plan) -> dict:
 
 def plan_row(folder: Path) -> dict | None:
     """The summary row of the folder's plan when it has one that counts -- a regular file that
-    loads and is for the problem beside it -- else None (the problem is solved again). The row
-    says ``interrupted`` when Ctrl-C cut the plan's search short (solved again too)."""
+    loads, is for the problem beside it and passes the verifier under the policy it records (as
+    ``use`` will check it) -- else None (the problem is solved again). The row says
+    ``interrupted`` when Ctrl-C cut the plan's search short (solved again too)."""
+    from planner.verifier import recorded_policy, verify
+
     try:
         problem = load_problem(folder / PROBLEM)
         plan = load_plan(folder / PLAN)
-    except (OSError, SchemaError):
-        return None
-    if plan.problem_fingerprint != problem.fingerprint:
+        if verify(problem, plan, **recorded_policy(plan)):  # another problem's fingerprint included
+            return None
+    except (OSError, ValueError):  # SchemaError, BadFileError, a policy that is none
         return None
     stored = plan.params.get(SUMMARY_PARAM)
     if isinstance(stored, dict):

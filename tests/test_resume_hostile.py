@@ -231,7 +231,7 @@ def test_an_interrupted_plan_is_solved_again_and_force_solves_all(tmp_path):
     assert forced.returncode == 0 and "2 to solve" in forced.stderr
 
 
-@pytest.mark.parametrize("plan", ["garbage", "empty", "another problem's", "fifo", "devzero"])
+@pytest.mark.parametrize("plan", ["garbage", "empty", "another problem's", "fifo", "devzero", "infeasible"])
 def test_a_plan_counts_only_if_it_loads_and_is_for_its_problem(tmp_path, plan):
     folder, other = _plan_dir(tmp_path)
     path = folder / PLAN
@@ -242,13 +242,20 @@ def test_a_plan_counts_only_if_it_loads_and_is_for_its_problem(tmp_path, plan):
     elif plan == "another problem's":
         assert _solve_dir(tmp_path).returncode == 0
         path.write_bytes((other / PLAN).read_bytes())
+    elif plan == "infeasible":  # for its problem, but breaks a rule: `use` would refuse it forever
+        problem = planner.load_problem(folder / PROBLEM)
+        names = [c.name for c in problem.collectives if c.key == problem.collectives[0].key]
+        broken = planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", created="",
+                              buckets=(planner.Bucket(members=tuple(names), start=names[0], wait=names[0]),))
+        assert planner.verify(problem, broken)
+        planner.save(broken, path)
     else:
         _kinds(path, plan)
     run = _solve_dir(tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     assert path.is_file() and not path.is_symlink()
     problem = planner.load_problem(folder / PROBLEM)
-    assert planner.load_plan(path).problem_fingerprint == problem.fingerprint
+    assert not planner.verify(problem, planner.load_plan(path))
     assert folder.name in _summary(tmp_path)
 
 
@@ -446,3 +453,11 @@ def test_ray_refuses_a_task_wider_than_the_cluster_instead_of_waiting_forever(tm
     spec = _sweep_spec(tmp_path, objectives='["count"]', workers=3)
     _one_line(_cli("sweep", spec, "-o", tmp_path / "out", "--ray", "--cpus", "2", "-q"),
               "workers_per_task = 3 but the local Ray instance has 2 CPU(s)")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "devzero"])
+def test_a_hardware_file_that_is_not_a_file_is_one_line(tmp_path, kind):
+    path = tmp_path / "hw.json"
+    _kinds(path, kind)
+    run = _cli("extract", "llama3-8b-ddp-2", "--hardware", str(path), "-o", str(tmp_path / "out"))
+    _one_line(run, str(path), "not a regular file")
