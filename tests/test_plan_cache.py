@@ -215,27 +215,59 @@ def test_the_cache_key_is_stable_for_the_same_plans_and_changes_with_them(solved
     assert _pass_uuid("record", tmp_path / "r") != _pass_uuid("record", tmp_path / "r")
 
 
-def test_the_cache_key_covers_the_code_of_both_packages_wherever_a_module_lives():
-    from pathlib import Path
+def test_the_code_digest_changes_with_any_module_of_the_package_wherever_it_lives(tmp_path, monkeypatch):
+    """A package laid out like ours (a module in a subfolder, as compile.py in fxglue/run/): an
+    edit, a new module or a move anywhere in it changes the digest; nothing is read by name."""
+    import sys
 
-    import fxglue
-    import planner as planner_pkg
+    root = tmp_path / "pkgdigest"
+    (root / "run").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    (root / "run" / "__init__.py").write_text("")
+    (root / "run" / "mod.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
 
-    digest = bucketplan_compile._source_digest()
-    assert len(digest) == 64
-    # the modules the pass runs live in several folders (fxglue/, fxglue/run/, planner/): every
-    # one of them is read, so none can be missing after a move
-    files = {p.relative_to(Path(fxglue.__file__).parent).as_posix()
-             for p in Path(fxglue.__file__).parent.rglob("*.py")}
-    assert {"apply.py", "extract.py", "run/compile.py", "pipeline.py"} <= files
-    assert Path(planner_pkg.__file__).with_name("verifier.py").is_file()
+    def digest() -> str:
+        bucketplan_compile._source_digest.cache_clear()
+        sys.modules.pop("pkgdigest", None)
+        return bucketplan_compile._source_digest(("pkgdigest",))
+
+    seen = [digest()]
+    (root / "run" / "mod.py").write_text("X = 2\n")  # an edit
+    seen.append(digest())
+    (root / "run" / "other.py").write_text("")  # a new module
+    seen.append(digest())
+    (root / "run" / "other.py").rename(root / "other.py")  # a move
+    seen.append(digest())
+    assert len(set(seen)) == 4, seen
+    bucketplan_compile._source_digest.cache_clear()
+    # and the real key reads both of ours
+    assert bucketplan_compile._source_digest() == bucketplan_compile._source_digest(("planner", "fxglue"))
+
+
+def test_the_cache_key_depends_on_the_tp_layout(tmp_path):
+    # the TP group and size price the groups, so they pick the problem and the plan
+    keys = {config_uuid(bucketplan_compile.use(tmp_path, tp_group=g, tp_size=n)) for g, n in
+            ((None, 1), ("tp0", 2), ("tp0", 4))}
+    assert len(keys) == 3
+
+
+def test_record_with_a_directory_where_the_index_goes_records_and_warns_once(tmp_path, caplog):
+    from planner.plan_dir import INDEX
+
+    plan_dir = tmp_path / "plans"
+    (plan_dir / INDEX).mkdir(parents=True)
+    session, after, warnings = _run_pass(bucketplan_compile.record(plan_dir), caplog)
+    (event,) = session.events
+    assert event.outcome == "recorded" and len(recorded_problems(plan_dir)) == 1  # the problem is the record
+    assert len(warnings) == 1 and "cannot append to the index" in warnings[0] and str(plan_dir) in warnings[0]
+    assert after == event.collectives_after < event.collectives_before  # torch's greedy bucketed it
 
 
 def test_record_into_a_directory_that_cannot_take_the_problem_warns_and_compiles(tmp_path, caplog):
-    """A file where the problem's folder goes and a directory where the index goes: one warning
-    each, torch's bucketing still runs (compilation never fails because of the plan cache)."""
-    from fxglue.models.workloads import trace
-    from planner.plan_dir import INDEX, problem_dir
+    """A file where the problem's folder goes: one warning, torch's bucketing still runs
+    (compilation never fails because of the plan cache)."""
+    from planner.plan_dir import problem_dir
 
     plan_dir = tmp_path / "plans"
     probe, _, _ = _run_pass(bucketplan_compile.record(tmp_path / "probe"), caplog)
@@ -243,7 +275,6 @@ def test_record_into_a_directory_that_cannot_take_the_problem_warns_and_compiles
     plan_dir.mkdir()
     in_the_way = problem_dir(plan_dir, fingerprint)
     in_the_way.write_text("in the way")
-    (plan_dir / INDEX).mkdir()
     session, after, warnings = _run_pass(bucketplan_compile.record(plan_dir), caplog)
     (event,) = session.events
     assert event.outcome.startswith("not recorded") and len(warnings) == 1, warnings

@@ -37,6 +37,10 @@ def run(command: str, cwd: Path, env: dict, timeout_s: int = 600) -> subprocess.
     argv = shlex.split(command)
     if argv[0] == "python":
         argv[0] = sys.executable  # `python` as the user's environment resolves it
+    elif argv[0] == "bucketplan":  # the console script installed beside this interpreter, as an
+        # activated environment puts it first on PATH
+        script = Path(sys.executable).parent / "bucketplan"
+        argv[0] = str(script) if script.exists() else shutil.which("bucketplan") or argv[0]
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s)
 
 

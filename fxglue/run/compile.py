@@ -14,7 +14,11 @@ only supported place to change what happens to a post-grad graph is that custom 
 itself with the same inductor settings (``schedule_overlap_bucketing_from_inductor_configs``'s
 keys), stops it before bucketing exactly as ``fxglue.pipeline`` does, extracts the problem, and
 then either lets torch's own bucketer finish (``record``: compilation and bucketing are
-torch's) or applies the plan found in the cache with ``apply_plan`` (``use``).
+torch's) or applies the plan found in the cache with ``apply_plan`` (``use``). Torch's FSDP
+pre-bucketing, which runs inside its scheduler before the graph is handed on, is off in all
+three contexts: it would merge collectives before the problem is extracted, so the search would
+not see them and ``unbucketed`` would not be free of merges. ``record``'s bucketing is thus
+torch's greedy bucketer alone, not its default pipeline.
 
 Plan directory::
 
@@ -31,8 +35,9 @@ compiled again, in another process, gives the same one; a changed model gives an
 plan is missing, so ``use`` warns and lets torch bucket (compilation never fails because of the
 plan cache). Under ``record`` inductor's FX-graph and AOT-autograd caches are off (a cache hit
 would skip the post-grad passes and record nothing); under ``use`` they stay as configured and
-the pass's ``uuid()`` hashes every plan in the directory, so a new or changed plan is a new
-cache key.
+the pass's ``uuid()`` hashes every plan in the directory, the preset and TP layout, and the
+source of the ``planner`` and ``fxglue`` packages, so a new or changed plan or bucketplan is a
+new cache key.
 
 Differences from inductor's own call site: overlap scheduling and bucketing are on (that is what
 there is to plan); the estimator is the named cluster preset's (as in ``bucketplan extract``);
@@ -122,6 +127,10 @@ def _n_collectives(gm: fx.GraphModule) -> int:
     return sum(count_collectives(gm).values())
 
 
+# torch's FSDP pre-bucketing inside record/use/unbucketed (torch's default: on); see _scheduler_kwargs
+_PRE_BUCKETING = False
+
+
 def _scheduler_kwargs(estimator) -> dict:
     from torch._inductor import config
 
@@ -134,7 +143,7 @@ def _scheduler_kwargs(estimator) -> dict:
     # search and `unbucketed` would not be free of merges (README, "Use a plan in training")
     kwargs.update(collective_bucketing=True, custom_runtime_estimation=estimator, compute_estimator="analytical",
                   collective_estimator="analytical", enable_fusion_regions=False,
-                  pre_bucketing_fsdp_collectives=False)
+                  pre_bucketing_fsdp_collectives=_PRE_BUCKETING)
     return kwargs
 
 
@@ -160,11 +169,11 @@ _CODE_PACKAGES = ("planner", "fxglue")
 
 
 @functools.lru_cache(maxsize=None)
-def _source_digest() -> str:
-    """One hash over the source of every module in ``_CODE_PACKAGES`` (path within the package
-    and bytes), computed once per process."""
+def _source_digest(packages: tuple[str, ...] = _CODE_PACKAGES) -> str:
+    """One hash over the source of every module of ``packages`` (path within the package and
+    bytes), computed once per process."""
     h = hashlib.sha256()
-    for name in _CODE_PACKAGES:
+    for name in packages:
         package = importlib.import_module(name)
         for root in package.__path__:
             for path in sorted(Path(root).rglob("*.py")):
@@ -176,14 +185,15 @@ def _source_digest() -> str:
 class PlanPass(CustomGraphPass):
     """The post-grad pass behind ``record`` and ``use`` (see the module docstring)."""
 
-    def __init__(self, session: Session, estimator, preset_name: str):
+    def __init__(self, session: Session, estimator, preset_name: str, tp_group: str | None = None, tp_size: int = 1):
         self.session = session
         self.estimator = estimator
         self.preset_name = preset_name
+        self.layout = f"tp {tp_group or '-'} x{tp_size}"  # prices the groups, so picks the plan too
 
     def uuid(self) -> str:
         h = hashlib.sha256()
-        h.update(f"{self.session.mode}|{self.preset_name}|{_source_digest()}|".encode())
+        h.update(f"{self.session.mode}|{self.preset_name}|{self.layout}|{_source_digest()}|".encode())
         if self.session.mode == "use":
             h.update(_plans_digest(self.session.plan_dir).encode())
         else:  # record writes files, unbucketed reports: never served from a cache (the caches are off too)
@@ -210,7 +220,7 @@ class PlanPass(CustomGraphPass):
                          bucket_mode=inputs.kwargs.get("bucket_mode"))
         problem = extract_problem(graph, inputs.collective_info, inputs.scheduled, estimator=est,
                                   meta={"source": "torch.compile", "graph": _graph_id(graph), "preset": self.preset_name,
-                                        "pre_bucketing": False},  # _scheduler_kwargs
+                                        "pre_bucketing": _PRE_BUCKETING},
                                   **bucketing)
         event = GraphEvent(_graph_id(graph), _rank(), _graph_kind(graph), problem.fingerprint, before, before, "")
         with cpu_compat(est):
@@ -325,7 +335,7 @@ def _session(plan_dir, mode: str, preset: str, tp_group: str | None, tp_size: in
     if config.post_grad_custom_post_pass is not None:
         raise PlanCacheError("inductor's post_grad_custom_post_pass is already set; bucketplan needs it "
                              "(nest your pass inside ours is not supported)")
-    patch = {"post_grad_custom_post_pass": PlanPass(session, estimator, preset),
+    patch = {"post_grad_custom_post_pass": PlanPass(session, estimator, preset, tp_group, tp_size),
              "aten_distributed_optimizations.enable_overlap_scheduling": False,
              # torch's greedy fails its own cycle check on DDP graphs (experiments/torch_cycle_repro):
              # where torch buckets (record, and use's fallback) its own escape hatch keeps the compile alive
