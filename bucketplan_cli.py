@@ -229,7 +229,7 @@ def _library_rule(rule, value, flag: str, **kw) -> None:
 
 
 def _seed(value: int, flag: str) -> None:
-    from planner import arguments
+    import planner.arguments as arguments
 
     _library_rule(arguments.seed, value, flag)  # CP-SAT's int32
 
@@ -237,7 +237,7 @@ def _seed(value: int, flag: str) -> None:
 def _window(value: str) -> int | str | None:
     """--window: 'auto', 'none' (the full model) or a positive number of same-key neighbours
     (planner.arguments.window's rule, spelled for the command line)."""
-    from planner import arguments
+    import planner.arguments as arguments
 
     if value in ("auto", "none"):
         return None if value == "none" else value
@@ -289,7 +289,7 @@ def _memory_budget(gb: float | None) -> int | None:
 
 
 def cmd_solve(args) -> int:
-    from planner import arguments
+    import planner.arguments as arguments
 
     # every flag and the output path are checked before anything is loaded or solved: a bad
     # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
@@ -372,7 +372,7 @@ def cmd_solve_dir(args) -> int:
     _positive(args.jobs, "--jobs")
     _seed(args.seed, "--seed")
     if args.workers is not None:
-        from planner import arguments
+        import planner.arguments as arguments
 
         _library_rule(arguments.worker_count, args.workers, "--workers")
     try:
@@ -453,7 +453,7 @@ def cmd_sweep(args) -> int:
 
 
 def _positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
-    from planner import arguments
+    import planner.arguments as arguments
 
     _library_rule(arguments.positive_number, value, flag, zero_ok=zero_ok)
 

@@ -26,7 +26,7 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-from planner import arguments
+import planner.arguments as arguments
 from planner.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.solver's API
 from planner.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
 from planner.cpsat import OBJECTIVES, BuildStopped, ModelHandle, build_guard, build_model, plan_objective
@@ -380,10 +380,15 @@ def _with_bounds(ctx: _SolveContext) -> _SolveContext:
     """``ctx`` with the relaxation bounds of planner.bounds (and for step, the bucket reach and
     the step floor), computed once for every model of the solve."""
     problem = ctx.problem
-    key_bounds = key_lower_bounds(problem, protect_partly=ctx.policy.protect_partly)
+    deadline = ctx.deadline(ctx.time_limit_s)  # the bounds too are within the time limit
+    key_bounds = key_lower_bounds(problem, protect_partly=ctx.policy.protect_partly, deadline=deadline)
     lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
     reach = bucket_reach(problem) if ctx.step else None  # the floor's and every step model's
-    floor_ms = step_floor(problem, reach).floor_ms if ctx.step else None
+    # the floor's key bounds are without protect_partly (looser or equal): reuse when they are
+    floor_ms = None
+    if ctx.step:
+        need = key_bounds if not ctx.policy.protect_partly else key_lower_bounds(problem, deadline=deadline)
+        floor_ms = step_floor(problem, reach, need).floor_ms
     ctx = dataclasses.replace(ctx, bounds={"lower_bound": lb, "key_bounds": key_bounds},
                               lb=floor_ms if ctx.step else lb,  # the step's relaxation bound, valid for the whole problem
                               floor_ms=floor_ms, reach=reach)

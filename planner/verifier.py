@@ -19,7 +19,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from planner import arguments
+import planner.arguments as arguments
 from planner.problem import Collective, Plan, Problem
 
 RULES = {
