@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,9 +71,11 @@ def _first_fit_decreasing(sizes: list[int], cap: int) -> int:
     return len(free)
 
 
-def bin_packing_bound(sizes: list[int], cap: int) -> int:
+def bin_packing_bound(sizes: list[int], cap: int, deadline: float | None = None) -> int:
     """Fewest buckets of ``cap`` bytes that hold items of these sizes -- or, when the small model
     is not proved within its effort, CP-SAT's bound on it, which is still a lower bound.
+    ``deadline`` (``time.perf_counter()`` seconds): the search stops there too, and a bound
+    asked for past it is the volume bound alone (a solve's time limit holds for its bounds).
 
     An item over the cap is a bucket of its own (the cap applies to merges only)."""
     over = sum(1 for s in sizes if s > cap)
@@ -83,6 +86,9 @@ def bin_packing_bound(sizes: list[int], cap: int) -> int:
     upper = _first_fit_decreasing(items, cap)
     if upper <= by_volume:
         return over + upper
+    wall_s = BIN_PACKING_WALL_S if deadline is None else min(BIN_PACKING_WALL_S, deadline - time.perf_counter())
+    if wall_s <= 0:
+        return over + by_volume
     counts: dict[int, int] = {}
     for s in items:
         counts[s] = counts.get(s, 0) + 1
@@ -104,7 +110,7 @@ def bin_packing_bound(sizes: list[int], cap: int) -> int:
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     solver.parameters.max_deterministic_time = BIN_PACKING_DETERMINISTIC_S
-    solver.parameters.max_time_in_seconds = BIN_PACKING_WALL_S
+    solver.parameters.max_time_in_seconds = wall_s
     code = solver.solve(m)
     if code == cp_model.OPTIMAL:
         return over + round(solver.objective_value)
@@ -171,8 +177,9 @@ def _by_key(problem: Problem) -> dict[tuple, list]:
     return groups
 
 
-def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tuple, int]:
-    """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves."""
+def key_lower_bounds(problem: Problem, protect_partly: bool = False, deadline: float | None = None) -> dict[tuple, int]:
+    """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves.
+    ``deadline``: as ``bin_packing_bound``'s (the bounds may only be looser for it)."""
     intervals = merge_intervals(problem, protect_partly)
     out: dict[tuple, int] = {}
     for group_key, cs in _by_key(problem).items():
@@ -183,7 +190,8 @@ def key_lower_bounds(problem: Problem, protect_partly: bool = False) -> dict[tup
             starts = [intervals[c.name][0:2] for c in rest]
             waits = [intervals[c.name][2:4] for c in rest]
             by_interval = max(_max_disjoint(starts), _max_disjoint(waits), 1)
-            need += max(by_interval, bin_packing_bound([c.size_bytes for c in rest], problem.bucket_cap_bytes))
+            need += max(by_interval, bin_packing_bound([c.size_bytes for c in rest], problem.bucket_cap_bytes,
+                                                       deadline))
         out[group_key] = need
     return out
 
@@ -448,10 +456,11 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[
     return float(clock[-1])
 
 
-def step_floor(problem: Problem, reach: BucketReach | None = None) -> StepFloor:
+def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tuple, int] | None = None) -> StepFloor:
     """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``).
-    ``reach``: ``bucket_reach(problem)`` when the caller has it."""
-    need = key_lower_bounds(problem)
+    ``reach``: ``bucket_reach(problem)``, ``need``: ``key_lower_bounds(problem)`` (without
+    protect_partly: the floor holds for either policy) when the caller has them."""
+    need = need if need is not None else key_lower_bounds(problem)
     reach = reach or bucket_reach(problem)
     price = priced_bytes(problem, reach)
     stream: dict[str, float] = {}

@@ -403,3 +403,14 @@ def test_a_problem_refuses_a_timeline_for_a_group_with_no_link():
     data["timelines"] = [*data["timelines"], {"pg": "nowhere", "nodes": [0], "types": "s"}]
     with pytest.raises(ValueError, match="timeline nowhere: process group 'nowhere' has no link"):
         planner.Problem.model_validate(data)
+
+
+def test_bounds_asked_for_past_the_deadline_are_the_volume_bound():
+    # a solve's time limit holds for its bounds too: past the deadline no bin packing is searched,
+    # and the cheaper bound returned is still a lower bound (never above the packing's own)
+    from planner.bounds import bin_packing_bound
+
+    # by volume 4 bins (37 / 10); no 7 shares a bin and two 4s fill one: 5 (the search proves it)
+    sizes, cap = [7, 7, 7, 4, 4, 4, 4], 10
+    assert bin_packing_bound(sizes, cap) == 5
+    assert bin_packing_bound(sizes, cap, deadline=time.perf_counter() - 1) == 4
