@@ -98,8 +98,9 @@ def locked(plan_dir: str | os.PathLike) -> Iterator[None]:
     flock, so the lock goes with the process however it ends (no stale lock file to clear)."""
     path = Path(plan_dir) / LOCK
     try:
-        # O_RDWR, O_NONBLOCK: neither blocks on a FIFO put there; fstat below refuses it
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o644)
+        # O_RDWR, O_NONBLOCK: neither blocks on a FIFO put there; fstat below refuses it.
+        # O_NOFOLLOW: a symlink there is refused (ELOOP), never followed to create a file elsewhere
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW, 0o644)
     except OSError as e:
         raise PlanDirError(f"{path}: cannot open the solve-dir lock ({e.strerror})") from None
     try:

@@ -461,3 +461,12 @@ def test_a_hardware_file_that_is_not_a_file_is_one_line(tmp_path, kind):
     _kinds(path, kind)
     run = _cli("extract", "llama3-8b-ddp-2", "--hardware", str(path), "-o", str(tmp_path / "out"))
     _one_line(run, str(path), "not a regular file")
+
+
+def test_a_symlink_where_the_lock_goes_is_refused_not_followed(tmp_path):
+    from planner.plan_dir import LOCK
+
+    _plan_dir(tmp_path)
+    (tmp_path / LOCK).symlink_to(tmp_path / "elsewhere")
+    _one_line(_solve_dir(tmp_path), LOCK, "cannot open the solve-dir lock")
+    assert not (tmp_path / "elsewhere").exists()  # nothing created through the link
