@@ -48,12 +48,19 @@ def test_chain_floor_is_exact_on_a_chain():
     assert step_floor(problem).floor_ms == by_hand  # the stream alone (3.55) and compute (5) say less
 
 
+@pytest.mark.parametrize("by", ["grid", "projection"])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
-def test_every_feasible_bucket_is_within_reach(problem):
+def test_every_feasible_bucket_is_within_reach(by, problem):
     # the reach is a superset argument; every plan the verifier accepts must respect it, for each
-    # member and for the member that anchors the bucket
-    reach = bucket_reach(problem)
+    # member and for the member that anchors the bucket; a key too large for the grid is bounded
+    # by projection (REACH_GRID_MAX_CELLS), which must hold as well
+    from unittest import mock
+
+    import planner.bounds as bounds
+
+    with mock.patch.object(bounds, "REACH_GRID_MAX_CELLS", 0 if by == "projection" else bounds.REACH_GRID_MAX_CELLS):
+        reach = bucket_reach(problem)
     wire = {c.name: c.wire_bytes for c in problem.collectives}
     for plan in feasible_plans(problem):
         for b in plan.buckets:

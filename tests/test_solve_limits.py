@@ -133,31 +133,6 @@ def test_projected_reach_is_never_below_the_grids(monkeypatch):
                    for n in exact.member)
 
 
-def test_feasible_buckets_are_within_the_projected_reach():
-    # as test_bounds' test of the grid, against every plan the verifier accepts
-    from unittest import mock
-
-    from hypothesis import HealthCheck, given, settings
-
-    import planner.bounds as bounds
-    from tests.brute import feasible_plans
-    from tests.strategies import problems
-
-    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-    @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
-    def check(problem):
-        with mock.patch.object(bounds, "REACH_GRID_MAX_CELLS", 0):
-            reach = bounds.bucket_reach(problem)
-        wire = {c.name: c.wire_bytes for c in problem.collectives}
-        for plan in feasible_plans(problem):
-            for b in plan.buckets:
-                total = sum(wire[m] for m in b.members)
-                assert all(total <= reach.member[m] for m in b.members)
-                assert total <= reach.anchored[b.start]
-
-    check()
-
-
 # -- a solve always returns a verified plan ---------------------------------------------------------
 
 def _searches_find_nothing(monkeypatch) -> None:
