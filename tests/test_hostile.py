@@ -107,7 +107,7 @@ def test_solve_writes_its_plan_atomically_and_verifiably(tmp_path, capsys):
     problem_path = tmp_path / "problem.json"
     planner.save(P, problem_path)
     out = tmp_path / "deep" / "plan.json"
-    assert cli(["solve", str(problem_path), "-o", str(out), "--time-limit", "5", "-q"]) == 0
+    assert cli(["solve", str(problem_path), "-o", str(out), "--objective", "count", "--time-limit", "5", "-q"]) == 0
     assert sorted(p.name for p in out.parent.iterdir()) == ["plan.json"]
     assert cli(["verify", str(problem_path), str(out)]) == 0
     text = capsys.readouterr().out

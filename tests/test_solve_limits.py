@@ -197,7 +197,7 @@ def test_solve_on_the_command_line_writes_the_unbucketed_plan_when_nothing_bette
     problem = _small()
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     planner.save(problem, problem_path)
-    code = cli(["solve", str(problem_path), "-o", str(plan_path), "--time-limit", "10", "-q"])
+    code = cli(["solve", str(problem_path), "-o", str(plan_path), "--objective", "count", "--time-limit", "10", "-q"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "status              FEASIBLE (no better plan found in time than the unbucketed plan)" in out
@@ -212,8 +212,8 @@ def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     planner.save(problem, problem_path)
     proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve", str(problem_path), "-o", str(plan_path),
-                             "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_sigint_default)
+                             "--objective", "count", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     watchdog = threading.Timer(240, proc.kill)  # bounded, should the child stop talking
     watchdog.start()
     seen = []
