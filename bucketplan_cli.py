@@ -563,9 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_extract)
 
     s = sub.add_parser("verify", help="check a plan against the rules of planner/README.md (exit 1 if infeasible)")
-    s.add_argument("problem")
-    s.add_argument("plan")
-    s.add_argument("--max-violations", type=int, default=20, help="violations to print (default 20)")
+    s.add_argument("problem", help="the problem file (problem.json, as `extract` writes it)")
+    s.add_argument("plan", help="the plan file to check (plan.json, as `solve` writes it)")
+    s.add_argument("--max-violations", type=int, default=20, help="violations to print (default %(default)s)")
     # default None: not given, so the policy the plan records (or the default one) applies
     s.add_argument("--protect-partly", action=argparse.BooleanOptionalAction, default=None,
                    help="check under the stricter policy that keeps partly hidden overlap too (--no-protect-partly: "
@@ -577,35 +577,44 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("solve", help="optimal bucketing with CP-SAT (status, objective, bound, gap)")
-    s.add_argument("problem")
+    s.add_argument("problem", help="the problem file to solve (problem.json, as `extract` writes it)")
     s.add_argument("-o", "--output", required=True, help="plan file to write")
     s.add_argument("--time-limit", type=float, default=60.0, help="seconds of search (default 60)")
-    s.add_argument("--objective", choices=["count", "exposure", "step"], default="count")
+    s.add_argument("--objective", choices=["count", "exposure", "step"], default="step",
+                   help="what to minimize (default step, as solve-dir): step: the simulated step time in ms; "
+                        "count: the number of collectives; exposure: exposed communication summed per bucket, "
+                        "without stream queuing")
     s.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0,
+                   help="CP-SAT's random seed (default %(default)s); with the same workers, the same plan")
     s.add_argument("--deterministic", action="store_true",
                    help="--time-limit counts CP-SAT's deterministic time, not wall seconds: the same seed and workers "
                         "give the same plan on any machine, even when not proved optimal (runs take longer)")
-    s.add_argument("--hint", help="a plan to start from (e.g. greedy-plan.json)")
+    s.add_argument("--hint", help="a plan to start from (e.g. greedy-plan.json; default: none)")
     s.add_argument("--window", default="auto",
-                   help="'auto' (full model up to 320 collectives, else 16), 'none' (full model), or N: limit "
-                        "anchors to N same-key neighbours; the reported bound always holds for the whole problem")
+                   help="'auto' (the default: full model up to 320 collectives, else 16), 'none' (full model), or N: "
+                        "limit anchors to N same-key neighbours; the reported bound always holds for the whole problem")
     s.add_argument("--protect-partly", action="store_true",
-                   help="keep the overlap of partly hidden collectives too (stricter than torch's rules)")
+                   help="keep the overlap of partly hidden collectives too (stricter than torch's rules; default: "
+                        "off, torch's rules)")
     s.add_argument("--memory-budget-gb", type=float, default=None,
-                   help="extra memory kept alive by moved starts/waits stays within this at every position")
+                   help="extra memory kept alive by moved starts/waits stays within this at every position "
+                        "(default: no budget)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 
     s = sub.add_parser("solve-dir", help="solve every problem recorded from torch.compile (fxglue.run.compile.record) "
                                          "that has no plan yet; resumable; writes plan.json and a summary")
-    s.add_argument("plan_dir")
+    s.add_argument("plan_dir", help="the folder torch.compile recorded its problems in (one subfolder per "
+                                    "problem, with its problem.json)")
     s.add_argument("--objective", choices=["count", "exposure", "step"], default="step",
-                   help="what to minimize (default step: the simulated step time)")
+                   help="what to minimize (default step, as solve): step: the simulated step time in ms; "
+                        "count: the number of collectives; exposure: exposed communication summed per bucket, "
+                        "without stream queuing")
     s.add_argument("--time-limit", type=float, default=60.0, help="seconds of search per problem (default 60)")
     s.add_argument("--jobs", type=int, default=1, help="problems solved at once (default 1)")
     s.add_argument("--workers", type=int, help="CP-SAT workers per problem (default: cores / jobs)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=0, help="CP-SAT's random seed (default %(default)s)")
     s.add_argument("--force", action="store_true", help="solve again problems that already have a plan")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve_dir)
@@ -630,7 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
     _add_model_options(s)
     _add_cluster_options(s)
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_compare)
 
     s = sub.add_parser("check", help="run original and bucketed graphs for real on gloo; compare bitwise")
@@ -640,16 +649,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload, or a folder of "
                    "rank<R>/plan.json, one per rank (`bucketplan extract --tiny` writes each rank's problem)")
     _add_planner_option(g)
-    s.add_argument("--ranks", type=int, default=2)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--pre-bucketing", action="store_true")
-    s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"])
-    s.add_argument("-q", "--quiet", action="store_true")
+    s.add_argument("--ranks", type=int, default=2,
+                   help="gloo processes to run on (default %(default)s, at least 2; a 2-D workload gets TP 2 from 4 "
+                        "ranks on, else TP 1)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="torch's seed for the parameters, the same on every rank (default %(default)s)")
+    s.add_argument("--pre-bucketing", action="store_true",
+                   help="run torch's FSDP pre-bucketing before scheduling (default: off, as in extract)")
+    s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"],
+                   help="torch's bucket mode (default: torch's config, i.e. 'default')")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_check)
 
     s = sub.add_parser("apply", help="schedule a workload and apply a plan file to it")
     s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
-    s.add_argument("plan")
+    s.add_argument("plan", help="the plan file to apply (solved for this workload's problem, e.g. by `solve`)")
     _add_model_options(s)
     _add_pipeline_options(s)
     s.set_defaults(func=cmd_apply)
@@ -659,7 +673,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_planner_option(s) -> None:
     from fxglue import planners  # torch-free: the registry's names and descriptions
 
-    s.add_argument("--planner", choices=planners.names(), default="greedy", help=planners.help_text())
+    s.add_argument("--planner", choices=planners.names(), default="greedy",
+                   help="which plan to check (default %(default)s): " + planners.help_text().replace("%", "%%"))
 
 
 def _add_model_options(s) -> None:
@@ -669,7 +684,8 @@ def _add_model_options(s) -> None:
     s.add_argument("--hf", help="a Hugging Face model id whose config is in the local cache (nothing is downloaded)")
     s.add_argument("--parallel", choices=["fsdp", "ddp", "2d"], default="fsdp",
                    help="how --model / --hf-config / --hf is parallelized (default fsdp)")
-    s.add_argument("--layers", type=int, help="decoder layers of --hf-config / --hf, or factory(groups, layers=N)")
+    s.add_argument("--layers", type=int, help="decoder layers of --hf-config / --hf (default: the config's "
+                   "num_hidden_layers), or factory(groups, layers=N) (default: the factory's own)")
 
 
 def _add_cluster_options(s) -> None:
@@ -689,8 +705,10 @@ def _add_pipeline_options(s) -> None:
                         "bucket search sees every collective)")
     s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"],
                    default=None, help="torch's bucket mode (default: torch's config, i.e. 'default')")
-    s.add_argument("--max-bucket-memory-gb", type=float, default=2.0, help="bucket cap, as torch (2.0)")
-    s.add_argument("--hardware", help="JSON file overriding the estimator's hardware figures")
+    s.add_argument("--max-bucket-memory-gb", type=float, default=2.0,
+                   help="bucket cap in GB (default %(default)s, as torch)")
+    s.add_argument("--hardware", help="JSON file overriding the estimator's hardware figures (default: the "
+                                      "preset's)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
 
