@@ -580,8 +580,12 @@ def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) ->
         return _no_search(ctx, floor)  # ctx.lb: the step floor, a bound for the whole problem
     focused = _portfolio(ctx.objective, windowed=ctx.window is not None)
     ctx.stats["subsolvers"] = list(focused) or "default"
-    solver = _configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - (time.perf_counter() - ctx.t0),
-                                ctx.main_s, focused)
+    # deterministic: the guard is 20x the search's own budget from its start, not from the solve's
+    # start: on a loaded machine the stages before it (bounds, count search, building) took most
+    # of a guard counted from t0, and the guard then cut a deterministic search short (a sweep's
+    # Ray and one-by-one tables differed by "stopped by the wall clock" under two busy loops)
+    elapsed = 0.0 if ctx.deterministic else time.perf_counter() - ctx.t0
+    solver = _configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - elapsed, ctx.main_s, focused)
     code = _run_search(solver, handle.model, ctx.cb)
     ctx.stats.update(solve_wall_s=round(solver.wall_time, 3),
                      deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,

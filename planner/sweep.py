@@ -403,7 +403,12 @@ def run_on_ray(tasks: list[Task], done: Done, say: Callable[[str], None], *, add
     if address is None:
         n_cpus = cpus or os.cpu_count() or 1
         check_cpus(tasks, n_cpus, "the local Ray instance")  # before starting Ray: it is known here
-        ray.init(num_cpus=n_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False)
+        # worker_niceness 0: Ray runs its workers at nice 15, so any other busy process on the
+        # machine starved the solves (a 3 s deterministic step solve took 69 s next to two busy
+        # loops, 5.9 s outside Ray), its wall-clock guard cut them short, and the table differed
+        # from the one-by-one run's
+        ray.init(num_cpus=n_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _system_config={"worker_niceness": 0})
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False,
                  runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
