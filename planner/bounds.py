@@ -351,13 +351,15 @@ class StepFloor:
     (``_key_stream_floor``) and its collectives' bytes priced at the best per-byte time of the
     largest bucket each can be in (``priced_bytes``). The step lasts at least as long as any
     stream is busy and as the compute stream's work. ``chain_ms``: ``chain_floor`` (when the
-    fixed order lets collectives run, and what must run between).
+    fixed order lets collectives run, and what must run between); ``chain_cut``: its longest path
+    was stopped at a deadline (still a floor, over fewer edges).
     """
 
     floor_ms: float
     compute_ms: float
     stream_ms: dict[str, float]
     chain_ms: float = 0.0
+    chain_cut: bool = False
 
 
 def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray]:
@@ -387,7 +389,8 @@ def _key_stream_floor(link, kind: str, total: int, min_buckets: int) -> float:
     return float(max(0.0, (min_buckets * c + s * total).max(initial=0.0)))
 
 
-def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[str, float] | None = None) -> float:
+def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[str, float] | None = None,
+                deadline: float | None = None) -> float:
     """A floor from the fixed order: the longest chain of facts about the clock, one per pair of
     positions (a longest path; it contains Jackson / Carlier's one-machine bound with release and
     tail times; the stream floor of ``step_floor``, which also prices by count, is kept beside it).
@@ -400,7 +403,18 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[
     wait sits before its first fixed consumer (the bucket has ended by T(w_hi)). Those buckets
     hold the stream one at a time in between, at least max(c_min + sum s*bytes on the kinds'
     best lines below the curve (``_minorant_lines``), sum of ``priced_bytes``). The step is at
-    least the longest path from the first position to the end along these edges."""
+    least the longest path from the first position to the end along these edges.
+
+    The path is relaxed point by point, quadratic in the points (200,000 collectives: minutes);
+    at ``deadline`` (``time.perf_counter()`` seconds) it stops with the longest path over the
+    edges out of the points relaxed so far: every clock value is still some path's length, so
+    still a floor, at least the compute (the first point's edges are always relaxed)."""
+    return _chain_floor(problem, reach, price, deadline)[0]
+
+
+def _chain_floor(problem: Problem, reach: BucketReach | None, price: dict[str, float] | None,
+                 deadline: float | None) -> tuple[float, bool]:
+    """``chain_floor`` and whether the deadline cut it."""
     limits = fixed_limits(problem)
     order = sorted(problem.nodes, key=lambda n: n.pos)
     pos = np.array([n.pos for n in order])
@@ -440,6 +454,8 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[
     clock = np.full(m, -np.inf)
     clock[0] = 0.0
     for a in range(m - 1):
+        if deadline is not None and a and a % 16 == 0 and time.perf_counter() > deadline:
+            return float(clock[-1]), True  # >= the compute: the edge from point 0 to the end is relaxed
         edge = done[a + 1:] - done[a]
         for h in held:
             rel, wait, line, priced, c_min, k, by_line, by_price, by_count = h
@@ -453,13 +469,15 @@ def chain_floor(problem: Problem, reach: BucketReach | None = None, price: dict[
             stream = np.maximum(by_line.cumsum()[a + 1:] + c_min * some, by_price.cumsum()[a + 1:])
             edge = np.maximum(edge, stream)
         clock[a + 1:] = np.maximum(clock[a + 1:], clock[a] + edge)
-    return float(clock[-1])
+    return float(clock[-1]), False
 
 
-def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tuple, int] | None = None) -> StepFloor:
+def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tuple, int] | None = None,
+               deadline: float | None = None) -> StepFloor:
     """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``).
     ``reach``: ``bucket_reach(problem)``, ``need``: ``key_lower_bounds(problem)`` (without
-    protect_partly: the floor holds for either policy) when the caller has them."""
+    protect_partly: the floor holds for either policy) when the caller has them. ``deadline``:
+    the chain floor stops there (``chain_floor``); the floor stays valid, only looser."""
     need = need if need is not None else key_lower_bounds(problem)
     reach = reach or bucket_reach(problem)
     price = priced_bytes(problem, reach)
@@ -470,6 +488,6 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
-    chain = chain_floor(problem, reach, price)
+    chain, cut = _chain_floor(problem, reach, price, deadline)
     return StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
-                     stream_ms=stream, chain_ms=chain)
+                     stream_ms=stream, chain_ms=chain, chain_cut=cut)

@@ -388,7 +388,10 @@ def _with_bounds(ctx: _SolveContext) -> _SolveContext:
     floor_ms = None
     if ctx.step:
         need = key_bounds if not ctx.policy.protect_partly else key_lower_bounds(problem, deadline=deadline)
-        floor_ms = step_floor(problem, reach, need).floor_ms
+        floor = step_floor(problem, reach, need, deadline=deadline)
+        floor_ms = floor.floor_ms
+        if floor.chain_cut:  # a valid floor, looser than it would be with time (planner.bounds)
+            ctx.stats["chain_floor_cut"] = True
     ctx = dataclasses.replace(ctx, bounds={"lower_bound": lb, "key_bounds": key_bounds},
                               lb=floor_ms if ctx.step else lb,  # the step's relaxation bound, valid for the whole problem
                               floor_ms=floor_ms, reach=reach)

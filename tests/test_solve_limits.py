@@ -389,3 +389,19 @@ def test_bounds_asked_for_past_the_deadline_are_the_volume_bound():
     sizes, cap = [7, 7, 7, 4, 4, 4, 4], 10
     assert bin_packing_bound(sizes, cap) == 5
     assert bin_packing_bound(sizes, cap, deadline=time.perf_counter() - 1) == 4
+
+
+def test_a_chain_floor_cut_at_its_deadline_is_still_a_floor():
+    # quadratic in the points (200,000 collectives: 490 s before a 10 s step solve could start);
+    # cut at a deadline it is a longest path over fewer edges: never above the full one, never
+    # below the compute, and the step floor says it was cut
+    from planner.bounds import _chain_floor, chain_floor, step_floor
+
+    problem = overlapping_gathers(2000)
+    full = chain_floor(problem)
+    cut, was_cut = _chain_floor(problem, None, None, deadline=time.perf_counter() - 1)
+    compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
+    assert was_cut and compute - 1e-9 <= cut <= full
+    floor = step_floor(problem, deadline=time.perf_counter() - 1)
+    assert floor.chain_cut and floor.floor_ms <= step_floor(problem).floor_ms
+    assert not step_floor(problem).chain_cut
