@@ -712,9 +712,14 @@ def read_stages(path: Path) -> dict | None:
     return data if isinstance(data, dict) and isinstance(data.get("stages"), list) else None
 
 
-def _stages(out: Path, case: Case) -> list[dict]:
-    data = read_stages(case_dir(out, case) / STAGES)
+def stage_list(path: Path) -> list[dict]:
+    """The stages a stages file records ([] when there is none or it is no such file's JSON)."""
+    data = read_stages(path)
     return [s for s in data["stages"] if isinstance(s, dict)] if data else []
+
+
+def _stages(out: Path, case: Case) -> list[dict]:
+    return stage_list(case_dir(out, case) / STAGES)
 
 
 def _extract_all(spec: Spec, out: Path, extract: Extract | None, say: Callable[[str], None]) -> dict[str, str]:

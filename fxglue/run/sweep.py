@@ -18,7 +18,7 @@ from typing import Callable
 
 from planner.io import atomic_write_text, save
 from planner.io import BadFileError
-from planner.sweep import GREEDY, PROBLEM, STAGES, Case, SpecError, peak_memory, read_stages
+from planner.sweep import GREEDY, PROBLEM, STAGES, Case, SpecError, peak_memory, read_stages, stage_list
 
 # prepare()'s progress messages open these stages (the first word of each message)
 _STAGE_OF = {"tracing": "trace", "scheduling": "schedule", "extracting": "extract", "running": "greedy",
@@ -120,12 +120,6 @@ def _died_at(stages_file: Path) -> str:
     return f"in stage {data.get('running')!r}" if data.get("running") else "between stages"
 
 
-def _stages_written(stages_file: Path) -> list[dict]:
-    """The stages the child process wrote (its own file, read back safely all the same)."""
-    data = read_stages(stages_file)
-    return [s for s in data["stages"] if isinstance(s, dict)] if data else []
-
-
 def extract_case(case: Case, folder: Path, say: Callable[[str], None]) -> None:
     """Trace, schedule and extract ``case`` into ``folder`` (problem.json, greedy.json, stages.json)
     in a fresh process. A process that dies (out of memory) raises RuntimeError naming the stage."""
@@ -136,7 +130,7 @@ def extract_case(case: Case, folder: Path, say: Callable[[str], None]) -> None:
     except BrokenProcessPool:
         raise RuntimeError(f"case {case.key}: the extraction process died {_died_at(folder / STAGES)} "
                            "(killed: out of memory?)") from None
-    stages = _stages_written(folder / STAGES)
+    stages = stage_list(folder / STAGES)
     say(f"  {case.key}: extracted in {time.perf_counter() - t0:.1f}s: "
         + ", ".join(f"{s.get('stage')} {s.get('wall_s')}s/{s.get('peak_rss_gb')} GB" for s in stages))
 
@@ -145,7 +139,7 @@ def _apply_child(case: Case, folder: str, plan_file: str, sha: str) -> None:
     from fxglue.pipeline import run_pipeline
 
     folder_p = Path(folder)
-    keep = _stages_written(folder_p / STAGES)
+    keep = stage_list(folder_p / STAGES)
     meter = StageMeter(folder_p / STAGES, prefix=f"apply {Path(plan_file).stem.removesuffix('-plan')}: ",
                        keep=[s for s in keep if not str(s.get("stage")).startswith("apply")])
     workload, preset = resolve(case)
@@ -162,5 +156,5 @@ def apply_case(case: Case, folder: Path, plan_file: Path, sha: str, say: Callabl
         _in_child(_apply_child, case, str(folder), str(plan_file), sha)
     except BrokenProcessPool:
         raise RuntimeError(f"case {case.key}: the apply process died {_died_at(folder / STAGES)}") from None
-    stages = _stages_written(folder / STAGES)
+    stages = stage_list(folder / STAGES)
     say(f"  {case.key}: applied {plan_file.name}: {stages[-1].get('note') if stages else '(no stages written)'}")
