@@ -482,13 +482,9 @@ def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int |
     PlanMismatchError for a plan of another problem."""
     arguments.problem_and_plan(problem, plan)
     check_plan_matches(problem, plan)
-    arguments.positive_number(time_limit_s, "time_limit_s")
-    if workers is not None:
-        arguments.worker_count(workers, "workers")
-    arguments.seed(seed, "seed")
-    arguments.flag(policy.protect_partly, "protect_partly")
-    arguments.memory_budget_bytes(policy.memory_budget_bytes, "memory_budget_bytes")
-    arguments.flag(deterministic, "deterministic")
+    _validate(problem, time_limit_s=time_limit_s, objective="count", workers=workers, seed=seed, window=None,
+              protect_partly=policy.protect_partly, memory_budget_bytes=policy.memory_budget_bytes,
+              deterministic=deterministic, hint=None, within=None, count_plan=None, floor_plans=())
     t0 = time.perf_counter()
     params = policy.as_params()
     quick = reanchored(problem, plan)
