@@ -20,6 +20,7 @@ import pytest
 
 import planner
 from planner.plan_dir import PLAN, PROBLEM
+from tests.test_plan_cache import _break  # the same broken plans, here through a real compile
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow  # two 2-rank compiles and a solve: about 1.5 minutes on 2 cores
@@ -95,21 +96,6 @@ def test_the_readme_training_flow_applies_every_plan_and_keeps_the_loss(flow):
         assert (before, after) == (len(problem.collectives), planner.collectives_after(problem, plan))
         assert after < before
     assert not re.search(r"^\[rank \d\] bucketplan:", used.stderr, re.M), used.stderr  # no fallback warned
-
-
-def _break(plan_dir: Path, how: str) -> None:
-    (plan_file,) = plan_dir.glob(f"*/{PLAN}")
-    if how == "corrupt":
-        plan_file.write_text("{ not json")
-    elif how == "foreign":
-        greedy = planner.load_plan(plan_file.parent / "greedy.json")
-        planner.save(greedy.model_copy(update={"problem_fingerprint": "sha256:" + "0" * 64}), plan_file)
-    elif how == "infeasible":  # every collective of the graph in one bucket started at the first: breaks a rule
-        problem = planner.load_problem(plan_file.parent / PROBLEM)
-        names = [c.name for c in problem.collectives]
-        bucket = planner.Bucket(members=tuple(names), start=names[0], wait=names[0])
-        planner.save(planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", buckets=(bucket,),
-                                  created="2026-12-02T00:00:00+00:00"), plan_file)
 
 
 @pytest.mark.long  # five more 2-rank compiles: about 2 minutes
