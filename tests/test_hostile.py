@@ -226,12 +226,18 @@ def test_hostile_problem_file(tmp_path, capsys, case):
     assert fragment in err and str(problem_path) in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
-def _one_line_error(capsys, code: int, fragment: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
-    assert fragment in err, err
+def assert_one_line_error(code: int, err: str, *fragments: str) -> str:
+    """Exit 2 and one line on stderr, no traceback, naming each fragment; the line."""
+    err = err.strip()
+    assert code == 2, (code, err[-2000:])
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err[-2000:]
+    for fragment in fragments:
+        assert fragment in err, err
     return err
+
+
+def _one_line_error(capsys, code: int, fragment: str) -> str:
+    return assert_one_line_error(code, capsys.readouterr().err, fragment)
 
 
 @pytest.mark.parametrize("case", sorted(PROBLEM_CASES))

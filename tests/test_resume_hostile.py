@@ -27,7 +27,7 @@ from planner.plan_dir import (INDEX, PLAN, PROBLEM, PlanDirError, append_index, 
                               recorded_problems)
 from planner.sweep import ray_available
 from tests.bounded import bounded
-from tests.test_hostile import _problem
+from tests.test_hostile import _problem, assert_one_line_error
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "experiments" / "results" / "presets"
@@ -43,12 +43,7 @@ def _cli(*args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess:
 
 
 def _one_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
-    err = proc.stderr.strip()
-    assert proc.returncode == 2, (proc.returncode, err[-2000:])
-    assert len(err.splitlines()) == 1 and "Traceback" not in err, err[-2000:]
-    for fragment in fragments:
-        assert fragment in err, err
-    return err
+    return assert_one_line_error(proc.returncode, proc.stderr, *fragments)
 
 
 def _tiny(i: int) -> planner.Problem:
