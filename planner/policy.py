@@ -14,11 +14,18 @@ from dataclasses import asdict, dataclass
 class Policy:
     """``protect_partly``: rules 4, 7 and 8 protect partly hidden collectives too, not only fully
     hidden ones. ``memory_budget_bytes``: the extra bytes moved starts and waits keep alive stay
-    within it at every position (rule 10); None: no budget."""
+    within it at every position (rule 10); None: no budget. ``keep_overlap`` False: rules 4, 7 and 8
+    (overlap preservation) do not apply: the policy of step plans with named positions."""
 
     protect_partly: bool = False
     memory_budget_bytes: int | None = None
+    keep_overlap: bool = True
 
     def as_params(self) -> dict:
-        """The keyword arguments of verify/check/build_model, and what a plan records."""
-        return asdict(self)
+        """The keyword arguments of verify/check/build_model, and what a plan records.
+        ``keep_overlap`` appears only when False: the CP-SAT model always keeps overlap (it is never
+        built for positioned plans), and plans made under the default record what they did before."""
+        out = asdict(self)
+        if self.keep_overlap:
+            del out["keep_overlap"]
+        return out

@@ -25,9 +25,13 @@ import json
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # of a Problem
+# of a Plan: 2 added a bucket's named positions (``Bucket.issue_before`` / ``wait_before``); a
+# plan that uses none of them is written as version 1, so every earlier plan reads and writes as
+# before, and a reader that knows no positions refuses only the plans that have them
+PLAN_SCHEMA_VERSIONS = (1, 2)
 
 Kind = Literal["all_gather", "reduce_scatter", "all_reduce"]
 NodeKind = Literal["start", "wait", "compute", "other"]
@@ -348,11 +352,26 @@ class Problem(_Frozen):
 
 class Bucket(_Frozen):
     """Collectives merged into one; the merged start takes ``start``'s place in the schedule
-    and the merged wait takes the place of ``wait``'s wait (both are member names)."""
+    and the merged wait takes the place of ``wait``'s wait (both are member names), unless the
+    bucket names its positions: ``issue_before`` / ``wait_before``, a pinned node of the problem
+    the merged start / wait sits just before (``planner.positions``). The anchors still name the
+    members torch's merge builds the bucket from."""
 
     members: tuple[str, ...] = Field(min_length=1)
     start: str
     wait: str
+    issue_before: str | None = Field(default=None, description="pinned node the merged start is issued before")
+    wait_before: str | None = Field(default=None, description="pinned node the merged wait sits before")
+
+    @model_serializer(mode="wrap")
+    def _positions_only_when_named(self, handler):
+        """Unset positions are not written: an anchored bucket serializes as it did before
+        positions existed (version-1 plans stay byte-identical)."""
+        data = handler(self)
+        for key in ("issue_before", "wait_before"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
     @model_validator(mode="after")
     def _anchors_are_members(self):
@@ -367,7 +386,7 @@ class Bucket(_Frozen):
 class Plan(_Frozen):
     """A bucketing decision for one problem, and who made it."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1, 2] = 1
     problem_fingerprint: str
     planner: str
     params: dict[str, JSONValue] = Field(default_factory=dict)
@@ -376,6 +395,15 @@ class Plan(_Frozen):
 
     @model_validator(mode="after")
     def _disjoint(self):
+        positioned = any(b.issue_before is not None or b.wait_before is not None for b in self.buckets)
+        if positioned and "schema_version" not in self.model_fields_set:
+            # a plan built in code with named positions is version 2 unless it says otherwise
+            object.__setattr__(self, "schema_version", 2)
+        if self.schema_version < 2:
+            for i, b in enumerate(self.buckets):
+                if b.issue_before is not None or b.wait_before is not None:
+                    raise ValueError(f"buckets[{i}]: named positions (issue_before / wait_before) need "
+                                     f"schema_version 2, the plan says {self.schema_version}")
         owner: dict[str, int] = {}
         for i, b in enumerate(self.buckets):
             for m in b.members:
@@ -383,6 +411,14 @@ class Plan(_Frozen):
                     raise ValueError(f"collective {m!r} is in bucket {owner[m]} and bucket {i}")
                 owner[m] = i
         return self
+
+
+def with_buckets(plan: Plan, buckets, **update) -> Plan:
+    """``plan`` with other buckets (and other fields in ``update``), validated again and at the
+    schema version its buckets need (``model_copy`` would skip both)."""
+    data = {k: getattr(plan, k) for k in Plan.model_fields if k != "schema_version"}
+    data.update(update, buckets=tuple(buckets))
+    return Plan(**data)
 
 
 def collectives_after(problem: Problem, plan: Plan) -> int:

@@ -10,10 +10,11 @@ on a model of the streams. This module is that model, torch-free like the rest o
 The model (see ``planner/README.md`` for the assumptions):
 - one compute stream runs the pinned compute/other nodes in final order, each for ``est_ms``;
 - one FIFO communication stream per process group;
-- a bucket is issued at its start anchor's position: it begins no earlier than the compute
+- a bucket is issued at its merged start (its start anchor's position, or the position it
+  names: ``planner.positions``): it begins no earlier than the compute
   stream's clock at that moment and no earlier than the end of the previous bucket on its
   stream, and runs for ``link.time_ms(kind, sum of wire_bytes)`` (latency paid once);
-- a bucket's wait, at its wait anchor's position, stalls the compute stream until it is done;
+- a bucket's wait, at its merged wait, stalls the compute stream until it is done;
 - with ``problem.bucketing`` set, what torch's merge adds runs on the compute stream too: every
   collective issued costs ``launch_ms`` at its start, a merged bucket's input copy runs right
   before it is issued and an all_gather bucket's output copy right after its wait (see
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.arguments import PlanMismatchError, check_fingerprint, problem_and_plan
+from planner.positions import bucket_positions, place_of, unknown_positions
 from planner.problem import Collective, Link, Plan, Problem, copy_bytes
 
 
@@ -84,17 +86,21 @@ class Simulation:
         return sum(self.exposed_ms_by_pg.values())
 
 
-def _buckets(problem: Problem, plan: Plan | None, colls: dict) -> list[tuple[tuple[str, ...], str, str]]:
-    """(members, start anchor, wait anchor) for every bucket of the final state (``colls``: the
-    problem's collectives by name)."""
+def _buckets(problem: Problem, plan: Plan | None, index: "ReplayIndex") -> list[tuple[tuple[str, ...], float, float]]:
+    """(members, merged start, merged wait) for every bucket of the final state, positions as
+    ``planner.positions`` defines them."""
+    colls = index.colls
     out, placed = [], set()
     for i, b in enumerate(plan.buckets if plan is not None else ()):
         unknown = [m for m in b.members if m not in colls]
         if unknown:
             raise PlanMismatchError(f"bucket {i}: unknown collective(s) {unknown}")
-        out.append((b.members, b.start, b.wait))
+        missing = unknown_positions(b, index.node_pos)
+        if missing:
+            raise PlanMismatchError(f"bucket {i}: named position(s) {missing} are not pinned nodes of the problem")
+        out.append((b.members, *bucket_positions(b, colls, index.node_pos)))
         placed.update(b.members)
-    out += [((c.name,), c.name, c.name) for c in problem.collectives if c.name not in placed]
+    out += [((c.name,), c.start_pos, c.wait_pos) for c in problem.collectives if c.name not in placed]
     return out
 
 
@@ -110,7 +116,8 @@ class ReplayIndex:
 
     colls: dict[str, Collective]
     links: dict[str, Link]
-    compute_before: dict[int, float]  # at every start and wait position
+    node_pos: dict[str, int]  # pinned node -> its scheduled position (named positions)
+    compute_before: dict[int, float]  # at every pinned node's position and at n_scheduled
     compute_ms: float  # the whole graph's
     compute_nodes: tuple[tuple[int, str, float, float], ...]  # (pos, name, begin before delays, est_ms)
     prices: dict[tuple[str, ...], "_Price"] = field(default_factory=dict, compare=False)  # by members, as met
@@ -156,13 +163,14 @@ def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _P
 def replay_index(problem: Problem) -> ReplayIndex:
     acc, before, nodes = 0.0, {}, []
     for node in problem.nodes:
+        before[node.pos] = acc
         if node.kind in ("compute", "other"):
             nodes.append((node.pos, node.name, acc, node.est_ms))
             acc += node.est_ms
-        elif node.kind in ("start", "wait"):
-            before[node.pos] = acc
+    before[problem.n_scheduled] = acc
     return ReplayIndex(colls={c.name: c for c in problem.collectives},
-                       links={c.pg: problem.link(c.pg) for c in problem.collectives}, compute_before=before, compute_ms=acc,
+                       links={c.pg: problem.link(c.pg) for c in problem.collectives},
+                       node_pos={n.name: n.pos for n in problem.nodes}, compute_before=before, compute_ms=acc,
                        compute_nodes=tuple(nodes))
 
 
@@ -190,13 +198,14 @@ def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | Non
 
 def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: bool) -> Simulation:
     colls = index.colls
-    # A bucket acts only at its anchors' own nodes: its merged start takes the start anchor's
-    # position and its merged wait the wait anchor's wait position, and every other node keeps
-    # its position. So walking the anchors in position order *is* walking the final order; the
-    # starts and waits of non-anchor members do nothing, and compute runs between them.
-    buckets = _buckets(problem, plan, colls)
-    events = sorted([(colls[start].start_pos, 0, b) for b, (_, start, _) in enumerate(buckets)]
-                    + [(colls[wait].wait_pos, 1, b) for b, (_, _, wait) in enumerate(buckets)])
+    # A bucket acts only at its merged start and merged wait (``planner.positions``: its anchors'
+    # own positions, or just before the nodes it names), and every other node keeps its
+    # position. So walking those events in position order *is* walking the final order; the
+    # starts and waits of the members themselves do nothing, and compute runs between them.
+    # Events at one position are of one type (positions.py); starts there go in plan order.
+    buckets = _buckets(problem, plan, index)
+    events = sorted([(start, b, 0) for b, (_, start, _) in enumerate(buckets)]
+                    + [(wait, b, 1) for b, (_, _, wait) in enumerate(buckets)])
     delay = 0.0  # on the compute stream besides the graph's compute: stalls, launches, copies
     stream_free: dict[str, float] = {}  # per process group: when its FIFO stream is idle again
     exposed = dict.fromkeys(index.links, 0.0)
@@ -216,13 +225,13 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
                 compute.append(ComputeRun(label, clock, clock + ms, what))
             delay += ms
 
-    for pos, is_wait, b in events:
+    for pos, b, is_wait in events:
         while next_compute is not None and next_compute[0] < pos:  # only when recording
             _, name, begin, ms = next_compute
             if ms > 0:
                 compute.append(ComputeRun(name, begin + delay, begin + delay + ms, "compute"))
             next_compute = next(pending, None)
-        here = index.compute_before[pos]
+        here = index.compute_before[place_of(pos)]
         if not is_wait:
             members = buckets[b][0]
             price = _price(problem, index, members)
@@ -242,7 +251,8 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
                              issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=price.copy_out_ms)
         else:
             if b not in issued:
-                raise ValueError(f"bucket {list(buckets[b][0])}: waited at {buckets[b][2]} before it is issued")
+                raise ValueError(f"bucket {list(buckets[b][0])}: waited at position {buckets[b][2]} before it is "
+                                 f"issued at {buckets[b][1]}")
             run = issued.pop(b)
             copy_out_ms = run.pop("copy_out_ms")
             clock = here + delay

@@ -6,8 +6,9 @@ positions, reachability, hiding intervals -- and shares no code with any planner
 modelling bug in a planner shows up here as a named violation.
 
 The final state of a plan: a bucket's merged start sits at its start anchor's start
-position, its merged wait at its wait anchor's wait position; a collective in no bucket is a
-bucket of its own; every other node keeps its position.
+position, its merged wait at its wait anchor's wait position, or each just before the pinned node
+the bucket names (``planner.positions``, the one definition of positions, read by the simulator
+too); a collective in no bucket is a bucket of its own; every other node keeps its position.
 
 ``check`` reads as the list of rules: one function per rule, ``_rule_<number>_<name>``, each
 returning its violations; rules 2 to 10 read one ``_FinalState`` derived once.
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import planner.arguments as arguments
+from planner.positions import bucket_positions, unknown_positions
 from planner.problem import Collective, Plan, Problem
 
 RULES = {
@@ -81,7 +83,7 @@ class Report:
 
 # The policy options of verify/check, as planner.solve records them in a plan's params: a plan
 # is checked by default under the policy it was made for (bucketplan verify)
-POLICY_KEYS = ("protect_partly", "memory_budget_bytes")
+POLICY_KEYS = ("protect_partly", "memory_budget_bytes", "keep_overlap")
 
 
 def recorded_policy(plan: Plan, *, ignore=()) -> dict:
@@ -95,6 +97,11 @@ def recorded_policy(plan: Plan, *, ignore=()) -> dict:
         if not _obeys(arguments.flag, value):
             raise ValueError(f"params.protect_partly: {value!r} is not a policy (true or false)")
         out["protect_partly"] = value
+    if "keep_overlap" in plan.params and "keep_overlap" not in ignore:
+        value = plan.params["keep_overlap"]
+        if not _obeys(arguments.flag, value):
+            raise ValueError(f"params.keep_overlap: {value!r} is not a policy (true or false)")
+        out["keep_overlap"] = value
     if "memory_budget_bytes" in plan.params and "memory_budget_bytes" not in ignore:
         value = plan.params["memory_budget_bytes"]
         # the library's rule for the argument (True is an int in Python, a JSON float no byte count)
@@ -116,35 +123,41 @@ def _obeys(rule, value) -> bool:
 
 
 def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
-           memory_budget_bytes: int | None = None) -> list[Violation]:
+           memory_budget_bytes: int | None = None, keep_overlap: bool = True) -> list[Violation]:
     """Every rule violation of ``plan`` on ``problem`` (empty list: the plan is feasible)."""
     return check(problem, plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly,
-                 memory_budget_bytes=memory_budget_bytes).violations
+                 memory_budget_bytes=memory_budget_bytes, keep_overlap=keep_overlap).violations
 
 
 def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
-          memory_budget_bytes: int | None = None) -> Report:
+          memory_budget_bytes: int | None = None, keep_overlap: bool = True) -> Report:
     """Violations and quality figures of ``plan`` on ``problem``: the rules of planner/README.md,
     one function each, violations in this order (rules 1 and 5, and rules 2 to 4, bucket by bucket).
 
     ``protect_partly``: the stricter policy in which rules 4, 7 and 8 protect partly hidden
     collectives too (torch's default protects fully hidden ones only). ``memory_budget_bytes``:
-    rule 10 applies only when it is given. A bad argument raises one ValueError naming it.
+    rule 10 applies only when it is given. ``keep_overlap`` False: the overlap-preservation rules
+    4, 7 and 8 do not apply (the policy of step plans with named positions, whose simulated step
+    prices lost overlap itself); the quality figures still count the relations kept. A bad
+    argument raises one ValueError naming it.
     """
     arguments.problem_and_plan(problem, plan)
     arguments.flag(check_fingerprint, "check_fingerprint")
     arguments.flag(protect_partly, "protect_partly")
+    arguments.flag(keep_overlap, "keep_overlap")
     arguments.memory_budget_bytes(memory_budget_bytes, "memory_budget_bytes")
     ill_formed = _bucket_by_bucket(_rule_1_plan_matches_problem(problem, plan, check_fingerprint)
                                    + _rule_5_anchors_are_members(plan))
     if ill_formed:  # positions are undefined for an ill-formed plan
         return Report(violations=ill_formed)
     s = _final_state(problem, plan, protect_partly)
-    out = _bucket_by_bucket(_rule_2_same_key(s) + _rule_3_byte_cap(s) + _rule_4_hider_never_merges(s))
+    overlap = keep_overlap
+    out = _bucket_by_bucket(_rule_2_same_key(s) + _rule_3_byte_cap(s)
+                            + (_rule_4_hider_never_merges(s) if overlap else []))
     out += _rule_6_no_dependent_members(s)
-    out += _rule_7_hiding_kept(s)
+    out += _rule_7_hiding_kept(s) if overlap else []
     stream, broken = _rule_8_stream_fifo(s)
-    out += stream
+    out += stream if overlap else []
     out += _rule_9_schedule_acyclic(s)
     if memory_budget_bytes is not None:
         out += _rule_10_memory_budget(s, memory_budget_bytes)
@@ -169,8 +182,8 @@ class _FinalState:
     plan: Plan
     colls: dict[str, Collective]  # name -> collective
     node_pos: dict[str, int]  # pinned node name -> its scheduled position
-    start_of: dict[str, int]  # collective -> position of its bucket's merged start
-    wait_of: dict[str, int]  # collective -> position of its bucket's merged wait
+    start_of: dict[str, float]  # collective -> position of its bucket's merged start (planner.positions)
+    wait_of: dict[str, float]  # collective -> position of its bucket's merged wait
     group: dict[str, int]  # collective -> bucket id
     members_of: tuple[tuple[str, ...], ...]  # bucket id -> members
     protected: frozenset[str]  # the statuses rules 4, 7 and 8 protect under the policy
@@ -187,11 +200,13 @@ def _final_state(problem: Problem, plan: Plan, protect_partly: bool) -> _FinalSt
     wait_of: dict[str, int] = {}
     group: dict[str, int] = {}
     members_of: list[tuple[str, ...]] = []
+    node_pos = {n.name: n.pos for n in problem.nodes}
     for b, bucket in enumerate(plan.buckets):
         members_of.append(bucket.members)
+        start, wait = bucket_positions(bucket, colls, node_pos)
         for m in bucket.members:
-            start_of[m] = colls[bucket.start].start_pos
-            wait_of[m] = colls[bucket.wait].wait_pos
+            start_of[m] = start
+            wait_of[m] = wait
             group[m] = b
     for c in problem.collectives:
         if c.name not in group:
@@ -199,7 +214,7 @@ def _final_state(problem: Problem, plan: Plan, protect_partly: bool) -> _FinalSt
             members_of.append((c.name,))
             start_of[c.name] = c.start_pos
             wait_of[c.name] = c.wait_pos
-    return _FinalState(problem=problem, plan=plan, colls=colls, node_pos={n.name: n.pos for n in problem.nodes},
+    return _FinalState(problem=problem, plan=plan, colls=colls, node_pos=node_pos,
                        start_of=start_of, wait_of=wait_of, group=group, members_of=tuple(members_of),
                        protected=frozenset({"hidden", "partly"} if protect_partly else {"hidden"}))
 
@@ -211,6 +226,7 @@ def _rule_1_plan_matches_problem(problem: Problem, plan: Plan, check_fingerprint
         out.append(Violation(1, None, (), f"plan is for problem {plan.problem_fingerprint or '(none)'}, "
                                           f"not {problem.fingerprint}"))
     names = {c.name for c in problem.collectives}
+    node_pos = {n.name: n.pos for n in problem.nodes}
     bucket_of: dict[str, int] = {}
     for b, bucket in enumerate(plan.buckets):
         unknown = [m for m in bucket.members if m not in names]
@@ -220,6 +236,9 @@ def _rule_1_plan_matches_problem(problem: Problem, plan: Plan, check_fingerprint
             if m in bucket_of:
                 out.append(Violation(1, b, (m,), f"{m} is also in bucket {bucket_of[m]}"))
             bucket_of.setdefault(m, b)
+        missing = unknown_positions(bucket, node_pos)
+        if missing:
+            out.append(Violation(1, b, bucket.members, f"named position(s) {missing} are not pinned nodes of the problem"))
     return out
 
 

@@ -1,0 +1,80 @@
+"""Where a bucket's merged start and merged wait sit in the final schedule: the one definition.
+
+Why this exists: a bucket used to start at one member's scheduled start and wait at one member's
+scheduled wait (its anchors), so no plan could issue a bucket earlier than its earliest member or
+wait it later than its latest one. Torch's manual per-block pass does exactly that (it prefetches
+the next block's all_gather and defers reduce_scatter waits) and beats every anchored plan at
+depth. A bucket may therefore name the pinned node its merged start is issued before
+(``Bucket.issue_before``) and the one its merged wait sits before (``Bucket.wait_before``).
+The verifier, the simulator, the memory timeline and the search all read positions here, so
+they cannot disagree on what a plan means.
+
+Final positions are numbers on the scale of ``Node.pos`` (torch's scheduled order):
+- an anchored start sits at its start anchor's ``start_pos``, an anchored wait at its wait
+  anchor's ``wait_pos`` (integers, as always);
+- a positioned wait sits at ``pos(wait_before) - WAIT_OFFSET``, a positioned start at
+  ``pos(issue_before) - START_OFFSET``: both just before the named node, a wait ahead of a start
+  placed before the same node (waiting first frees memory; a FIFO stream gains nothing from the
+  start going first, since the next bucket would begin when the waited one ends either way).
+The named node is a place in torch's order, not an event that moves: naming a member's own start
+means "where that start was scheduled". Several starts before one node are issued in plan order
+(the order of ``plan.buckets``); nothing depends on the order of several waits at one place.
+Every pinned node that is not a start or wait of a collective keeps its own position.
+"""
+
+from __future__ import annotations
+
+import math
+
+from planner.problem import Bucket, Collective, Plan, Problem
+
+# Offsets below the named node's position: distinct, exact in binary floating point, and in
+# (0, 1) so a positioned event stays after every node scheduled before the named one.
+WAIT_OFFSET = 0.5
+START_OFFSET = 0.25
+
+
+def is_positioned(bucket: Bucket) -> bool:
+    """Whether the bucket names a start or wait position instead of using its anchors."""
+    return bucket.issue_before is not None or bucket.wait_before is not None
+
+
+def plan_is_positioned(plan: Plan | None) -> bool:
+    return plan is not None and any(is_positioned(b) for b in plan.buckets)
+
+
+def unknown_positions(bucket: Bucket, node_pos: dict[str, int]) -> list[str]:
+    """The named positions that are not pinned nodes of the problem (a bucket so named has no
+    final state)."""
+    return [n for n in (bucket.issue_before, bucket.wait_before) if n is not None and n not in node_pos]
+
+
+def bucket_positions(bucket: Bucket, colls: dict[str, Collective], node_pos: dict[str, int]) -> tuple[float, float]:
+    """(merged start, merged wait) of one bucket of a well-formed plan: anchors are members and
+    named positions are pinned nodes (``unknown_positions`` is empty)."""
+    start = (node_pos[bucket.issue_before] - START_OFFSET if bucket.issue_before is not None
+             else colls[bucket.start].start_pos)
+    wait = (node_pos[bucket.wait_before] - WAIT_OFFSET if bucket.wait_before is not None
+            else colls[bucket.wait].wait_pos)
+    return start, wait
+
+
+def final_positions(problem: Problem, plan: Plan | None) -> dict[str, tuple[float, float]]:
+    """Per collective: (its bucket's merged start, its bucket's merged wait); a collective in no
+    bucket keeps its own. ``plan`` must be well-formed (the verifier's rules 1 and 5)."""
+    colls = {c.name: c for c in problem.collectives}
+    node_pos = {n.name: n.pos for n in problem.nodes}
+    out: dict[str, tuple[float, float]] = {}
+    for bucket in plan.buckets if plan is not None else ():
+        where = bucket_positions(bucket, colls, node_pos)
+        for m in bucket.members:
+            out[m] = where
+    for c in problem.collectives:
+        out.setdefault(c.name, (c.start_pos, c.wait_pos))
+    return out
+
+
+def place_of(fpos: float) -> int:
+    """The scheduled position of the node an event at ``fpos`` sits before (or at): what compute
+    ran before it is the compute scheduled before that position."""
+    return math.ceil(fpos)
