@@ -26,6 +26,7 @@ import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 
 import planner
+from planner.positions import plan_is_positioned
 from planner.verifier import RULES, verify
 
 
@@ -149,6 +150,9 @@ def apply_plan(
 
     from fxglue.extract import extract_problem
 
+    if plan_is_positioned(plan):  # refused before anything is read or changed
+        raise PlanError("the plan names start or wait positions (issue_before / wait_before); apply_plan merges "
+                        "at anchors only so far, and would silently put its buckets elsewhere")
     mode = bucket_mode or _default_bucket_mode()
     if problem is None:
         problem = extract_problem(graph, collective_info, scheduled, max_bucket_memory_gb=max_bucket_memory_gb,

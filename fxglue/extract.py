@@ -134,6 +134,57 @@ def _collective(s: fx.Node, info, pos: dict, mode, pinned: dict) -> planner.Coll
     )
 
 
+def memory_profile(graph: fx.Graph, sched: list[fx.Node], collective_info, pinned: list[fx.Node]) -> planner.MemoryProfile:
+    """The graph's own memory over the schedule and each collective's buffers, as torch's
+    estimator counts them (``memory_estimator.build_memory_profile``: a node's fresh storages are
+    allocated when it runs, a releasable storage -- not a ``primals`` input -- is freed after its
+    last user in this order), with torch's own ``GraphAliasTracker``. Every device is counted:
+    torch's filter drops CPU storages, which would leave a CPU trace with nothing.
+
+    A collective's buffers are left out of the graph's own memory and recorded apart: the storage
+    its start allocates (the wait returns it) until its last user, and its input storage when the
+    start is that storage's last use. A plan moves those with its buckets (``planner.memory``)."""
+    from torch._inductor.fx_passes.memory_estimator import GraphAliasTracker, _is_releasable
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    inputs = [n for n in graph.nodes if n.op in ("placeholder", "get_attr")]
+    order = inputs + [n for n in sched if n.op not in ("placeholder", "get_attr", "output")]
+    pos = {n: i for i, n in enumerate(sched)}
+    tracker = GraphAliasTracker(order)
+
+    def nbytes(key) -> int:
+        return int(optimization_hint(key.storage.nbytes()))
+
+    buffers, apart = {}, set()
+    for s in collective_info:
+        outs = tracker.get_fresh_allocations(s)
+        # another collective's output feeding this one stays that collective's buffer (counted once)
+        freed = [k for k in tracker.get_storages_last_used(s) if _is_releasable(tracker.storage_to_allocator[k])
+                 and k not in outs and tracker.storage_to_allocator[k] not in collective_info]
+        last = max((pos.get(tracker.storage_to_last_user.get(k), pos[s]) for k in outs), default=pos[s])
+        alloc = max((pos.get(tracker.storage_to_allocator[k], -1) for k in freed), default=-1)
+        buffers[s.name] = planner.CollectiveBuffers(out_bytes=sum(map(nbytes, outs)), out_last_use=max(last, pos[s]),
+                                                    in_bytes=sum(map(nbytes, freed)), in_alloc=alloc)
+        apart.update(outs, freed)
+    bounds = [pos[n] for n in pinned]
+    peaks = [0] * (len(pinned) + 1)
+    current = sum(nbytes(k) for n in inputs for k in tracker.get_fresh_allocations(n) if k not in apart)
+    segment = 0
+    for n in order[len(inputs):]:
+        while segment < len(bounds) and bounds[segment] <= pos[n]:
+            segment += 1  # segment j holds the positions from pinned node j - 1 up to pinned node j
+            peaks[segment] = current
+        current += sum(nbytes(k) for k in tracker.get_fresh_allocations(n) if k not in apart)
+        peaks[segment] = max(peaks[segment], current)
+        current -= sum(nbytes(k) for k in tracker.get_storages_last_used(n)
+                       if k not in apart and _is_releasable(tracker.storage_to_allocator[k]))
+    while segment < len(bounds):  # pinned nodes past the last node visited (none in practice)
+        segment += 1
+        peaks[segment] = current
+    return planner.MemoryProfile(segment_peak_bytes=tuple(peaks), buffers=buffers,
+                                 source="torch memory_estimator.GraphAliasTracker, every device")
+
+
 def extract_problem(
     graph: fx.Graph,
     collective_info: dict,
@@ -190,10 +241,11 @@ def extract_problem(
             timelines.append(planner.Timeline(pg=pg, nodes=tuple(pinned_idx[n] for n, _ in ev),
                                               types="".join(t for _, t in ev)))
         links = tuple(estimator.link(pg) for pg in pgs)
+        memory = memory_profile(graph, sched, collective_info, pinned)
     problem = planner.Problem(
         bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
         collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
-        bucketing=estimator.bucketing, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
+        bucketing=estimator.bucketing, memory=memory, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
               "extract_s": round(time.perf_counter() - t0, 4), **(meta or {})},
     )
     return problem.with_fingerprint()

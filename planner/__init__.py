@@ -11,6 +11,8 @@ from planner.problem import (
     Bucket,
     BucketingCost,
     Collective,
+    CollectiveBuffers,
+    MemoryProfile,
     Link,
     Node,
     Plan,
@@ -24,7 +26,7 @@ from planner.solver import PlanMismatchError, SolveResult, solve
 from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
-    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "Link", "Node", "Plan", "PlanMismatchError",
+    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile", "Node", "Plan", "PlanMismatchError",
     "Problem", "Report", "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text",
     "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.memory import buffers_of
 from planner.problem import Bucket, Plan, Problem
 
 # count: fewest collectives. exposure: least summed exposed communication per bucket (no stream
@@ -280,7 +281,7 @@ class _Variables:
 
 
 def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int,
-                     memory_budget_bytes: int | None = None) -> dict:
+                     memory_budget_bytes: int | None = None, problem: Problem | None = None) -> dict:
     """The constraint families of the model, in order; returns the constraints added per family."""
     # Rules 2 (same key), 4 (hiders alone), 7 (hiding kept): no family; candidate pruning in _prepare/_Variables.
     counts = {
@@ -291,7 +292,11 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
         "rule8_stream": _no_new_stream_blocking(m, v, colls),
     }
     if memory_budget_bytes is not None:
-        counts["rule10_memory"] = _extra_memory_within_budget(m, v, colls, memory_budget_bytes)
+        moved = {c.name: (buffers_of(problem, c).out_bytes if c.kind == "all_gather" else buffers_of(problem, c).in_bytes)
+                 for c in problem.collectives}
+        counts["rule10_memory"] = _extra_memory_within_budget(m, v, colls, memory_budget_bytes, moved,
+                                                              {c.name: c.kind for c in problem.collectives},
+                                                              [n.pos for n in problem.nodes])
     return counts
 
 
@@ -461,38 +466,52 @@ def _not_newly_waited_before_hider(m: cp_model.CpModel, v: _Variables, colls: li
     return 1
 
 
-def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], budget: int) -> int:
-    """Rule 10 (optional memory budget): the extra bytes alive at every start or wait stay within it."""
-    # A start moved earlier keeps the collective's buffers (torch's footprint) alive from its
-    # final start to its own start; a wait moved later keeps them from its own wait to its final
-    # wait. The sum only changes at start and wait positions, so checking them is exact.
-    positions = sorted({c.s for c in colls} | {c.w for c in colls})
+def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], budget: int,
+                                moved_bytes: dict[str, int], kind_of: dict[str, str],
+                                node_positions: list[int]) -> int:
+    """Rule 10 (optional memory budget): the bytes kept alive by moved starts stay within it.
+
+    As planner/README.md states it (torch's memory estimator's accounting): an all_gather whose
+    final start FS is before its own start s holds ``moved_bytes`` (its output) in the segments
+    starting at pinned positions p with FS <= p < s, and frees them in s <= p < FS when it starts
+    later; a reduce_scatter or all_reduce holds its input in s < p <= FS and frees it in
+    FS < p <= s. The sum changes only at start positions and at the pinned position right after
+    each, so checking those is exact. Waits hold nothing."""
+    starts = sorted({c.s for c in colls})
+    after = [node_positions[bisect.bisect_right(node_positions, p)] for p in starts
+             if bisect.bisect_right(node_positions, p) < len(node_positions)]
+    positions = sorted(set(starts) | set(after))
     terms: dict[int, list] = {p: [] for p in positions}
+
+    def when(c: _Coll, p: int, fs_at_most_p: bool, weight: int) -> None:
+        """``weight`` at p, on the condition FS <= p (or FS > p)."""
+        fs_dom = v.s_dom[c.idx]
+        if fs_dom[-1] <= p or fs_dom[0] > p:  # decided by the domain
+            if (fs_dom[-1] <= p) == fs_at_most_p:
+                terms[p].append(weight)
+            return
+        lit = m.new_bool_var(f"moved[{c.name}]@{p}")
+        m.add(v.fs[c.idx] <= p).only_enforce_if(lit)
+        m.add(v.fs[c.idx] > p).only_enforce_if(~lit)
+        terms[p].append(weight * (lit if fs_at_most_p else 1 - lit))
+
     for c in colls:
         build_tick()
-        fs_dom, fw_dom = v.s_dom[c.idx], v.w_dom[c.idx]
-        # only the positions where c may hold extra memory, in position order (the early range
-        # lies before c's start, the late one from its wait on): a scan of every position for
-        # every collective was quadratic in the problem
-        early = positions[bisect.bisect_left(positions, fs_dom[0]):bisect.bisect_left(positions, c.s)]
-        late = positions[bisect.bisect_left(positions, c.w):bisect.bisect_left(positions, fw_dom[-1])]
-        for p in early + late:
-            if fs_dom[0] <= p < c.s:  # alive early at p iff FS <= p
-                if fs_dom[-1] <= p:
-                    terms[p].append(c.size)
+        size = moved_bytes[c.name]
+        if not size:
+            continue
+        fs_dom = v.s_dom[c.idx]
+        lo, hi = min(fs_dom[0], c.s), max(fs_dom[-1], c.s)
+        for p in positions[bisect.bisect_left(positions, lo):bisect.bisect_right(positions, hi)]:
+            if kind_of[c.name] == "all_gather":
+                if p < c.s:
+                    when(c, p, True, size)  # FS <= p < s
                 else:
-                    lit = m.new_bool_var(f"early[{c.name}]@{p}")
-                    m.add(v.fs[c.idx] <= p).only_enforce_if(lit)
-                    m.add(v.fs[c.idx] > p).only_enforce_if(~lit)
-                    terms[p].append(c.size * lit)
-            if c.w <= p < fw_dom[-1]:  # alive late at p iff FW > p
-                if fw_dom[0] > p:
-                    terms[p].append(c.size)
-                else:
-                    lit = m.new_bool_var(f"late[{c.name}]@{p}")
-                    m.add(v.fw[c.idx] > p).only_enforce_if(lit)
-                    m.add(v.fw[c.idx] <= p).only_enforce_if(~lit)
-                    terms[p].append(c.size * lit)
+                    when(c, p, False, -size)  # s <= p < FS
+            elif p > c.s:
+                _late_input(m, v, c, p, size, terms)  # s < p <= FS
+            else:
+                _early_input(m, v, c, p, size, terms)  # FS < p <= s
     n = 0
     for p, ts in terms.items():
         build_tick()
@@ -500,6 +519,30 @@ def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[
             m.add(sum(ts) <= budget)
             n += 1
     return n
+
+
+def _late_input(m, v, c, p: int, size: int, terms: dict) -> None:
+    """A reduce_scatter / all_reduce input held at p (> s) iff FS >= p."""
+    fs_dom = v.s_dom[c.idx]
+    if fs_dom[0] >= p:
+        terms[p].append(size)
+    elif fs_dom[-1] >= p:
+        lit = m.new_bool_var(f"late_input[{c.name}]@{p}")
+        m.add(v.fs[c.idx] >= p).only_enforce_if(lit)
+        m.add(v.fs[c.idx] < p).only_enforce_if(~lit)
+        terms[p].append(size * lit)
+
+
+def _early_input(m, v, c, p: int, size: int, terms: dict) -> None:
+    """A reduce_scatter / all_reduce input freed at p (<= s) iff FS < p."""
+    fs_dom = v.s_dom[c.idx]
+    if fs_dom[-1] < p:
+        terms[p].append(-size)
+    elif fs_dom[0] < p:
+        lit = m.new_bool_var(f"early_input[{c.name}]@{p}")
+        m.add(v.fs[c.idx] < p).only_enforce_if(lit)
+        m.add(v.fs[c.idx] >= p).only_enforce_if(~lit)
+        terms[p].append(-size * lit)
 
 
 @dataclass(frozen=True)
@@ -605,7 +648,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
         groups = {index[name]: b for b, bucket in enumerate(within.buckets) for name in bucket.members
                   if name in index}
     v = _Variables(m, colls, problem.bucket_cap_bytes, window, groups)
-    counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes, memory_budget_bytes)
+    counts = _add_constraints(m, v, colls, problem.bucket_cap_bytes, memory_budget_bytes, problem)
     outside = within is None
     _set_objective(m, v, colls, problem, objective, lower_bound if outside else None, max_count,
                    key_bounds if outside else None)

@@ -225,6 +225,34 @@ class Timeline(_Frozen):
         return self
 
 
+class CollectiveBuffers(_Frozen):
+    """What one collective allocates and frees, as torch's memory estimator sees it
+    (``torch/_inductor/fx_passes/memory_estimator.py``): its start allocates ``out_bytes`` (the
+    wait returns the same storage), alive until the scheduled position ``out_last_use`` of that
+    storage's last user; ``in_bytes``: its input storage when the start is that storage's last use
+    (freed there), allocated at scheduled position ``in_alloc`` (-1: a graph input)."""
+
+    out_bytes: int = _bytes()
+    out_last_use: int = Field(ge=0)
+    in_bytes: int = _bytes(default=0)
+    in_alloc: int = Field(default=-1, ge=-1)
+
+
+class MemoryProfile(_Frozen):
+    """The graph's own memory over torch's scheduled order, without the collectives' buffers
+    (``buffers`` holds those, so a plan can put them where its buckets are: ``planner.memory``).
+
+    ``segment_peak_bytes[j]``: the most bytes the graph's own storages hold at any node of segment
+    ``j``, as torch's estimator counts them (after a node's allocations, before its frees): segment
+    0 is the scheduled positions before the first pinned node, segment ``j`` (j >= 1) those from
+    pinned node ``j - 1`` up to pinned node ``j``. Written by ``fxglue.extract`` with torch's own
+    alias tracker; every device counted (a CPU trace would count nothing under torch's filter)."""
+
+    segment_peak_bytes: tuple[int, ...]
+    buffers: dict[str, CollectiveBuffers]
+    source: str = ""
+
+
 def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
@@ -242,14 +270,16 @@ class Problem(_Frozen):
     timelines: tuple[Timeline, ...]
     links: tuple[Link, ...]
     bucketing: BucketingCost | None = Field(default=None, description="copies and launches; none: merging is free")
+    memory: MemoryProfile | None = Field(default=None, description="the graph's own memory and the collectives' buffers")
     meta: dict[str, JSONValue] = Field(default_factory=dict, description="provenance; not fingerprinted")
 
     def content_fingerprint(self) -> str:
         data = self.model_dump(mode="json", exclude={"fingerprint", "meta"})
         # Fields added later are fingerprinted only when set, so problems written before they
         # existed keep their fingerprints (and their plans stay bound to them).
-        if data["bucketing"] is None:
-            del data["bucketing"]
+        for added in ("bucketing", "memory"):
+            if data[added] is None:
+                del data[added]
         for coll in data["collectives"]:
             if not coll["folded"]:
                 del coll["folded"]
@@ -332,6 +362,22 @@ class Problem(_Frozen):
             for j in t.nodes:
                 if not 0 <= j < len(self.nodes):
                     raise ValueError(f"timeline {t.pg}: node index {j} out of range")
+        if self.memory is not None:
+            if len(self.memory.segment_peak_bytes) != len(self.nodes) + 1:
+                raise ValueError(f"memory.segment_peak_bytes: {len(self.memory.segment_peak_bytes)} segments, but "
+                                 f"{len(self.nodes)} pinned nodes make {len(self.nodes) + 1}")
+            by_name = {c.name: c for c in self.collectives}
+            missing = [n for n in by_name if n not in self.memory.buffers]
+            extra = [n for n in self.memory.buffers if n not in by_name]
+            if missing or extra:
+                raise ValueError(f"memory.buffers: one entry per collective (missing {missing[:3]}, "
+                                 f"not collectives {extra[:3]})")
+            for name, buf in self.memory.buffers.items():
+                c = by_name[name]
+                if buf.out_last_use < c.start_pos or buf.out_last_use >= self.n_scheduled or buf.in_alloc >= c.start_pos:
+                    raise ValueError(f"memory.buffers[{name!r}]: output last used at {buf.out_last_use} or input "
+                                     f"allocated at {buf.in_alloc}, outside the scheduled order around its start "
+                                     f"({c.start_pos})")
         if self.fingerprint and self.fingerprint != self.content_fingerprint():
             raise ValueError("fingerprint does not match the content (the file was edited or corrupted)")
         return self

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import planner.arguments as arguments
+from planner.memory import rule10_extra
 from planner.positions import bucket_positions, unknown_positions
 from planner.problem import Collective, Plan, Problem
 
@@ -430,28 +431,24 @@ def _final_position(node, s: _FinalState, wait_owner: dict[str, str]) -> int:
 
 
 def _rule_10_memory_budget(s: _FinalState, budget: int) -> list[Violation]:
-    """The extra bytes alive because starts moved earlier or waits later (``_alive_extra``) stay
-    within ``budget`` at every position. Reports the first position over it, naming the
-    collectives whose buffers are alive there beyond their own schedule."""
-    delta: dict[int, int] = {}
-    for c in s.problem.collectives:
-        for lo, hi in _alive_extra(s, c):
-            delta[lo] = delta.get(lo, 0) + c.size_bytes
-            delta[hi] = delta.get(hi, 0) - c.size_bytes
-    extra = 0
-    for p in sorted(delta):
-        extra += delta[p]
-        if extra > budget:
-            alive = [c.name for c in s.problem.collectives if any(lo <= p < hi for lo, hi in _alive_extra(s, c))]
-            return [Violation(10, None, tuple(alive), f"{extra} extra bytes of {alive} alive at position {p} "
-                                                      f"exceed the budget of {budget}")]
+    """The bytes the plan keeps alive beyond the unbucketed schedule by moving starts stay within
+    ``budget`` in every segment, counted as torch's memory estimator counts them
+    (``planner.memory.rule10_extra``): an all_gather issued earlier holds its output from its
+    merged start, one issued later frees that span; a reduce_scatter or all_reduce issued later
+    holds its input until its merged start, one issued earlier frees it sooner; a wait moved frees
+    nothing (torch frees after the last user, which follows the wait). Reports the first segment
+    over it, naming the collectives whose bucket moved a start across it."""
+    extra = rule10_extra(s.problem, s.plan)
+    bounds = [n.pos for n in s.problem.nodes]
+    for j, x in enumerate(extra):
+        if x > budget:
+            at = bounds[j - 1] if j else 0
+            moved = [c.name for c in s.problem.collectives if s.start_of[c.name] != c.start_pos
+                     and min(s.start_of[c.name], c.start_pos) <= at <= max(s.start_of[c.name], c.start_pos)]
+            return [Violation(10, None, tuple(moved), f"{x} extra bytes alive from position {at} (buffers of "
+                                                      f"{moved[:6]}{' ...' if len(moved) > 6 else ''}) exceed the "
+                                                      f"budget of {budget}")]
     return []
-
-
-def _alive_extra(s: _FinalState, c: Collective) -> list[tuple[int, int]]:
-    """The intervals ``[lo, hi)`` over which ``c``'s buffers (``size_bytes``) are alive beyond its
-    original schedule: from its merged start to its own start, from its own wait to its merged wait."""
-    return [(lo, hi) for lo, hi in ((s.start_of[c.name], c.start_pos), (c.wait_pos, s.wait_of[c.name])) if lo < hi]
 
 
 def _quality(s: _FinalState, broken: set[tuple[str, str]]) -> Quality:

@@ -22,9 +22,10 @@ from planner.problem import MAX_BYTES
 from planner.verifier import check, recorded_policy, verify
 from tests.test_verify_cli import MERGED, P
 
-# ag_a's buffers: MERGED waits it at ag_b's wait, after its own (positions 2 -> 5); it is issued
-# later than its own start, so nothing else is alive early. The extra bytes are ag_a's size_bytes.
-EXTRA = next(c.size_bytes for c in P.collectives if c.name == "ag_a")
+# rs_a's input: MERGED issues it at rs_b's start, later than its own (positions 0 -> 4), so its
+# input stays alive until then (rule 10, torch's accounting; P has no memory profile, so the input
+# is its size_bytes). Waiting it later holds nothing.
+EXTRA = next(c.size_bytes for c in P.collectives if c.name == "rs_a")
 
 
 def _plan(params: dict, buckets=MERGED) -> planner.Plan:
@@ -63,8 +64,8 @@ def test_recorded_policy_reads_only_the_keys_present_and_not_overridden():
 
 
 @pytest.mark.parametrize("policy, rules", [
-    (Policy(), set()),  # torch's policy: ag_a is only partly hidden, its hider may end up outside
-    (Policy(protect_partly=True), {7}),  # mm_1, ag_a's hider, is no longer between its start and wait
+    (Policy(), set()),  # torch's policy: rs_a is only partly hidden, its hider may end up outside
+    (Policy(protect_partly=True), {7}),  # mm_1, rs_a's hider, is no longer between its start and wait
     (Policy(memory_budget_bytes=EXTRA), set()),  # at the budget is within it
     (Policy(memory_budget_bytes=EXTRA - 1), {10}),
 ], ids=["default", "protect_partly", "budget of the extra bytes", "budget a byte short"])

@@ -12,19 +12,20 @@ from tests.test_hostile import _one_line_error
 
 
 def _problem() -> planner.Problem:
-    """ag_a, partly hidden by mm_1, then ag_b, which needs mm_2: merging them issues ag_a after its
-    hider (rule 7 only under protect_partly) and waits it later (extra bytes alive: rule 10)."""
+    """rs_a, partly hidden by mm_1, then rs_b, which needs mm_2: merging them issues rs_a after its
+    hider (rule 7 only under protect_partly) and later than its own start, so its input stays alive
+    until then (extra bytes alive: rule 10)."""
     N, C = planner.Node, planner.Collective
-    nodes = (N(name="ag_a", kind="start", pos=0, est_ms=0.0), N(name="mm_1", kind="compute", pos=1, est_ms=1.0),
-             N(name="w_a", kind="wait", pos=2, est_ms=0.0, deps=(0,)),
+    nodes = (N(name="rs_a", kind="start", pos=0, est_ms=0.0), N(name="mm_1", kind="compute", pos=1, est_ms=1.0),
+             N(name="w_rs_a", kind="wait", pos=2, est_ms=0.0, deps=(0,)),
              N(name="mm_2", kind="compute", pos=3, est_ms=1.0, deps=(1,)),
-             N(name="ag_b", kind="start", pos=4, est_ms=0.0, deps=(3,)),
+             N(name="rs_b", kind="start", pos=4, est_ms=0.0, deps=(3,)),
              N(name="w_b", kind="wait", pos=5, est_ms=0.0, deps=(4,)))
-    common = dict(kind="all_gather", pg="0", key="all_gather/0/bfloat16", dtype="bfloat16", size_bytes=1 << 20,
+    common = dict(kind="reduce_scatter", pg="0", key="reduce_scatter/0/bfloat16/sum", dtype="bfloat16", size_bytes=1 << 20,
                   wire_bytes=1 << 23, est_ms=2.0)
-    colls = (C(name="ag_a", wait="w_a", exposed_ms=1.0, start_pos=0, wait_pos=2, hiding=("mm_1",), status="partly",
+    colls = (C(name="rs_a", wait="w_rs_a", exposed_ms=1.0, start_pos=0, wait_pos=2, hiding=("mm_1",), status="partly",
                **common),
-             C(name="ag_b", wait="w_b", exposed_ms=2.0, start_pos=4, wait_pos=5, status="exposed", **common))
+             C(name="rs_b", wait="w_b", exposed_ms=2.0, start_pos=4, wait_pos=5, status="exposed", **common))
     return planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=6, collectives=colls,
                            nodes=nodes, timelines=(),
                            links=(planner.Link(pg="0", group_size=8, latency_ms=0.02, bandwidth_gbps=50.0),)
@@ -32,7 +33,7 @@ def _problem() -> planner.Problem:
 
 
 P = _problem()
-MERGED = (planner.Bucket(members=("ag_a", "ag_b"), start="ag_b", wait="ag_b"),)
+MERGED = (planner.Bucket(members=("rs_a", "rs_b"), start="rs_b", wait="rs_b"),)
 
 
 def test_the_policies_disagree_on_the_merged_plan():
