@@ -195,7 +195,10 @@ def _verify_and_report(args) -> int:
             policy[key], source[key] = given[key], "from flags"
         elif key in recorded:
             policy[key], source[key] = recorded[key], "recorded in the plan"
-    report = check(problem, plan, **policy)
+    # the overlap policy has no flag: a positioned step plan records keep_overlap false (rules 4, 7
+    # and 8 judge torch's order, which such a plan leaves)
+    overlap = recorded.get("keep_overlap", True)
+    report = check(problem, plan, **policy, keep_overlap=overlap)
     q = report.quality
     for v in report.violations[: args.max_violations]:
         print(v)
@@ -216,7 +219,23 @@ def _verify_and_report(args) -> int:
     print(f"hidden relations    {q.hidden_kept}/{q.hidden_relations} kept (fully hidden collectives)")
     print(f"partly hidden       {q.partly_kept}/{q.partly_relations} kept "
           + ("(protected: protect_partly)" if policy["protect_partly"] else "(not protected, as in torch)"))
+    if not overlap:
+        print("overlap rules       4, 7 and 8 off (keep_overlap false, recorded in the plan)")
+    if not any(v.rule in (1, 5) for v in report.violations):  # memory is defined for a well-formed plan
+        print(_memory_line(problem, plan))
     return 0 if report.feasible else 1
+
+
+def _memory_line(problem, plan) -> str:
+    """The plan's peak memory against the unbucketed schedule's, as torch's estimator counts it."""
+    from planner.memory import memory_timeline
+
+    t = memory_timeline(problem, plan)
+    gb = 1e9
+    what = ("torch's estimator's accounting" if t.profiled
+            else "no memory profile in this problem: the collectives' buffers only")
+    return (f"peak memory         {t.peak_bytes / gb:.3f} GB planned, {t.unbucketed_peak_bytes / gb:.3f} GB "
+            f"unbucketed ({t.extra_peak_bytes / gb:+.3f} GB; {what})")
 
 
 def _library_rule(rule, value, flag: str, **kw) -> None:
@@ -351,6 +370,7 @@ def _solve_and_report(args, window: int | str | None, budget: int | None) -> int
     else:
         print(f"objective / bound   {result.objective} / {result.bound} ({result.stats['bound_scope']})")
     print(f"gap                 {'n/a' if result.gap is None else f'{result.gap:.1%}'}")
+    print(_memory_line(problem, result.plan))
     print(f"wall                {result.wall_s:.1f}s" + (" (stopped by the wall-clock limit, not the deterministic "
                                                            "one: another run may differ)"
                                                            if result.stats.get("wall_limit_hit") else ""))

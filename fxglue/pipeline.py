@@ -20,6 +20,7 @@ from typing import Any
 import torch.fx as fx
 
 import planner
+from fxglue.blocks import with_blocks
 from fxglue.cpu_compat import cpu_compat
 from fxglue import planners
 from fxglue.estimator import Estimator, Hardware, Preset, get_preset
@@ -210,6 +211,7 @@ def prepare(
     problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
                               max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
                               estimator=estimator, meta=meta)
+    problem = with_blocks(problem, traced, inputs.gm)
     timings["extract_s"] = time.perf_counter() - t0
     prepared = Prepared(traced, inputs, estimator, problem, None, preset, timings, max_bucket_memory_gb, bucket_mode)
     if greedy:

@@ -491,3 +491,41 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     chain, cut = _chain_floor(problem, reach, price, deadline)
     return StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
                      stream_ms=stream, chain_ms=chain, chain_cut=cut)
+
+
+def free_position_floor(problem: Problem, deadline: float | None = None) -> StepFloor:
+    """A floor of the simulated step over every plan *with free positions* (``planner.positions``):
+    no position argument, so no interval of the rules and no chain. The compute stream does its
+    nodes' work and one launch per bucket of the fewest the cap allows (bin packing of each key's
+    ``size_bytes``); each stream is busy at least, per key, the larger of the minorant at the key's
+    bytes with those buckets (``_key_stream_floor``) and its bytes at the curve's best per-byte
+    time for a bucket of at most the key's total wire bytes (``per_byte_floor``). ``step_floor``
+    assumes anchored buckets (a bucket's reach), so it does not hold for positioned plans."""
+    stream: dict[str, float] = {}
+    launches = 0
+    least = per_byte_floors(problem)
+    for (kind, pg, key), cs in _by_key(problem).items():
+        need = bin_packing_bound([c.size_bytes for c in cs], problem.bucket_cap_bytes, deadline)
+        launches += need
+        total = sum(c.wire_bytes for c in cs)
+        by_count = _key_stream_floor(problem.link(pg), kind, total, need)
+        largest = _most_wire_within_cap(cs, problem.bucket_cap_bytes)
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, total * least[pg, kind](largest))
+    compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
+    if problem.bucketing is not None:
+        compute += problem.bucketing.launch_ms * launches
+    return StepFloor(floor_ms=max([compute, *stream.values()]), compute_ms=compute, stream_ms=stream)
+
+
+def _most_wire_within_cap(cs: list, cap: int) -> int:
+    """An upper bound on the wire bytes of any bucket of ``cs`` within the cap (its members'
+    ``size_bytes`` at most ``cap``): the fractional knapsack, best wire per footprint byte first."""
+    room, wire = cap, 0.0
+    for c in sorted(cs, key=lambda c: -(c.wire_bytes / c.size_bytes) if c.size_bytes else -math.inf):
+        if c.size_bytes <= room:
+            room -= c.size_bytes
+            wire += c.wire_bytes
+        else:
+            wire += c.wire_bytes * room / c.size_bytes
+            break
+    return math.ceil(wire)

@@ -15,11 +15,15 @@ class Policy:
     """``protect_partly``: rules 4, 7 and 8 protect partly hidden collectives too, not only fully
     hidden ones. ``memory_budget_bytes``: the extra bytes moved starts and waits keep alive stay
     within it at every position (rule 10); None: no budget. ``keep_overlap`` False: rules 4, 7 and 8
-    (overlap preservation) do not apply: the policy of step plans with named positions."""
+    (overlap preservation) do not apply: the policy of step plans with named positions.
+    ``peak_memory_bytes``: the planned schedule's peak (``planner.memory``) stays within it (rule
+    11); like ``keep_overlap`` it is judged by the verifier only (the CP-SAT model does not take
+    it), and appears in ``as_params`` only when set."""
 
     protect_partly: bool = False
     memory_budget_bytes: int | None = None
     keep_overlap: bool = True
+    peak_memory_bytes: int | None = None
 
     def as_params(self) -> dict:
         """The keyword arguments of verify/check/build_model, and what a plan records.
@@ -28,4 +32,6 @@ class Policy:
         out = asdict(self)
         if self.keep_overlap:
             del out["keep_overlap"]
+        if self.peak_memory_bytes is None:
+            del out["peak_memory_bytes"]
         return out

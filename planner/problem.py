@@ -191,6 +191,10 @@ class Collective(_Frozen):
     # that goes so is listed here, because it may hide another collective (rule 4)
     folded: tuple[str, ...] = Field(default=(), description="pinned nodes torch's merge erases when this joins a bucket")
     fsdp: bool = False
+    # the transformer block (torchtitan's bucket plan entry) whose parameters it moves, and in which
+    # phase; None where it moves no single block's parameters or the workload has no blocks
+    module: str | None = Field(default=None, description="block whose parameters it moves")
+    phase: Literal["forward", "backward"] | None = None
 
     @property
     def merge_replaces(self) -> tuple[str, ...]:
@@ -283,6 +287,9 @@ class Problem(_Frozen):
         for coll in data["collectives"]:
             if not coll["folded"]:
                 del coll["folded"]
+            for added in ("module", "phase"):
+                if coll[added] is None:
+                    del coll[added]
         for link in data["links"]:
             for added in ("table", "latency_ms", "bandwidth_gbps"):
                 if link[added] is None:

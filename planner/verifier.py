@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import planner.arguments as arguments
-from planner.memory import rule10_extra
+from planner.memory import memory_timeline, rule10_extra
 from planner.positions import bucket_positions, unknown_positions
 from planner.problem import Collective, Plan, Problem
 
@@ -36,6 +36,7 @@ RULES = {
     8: "stream-fifo",
     9: "schedule-acyclic",
     10: "memory-budget",
+    11: "peak-memory",
 }
 
 
@@ -84,7 +85,7 @@ class Report:
 
 # The policy options of verify/check, as planner.solve records them in a plan's params: a plan
 # is checked by default under the policy it was made for (bucketplan verify)
-POLICY_KEYS = ("protect_partly", "memory_budget_bytes", "keep_overlap")
+POLICY_KEYS = ("protect_partly", "memory_budget_bytes", "keep_overlap", "peak_memory_bytes")
 
 
 def recorded_policy(plan: Plan, *, ignore=()) -> dict:
@@ -103,6 +104,12 @@ def recorded_policy(plan: Plan, *, ignore=()) -> dict:
         if not _obeys(arguments.flag, value):
             raise ValueError(f"params.keep_overlap: {value!r} is not a policy (true or false)")
         out["keep_overlap"] = value
+    if "peak_memory_bytes" in plan.params and "peak_memory_bytes" not in ignore:
+        value = plan.params["peak_memory_bytes"]
+        if not _obeys(arguments.memory_budget_bytes, value):
+            raise ValueError(f"params.peak_memory_bytes: {value!r} is not a budget "
+                             f"(null or an integer from 0 to below 2**62)")
+        out["peak_memory_bytes"] = value
     if "memory_budget_bytes" in plan.params and "memory_budget_bytes" not in ignore:
         value = plan.params["memory_budget_bytes"]
         # the library's rule for the argument (True is an int in Python, a JSON float no byte count)
@@ -124,14 +131,17 @@ def _obeys(rule, value) -> bool:
 
 
 def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
-           memory_budget_bytes: int | None = None, keep_overlap: bool = True) -> list[Violation]:
+           memory_budget_bytes: int | None = None, keep_overlap: bool = True,
+           peak_memory_bytes: int | None = None) -> list[Violation]:
     """Every rule violation of ``plan`` on ``problem`` (empty list: the plan is feasible)."""
     return check(problem, plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly,
-                 memory_budget_bytes=memory_budget_bytes, keep_overlap=keep_overlap).violations
+                 memory_budget_bytes=memory_budget_bytes, keep_overlap=keep_overlap,
+                 peak_memory_bytes=peak_memory_bytes).violations
 
 
 def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
-          memory_budget_bytes: int | None = None, keep_overlap: bool = True) -> Report:
+          memory_budget_bytes: int | None = None, keep_overlap: bool = True,
+          peak_memory_bytes: int | None = None) -> Report:
     """Violations and quality figures of ``plan`` on ``problem``: the rules of planner/README.md,
     one function each, violations in this order (rules 1 and 5, and rules 2 to 4, bucket by bucket).
 
@@ -139,14 +149,16 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
     collectives too (torch's default protects fully hidden ones only). ``memory_budget_bytes``:
     rule 10 applies only when it is given. ``keep_overlap`` False: the overlap-preservation rules
     4, 7 and 8 do not apply (the policy of step plans with named positions, whose simulated step
-    prices lost overlap itself); the quality figures still count the relations kept. A bad
-    argument raises one ValueError naming it.
+    prices lost overlap itself); the quality figures still count the relations kept.
+    ``peak_memory_bytes``: rule 11, the planned schedule's peak within it. A bad argument raises
+    one ValueError naming it.
     """
     arguments.problem_and_plan(problem, plan)
     arguments.flag(check_fingerprint, "check_fingerprint")
     arguments.flag(protect_partly, "protect_partly")
     arguments.flag(keep_overlap, "keep_overlap")
     arguments.memory_budget_bytes(memory_budget_bytes, "memory_budget_bytes")
+    arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
     ill_formed = _bucket_by_bucket(_rule_1_plan_matches_problem(problem, plan, check_fingerprint)
                                    + _rule_5_anchors_are_members(plan))
     if ill_formed:  # positions are undefined for an ill-formed plan
@@ -162,6 +174,8 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
     out += _rule_9_schedule_acyclic(s)
     if memory_budget_bytes is not None:
         out += _rule_10_memory_budget(s, memory_budget_bytes)
+    if peak_memory_bytes is not None:
+        out += _rule_11_peak_memory(s, peak_memory_bytes)
     return Report(violations=out, quality=_quality(s, broken))
 
 
@@ -449,6 +463,19 @@ def _rule_10_memory_budget(s: _FinalState, budget: int) -> list[Violation]:
                                                       f"{moved[:6]}{' ...' if len(moved) > 6 else ''}) exceed the "
                                                       f"budget of {budget}")]
     return []
+
+
+def _rule_11_peak_memory(s: _FinalState, budget: int) -> list[Violation]:
+    """The planned schedule's peak (``planner.memory.memory_timeline``: the graph's own memory,
+    every collective's buffers where the plan puts them, merged buckets' copies) is within
+    ``budget``."""
+    t = memory_timeline(s.problem, s.plan)
+    if t.peak_bytes <= budget:
+        return []
+    bounds = [n.pos for n in s.problem.nodes]
+    at = bounds[t.peak_segment - 1] if t.peak_segment else 0
+    return [Violation(11, None, (), f"the schedule peaks at {t.peak_bytes} bytes from position {at}, over the "
+                                    f"budget of {budget} (unbucketed: {t.unbucketed_peak_bytes})")]
 
 
 def _quality(s: _FinalState, broken: set[tuple[str, str]]) -> Quality:

@@ -58,3 +58,21 @@ def exposure_objective(problem, plan) -> int:
         total += max(0, comm - (compute_before_us(wait) - compute_before_us(start)))
     left = len(problem.collectives) - len(in_bucket) + len(plan.buckets)
     return total * (len(problem.collectives) + 1) + left
+
+
+def positioned_plans(problem: planner.Problem) -> Iterator[planner.Plan]:
+    """Every plan with free positions of a tiny problem: every same-key partition, every anchor
+    choice, and for every bucket (singletons included) every named start and wait position or
+    none. Not filtered: the caller verifies."""
+    names = [c.name for c in problem.collectives]
+    key = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
+    places = [None] + [n.name for n in problem.nodes]
+    for part in _partitions(names):
+        if any(len({key[m] for m in b}) > 1 for b in part):
+            continue
+        choices = [[(s, w, i, j) for s in b for w in b for i in places for j in places] for b in part]
+        for picked in itertools.product(*choices):
+            yield planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
+                               buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w, issue_before=i,
+                                                            wait_before=j)
+                                             for b, (s, w, i, j) in zip(part, picked)))

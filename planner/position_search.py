@@ -1,0 +1,376 @@
+"""Local search over bucket membership *and* where each bucket starts and waits, under a peak
+memory budget, scored by the simulated step.
+
+Why this exists: an anchored bucket starts at one member's scheduled start and waits at one
+member's scheduled wait, so no anchored plan can prefetch the next block's all_gather or defer a
+reduce_scatter's wait, which is how torch's manual per-block pass beats every anchored plan on
+FSDP at depth. With named positions (``planner.positions``) those plans are in the search space;
+memory is what stops a search from gathering everything ahead (unbudgeted searches drift to
+gigabytes extra), so every candidate's peak (``planner.memory``) must stay within the budget.
+
+The search (first improvement, random order, then kicks, as ``planner.polish``):
+- state: every collective in one bucket (singletons included, which may be positioned too);
+- position moves: a bucket's start or wait to its anchor, to the earliest start / latest wait
+  its members' data allow, just before the previous same-key bucket's wait (prefetch) or just
+  after the next one's start (defer), or a few pinned nodes earlier or later;
+- membership moves: merge with the next same-key bucket, split in two, move the boundary member;
+- a candidate counts when it is faster, within the budget and accepted by the independent
+  verifier under the positioned policy (rules 4, 7 and 8 off: the step prices lost overlap).
+Seeds: a per-block plan built from the problem itself (``Collective.module`` / ``phase``, one
+bucket per block, phase and key, the next block's gather issued before the current one's wait,
+reduce_scatter waits deferred past the next bucket's start), fitted to the budget, and any plans
+the caller gives (torch's greedy, the count or step plan). Every plan returned is verified.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from planner.memory import memory_timeline, peak_bytes
+from planner.policy import Policy
+from planner.problem import Bucket, Plan, Problem, with_buckets
+from planner.simulator import replay_index, step_ms
+from planner.verifier import verify
+
+# an improvement smaller than this is float noise, not a faster step
+MIN_GAIN_MS = 1e-6
+# pinned-node steps a start or wait is shifted by (a block of a Llama layer is ~100 pinned nodes)
+SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# random moves per kick, and fruitless kicks in a row that end a search without a deadline
+KICK_MOVES = 3
+KICKS_WITHOUT_GAIN = 200
+# rounds of dropping the positions of buckets the verifier names, when a seed is made legal
+LEGALIZE_ROUNDS = 50
+
+
+def positioned_policy(peak_memory_bytes: int | None) -> Policy:
+    """The policy of a positioned step plan: overlap rules off, the peak within the budget."""
+    return Policy(keep_overlap=False, peak_memory_bytes=peak_memory_bytes)
+
+
+@dataclass
+class PositionResult:
+    plan: Plan
+    step_ms: float
+    peak_bytes: int
+    stats: dict = field(default_factory=dict)
+
+
+class _Index:
+    """What the moves read of a problem, computed once."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.colls = {c.name: c for c in problem.collectives}
+        self.names = [n.name for n in problem.nodes]
+        self.at = {n.name: i for i, n in enumerate(problem.nodes)}
+        self.key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
+        succ: dict[int, list[int]] = {}
+        for i, n in enumerate(problem.nodes):
+            for d in n.deps:
+                succ.setdefault(d, []).append(i)
+        # per collective: the node index its start must follow (last pinned predecessor) and the
+        # one its wait must precede (first pinned consumer)
+        self.after = {c.name: max(problem.nodes[self.at[c.name]].deps, default=-1) for c in problem.collectives}
+        end = len(problem.nodes)
+        self.before = {c.name: min(succ.get(self.at[c.wait], []), default=end) for c in problem.collectives}
+        self.replay = replay_index(problem)
+
+    def start_index(self, b: Bucket) -> int:
+        """The node index a bucket's start sits at (anchor) or just before (named)."""
+        return self.at[b.issue_before] if b.issue_before is not None else self.at[b.start]
+
+    def wait_index(self, b: Bucket) -> int:
+        return self.at[b.wait_before] if b.wait_before is not None else self.at[self.colls[b.wait].wait]
+
+    def anchors(self, members: tuple[str, ...]) -> tuple[str, str]:
+        """Torch's merge anchors: an all_gather at its first start and first wait, a reduce_scatter
+        or all_reduce at its last start and last wait."""
+        cs = [self.colls[m] for m in members]
+        if cs[0].kind == "all_gather":
+            return min(cs, key=lambda c: c.start_pos).name, min(cs, key=lambda c: c.wait_pos).name
+        return max(cs, key=lambda c: c.start_pos).name, max(cs, key=lambda c: c.wait_pos).name
+
+
+def _bucket(ix: _Index, members, issue_before=None, wait_before=None) -> Bucket:
+    members = tuple(sorted(members, key=lambda m: ix.colls[m].start_pos))
+    start, wait = ix.anchors(members)
+    return Bucket(members=members, start=start, wait=wait, issue_before=issue_before, wait_before=wait_before)
+
+
+def _as_plan(template: Plan, buckets: list[Bucket], params: dict) -> Plan:
+    kept = [b for b in buckets if len(b.members) > 1 or b.issue_before is not None or b.wait_before is not None]
+    return with_buckets(template, kept, params=params)
+
+
+def _all_buckets(ix: _Index, plan: Plan) -> list[Bucket]:
+    placed = {m for b in plan.buckets for m in b.members}
+    return list(plan.buckets) + [_bucket(ix, (c.name,)) for c in ix.problem.collectives if c.name not in placed]
+
+
+def per_block_seed(problem: Problem, template: Plan, prefetch: bool = True, defer: bool = True) -> list[Bucket]:
+    """One bucket per (block, phase, key) from ``Collective.module`` / ``phase``; with ``prefetch``
+    each gather bucket but the first of its phase and key is issued just before the previous
+    one's wait, with ``defer`` each reduce_scatter / all_reduce bucket but the last is waited
+    just after the next one's start. Not verified (``legal`` makes it so)."""
+    ix = _Index(problem)
+    groups: dict[tuple, list[str]] = {}
+    for c in problem.collectives:
+        label = (c.module, c.phase, ix.key_of[c.name]) if c.module is not None else ("alone", c.name)
+        groups.setdefault(label, []).append(c.name)
+    buckets = [_bucket(ix, ms) for ms in groups.values()]
+    by_key: dict[tuple, list[int]] = {}
+    for k, b in enumerate(buckets):
+        c = ix.colls[b.start]
+        if c.module is not None:
+            by_key.setdefault((c.phase, ix.key_of[c.name]), []).append(k)
+    for (_, key), ks in by_key.items():
+        if key[0] == "all_gather" and prefetch:
+            ks.sort(key=lambda k: ix.wait_index(buckets[k]))
+            for prev, k in zip(ks, ks[1:]):
+                buckets[k] = buckets[k].model_copy(update={"issue_before": ix.names[ix.wait_index(buckets[prev])]})
+        elif key[0] != "all_gather" and defer:
+            ks.sort(key=lambda k: ix.start_index(buckets[k]))
+            for k, nxt in zip(ks, ks[1:]):
+                after = ix.start_index(buckets[nxt]) + 1
+                if after < len(ix.names):
+                    buckets[k] = buckets[k].model_copy(update={"wait_before": ix.names[after]})
+    return buckets
+
+
+class _Search:
+    def __init__(self, problem: Problem, template: Plan, budget: int | None, deadline: float,
+                 max_evaluations: int | None, seed: int, params: dict):
+        self.problem, self.template, self.budget = problem, template, budget
+        self.deadline, self.max_evaluations = deadline, max_evaluations
+        self.rng = random.Random(seed)
+        self.ix = _Index(problem)
+        self.params = params
+        self.policy = positioned_policy(budget)
+        self.rules = positioned_policy(None).as_params()  # the hot loop's rules, the budget apart
+        self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0}
+
+    def out_of_budget(self) -> bool:
+        return time.perf_counter() >= self.deadline or (
+            self.max_evaluations is not None and self.stats["evaluations"] >= self.max_evaluations)
+
+    def judge(self, buckets: list[Bucket]) -> tuple[Plan, float] | None:
+        """The plan and its step if it is legal and within the budget, else None."""
+        self.stats["evaluations"] += 1
+        try:
+            plan = _as_plan(self.template, buckets, self.params)
+        except ValueError:  # a move that broke the plan's own structure
+            return None
+        # the budget by planner.memory directly (the verifier's rule 11 counts the same, and
+        # certifies the plan returned), then every other rule
+        if self.budget is not None and peak_bytes(self.problem, plan) > self.budget:
+            self.stats["rejected"] += 1
+            return None
+        if verify(self.problem, plan, **self.rules):
+            self.stats["rejected"] += 1
+            return None
+        return plan, step_ms(self.problem, plan, self.ix.replay)
+
+    def legal(self, buckets: list[Bucket]) -> list[Bucket]:
+        """``buckets`` with the positions, then the merges, of buckets the verifier names dropped
+        until it accepts them (a seed built from the problem's structure may break a rule)."""
+        for _ in range(LEGALIZE_ROUNDS):
+            plan = _as_plan(self.template, buckets, self.params)
+            violations = verify(self.problem, plan, **self.rules)
+            if not violations:
+                return buckets
+            bad = {v.bucket for v in violations if v.bucket is not None}
+            if not bad:  # a violation no bucket is named for: give up on the seed
+                return _all_buckets(self.ix, self.template)
+            # the plan's buckets are the kept ones, in order (_as_plan)
+            kept = [b for b in buckets if len(b.members) > 1 or b.issue_before or b.wait_before]
+            out = [b for b in buckets if not (len(b.members) > 1 or b.issue_before or b.wait_before)]
+            for k, b in enumerate(kept):
+                if k in bad and (b.issue_before or b.wait_before):
+                    out.append(b.model_copy(update={"issue_before": None, "wait_before": None}))
+                elif k in bad:
+                    out += [_bucket(self.ix, (m,)) for m in b.members]
+                else:
+                    out.append(b)
+            buckets = out
+        return _all_buckets(self.ix, self.template)
+
+    def fit_budget(self, buckets: list[Bucket]) -> list[Bucket] | None:
+        """Walk ``buckets`` into the budget: at the peak segment, the bucket issued early with the
+        most bytes there is issued just past that segment instead (back at its anchor if that is
+        past its wait); with none issued early there, the largest merged bucket alive there is
+        split. None if even the unbucketed schedule is over the budget."""
+        if self.budget is None:
+            return buckets
+        buckets = list(buckets)
+        ix = self.ix
+        for _ in range(8 * len(buckets) + 1):
+            plan = _as_plan(self.template, buckets, self.params)
+            t = memory_timeline(self.problem, plan)
+            if t.peak_bytes <= self.budget:
+                return buckets
+            j = t.peak_segment  # segment j: from node j - 1 up to node j
+            early = [k for k, b in enumerate(buckets) if ix.start_index(b) - (b.issue_before is not None) < j
+                     and any(ix.at[m] >= j for m in b.members)]  # started before j, a member's own start after
+            if early:
+                k = max(early, key=lambda k: sum(ix.colls[m].wire_bytes for m in buckets[k].members))
+                b = buckets[k]
+                later = j + 1 if j + 1 < ix.wait_index(b) and j + 1 < len(ix.names) else None
+                buckets[k] = b.model_copy(update={"issue_before": ix.names[later] if later is not None else None})
+                if later is None and b.issue_before is None:
+                    buckets[k:k + 1] = [_bucket(ix, (m,)) for m in b.members]
+                continue
+            merged = [k for k, b in enumerate(buckets) if len(b.members) > 1]
+            if not merged:
+                return None
+            k = max(merged, key=lambda k: len(buckets[k].members))
+            b = buckets[k]
+            half = len(b.members) // 2
+            buckets[k:k + 1] = [_bucket(ix, b.members[:half], b.issue_before, b.wait_before),
+                                _bucket(ix, b.members[half:], b.issue_before, b.wait_before)]
+        return None
+
+    # -- moves -----------------------------------------------------------------------------
+    def _same_key_neighbours(self, buckets: list[Bucket], k: int) -> tuple[int | None, int | None]:
+        key = self.ix.key_of[buckets[k].start]
+        mine = self.ix.start_index(buckets[k])
+        prev = nxt = None
+        for j, b in enumerate(buckets):
+            if j == k or self.ix.key_of[b.start] != key:
+                continue
+            s = self.ix.start_index(b)
+            if s < mine and (prev is None or s > self.ix.start_index(buckets[prev])):
+                prev = j
+            if s > mine and (nxt is None or s < self.ix.start_index(buckets[nxt])):
+                nxt = j
+        return prev, nxt
+
+    def move(self, buckets: list[Bucket]) -> list[Bucket] | None:
+        ix, rng = self.ix, self.rng
+        k = rng.randrange(len(buckets))
+        b = buckets[k]
+        out = list(buckets)
+        what = rng.choice(("start", "start", "wait", "wait", "merge", "split", "shift"))
+        names, n = ix.names, len(ix.names)
+        prev, nxt = self._same_key_neighbours(buckets, k)
+        if what == "start":
+            options = [None, names[min(max(ix.after[m] for m in b.members) + 1, n - 1)]]
+            if prev is not None:
+                options.append(names[ix.wait_index(buckets[prev])])
+            here = ix.start_index(b)
+            d = rng.choice(SHIFTS) * rng.choice((-1, 1))
+            options.append(names[min(max(here + d, 0), n - 1)])
+            out[k] = b.model_copy(update={"issue_before": rng.choice(options)})
+        elif what == "wait":
+            latest = min(ix.before[m] for m in b.members)
+            options = [None] + ([names[latest]] if latest < n else [])
+            if nxt is not None and ix.start_index(buckets[nxt]) + 1 < n:
+                options.append(names[ix.start_index(buckets[nxt]) + 1])
+            here = ix.wait_index(b)
+            d = rng.choice(SHIFTS) * rng.choice((-1, 1))
+            options.append(names[min(max(here + d, 0), n - 1)])
+            out[k] = b.model_copy(update={"wait_before": rng.choice(options)})
+        elif what == "merge":
+            if nxt is None:
+                return None
+            other = buckets[nxt]
+            merged = _bucket(ix, b.members + other.members, b.issue_before,
+                             other.wait_before if ix.key_of[b.start][0] != "all_gather" else b.wait_before)
+            out[k] = merged
+            del out[nxt]
+        elif what == "split":
+            if len(b.members) < 2:
+                return None
+            cut = rng.randrange(1, len(b.members))
+            out[k:k + 1] = [_bucket(ix, b.members[:cut], b.issue_before, b.wait_before),
+                            _bucket(ix, b.members[cut:], b.issue_before, b.wait_before)]
+        else:  # the boundary member to the next same-key bucket
+            if nxt is None or len(b.members) < 2:
+                return None
+            other = buckets[nxt]
+            out[k] = _bucket(ix, b.members[:-1], b.issue_before, b.wait_before)
+            out[nxt] = _bucket(ix, other.members + b.members[-1:], other.issue_before, other.wait_before)
+        return out
+
+    def descend(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
+        """Random moves, each kept when faster and legal, until the budget ends or
+        KICKS_WITHOUT_GAIN kicks in a row found nothing."""
+        plan, ms = best
+        fruitless, since_gain = 0, 0
+        current, current_ms = buckets, ms
+        while not self.out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
+            trial = self.move(current)
+            judged = self.judge(trial) if trial is not None else None
+            if judged is not None and judged[1] < current_ms - MIN_GAIN_MS:
+                current, current_ms = trial, judged[1]
+                self.stats["accepted"] += 1
+                since_gain = 0
+                if current_ms < ms - MIN_GAIN_MS:
+                    plan, ms, buckets = judged[0], current_ms, current
+                    fruitless = 0
+                continue
+            since_gain += 1
+            if since_gain > 20 * len(current):  # a local optimum for these moves, as far as sampled: kick
+                self.stats["kicks"] += 1
+                fruitless += 1
+                since_gain = 0
+                kicked = buckets
+                for _ in range(KICK_MOVES):
+                    trial = self.move(kicked)
+                    kicked = trial if trial is not None else kicked
+                judged = self.judge(kicked)
+                if judged is not None:
+                    current, current_ms = kicked, judged[1]
+                else:
+                    current, current_ms = buckets, ms
+        return buckets, plan, ms
+
+
+def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: int | None, deadline: float,
+                    max_evaluations: int | None = None, seed: int = 0, per_block: bool = True) -> PositionResult:
+    """The fastest plan found with free positions whose peak memory is within ``peak_memory_bytes``
+    (None: no budget), from the per-block seed and each of ``starts`` (any plans of the problem;
+    one that does not fit the budget is fitted first). ``deadline``: a ``time.perf_counter`` value;
+    ``max_evaluations``: the reproducible limit. The result is verified under the positioned
+    policy (``positioned_policy``), which its ``params`` record; if nothing fits the budget the
+    unbucketed schedule is returned when it does, else ValueError."""
+    template = starts[0] if starts else Plan(problem_fingerprint=problem.fingerprint, planner="", created="",
+                                             buckets=())
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    params = {"objective": "step", "positions": "free", "seed": seed, **positioned_policy(peak_memory_bytes).as_params()}
+    template = Plan(problem_fingerprint=problem.fingerprint, planner="bucketplan position search", params=params,
+                    created=created, buckets=())
+    search = _Search(problem, template, peak_memory_bytes, deadline, max_evaluations, seed, params)
+    ix = search.ix
+    seeds: list[tuple[str, list[Bucket]]] = []
+    if per_block and any(c.module is not None for c in problem.collectives):
+        seeds.append(("per-block", per_block_seed(problem, template)))
+    seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
+    seeds.append(("unbucketed", _all_buckets(ix, template)))
+    judged_seeds = []
+    for name, buckets in seeds:
+        fitted = search.fit_budget(search.legal(buckets))
+        if fitted is None:
+            continue
+        fitted = search.legal(fitted)
+        judged = search.judge(fitted)
+        if judged is not None:
+            judged_seeds.append((judged[1], name, fitted, judged))
+    if not judged_seeds:
+        raise ValueError(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes "
+                         f"(the unbucketed schedule peaks at {peak_bytes(problem, None)})")
+    judged_seeds.sort(key=lambda s: s[0])
+    search.stats["seeds_ms"] = {name: round(ms, 3) for ms, name, _, _ in judged_seeds}
+    _, best_name, buckets, (plan, ms) = judged_seeds[0]
+    for seed_ms, name, seed_buckets, judged in judged_seeds:
+        if search.out_of_budget():
+            break
+        _, found, found_ms = search.descend(seed_buckets, judged)
+        if found_ms < ms - MIN_GAIN_MS:
+            plan, ms, best_name = found, found_ms, name
+    assert not verify(problem, plan, **search.policy.as_params())  # judge checked it; a last guard
+    search.stats["best_from"] = best_name
+    return PositionResult(plan=plan, step_ms=ms, peak_bytes=peak_bytes(problem, plan), stats=search.stats)
