@@ -198,7 +198,8 @@ def _verify_and_report(args) -> int:
     # the overlap policy has no flag: a positioned step plan records keep_overlap false (rules 4, 7
     # and 8 judge torch's order, which such a plan leaves)
     overlap = recorded.get("keep_overlap", True)
-    report = check(problem, plan, **policy, keep_overlap=overlap)
+    peak = recorded.get("peak_memory_bytes")  # rule 11, as the positioned search recorded it
+    report = check(problem, plan, **policy, keep_overlap=overlap, peak_memory_bytes=peak)
     q = report.quality
     for v in report.violations[: args.max_violations]:
         print(v)
@@ -221,6 +222,8 @@ def _verify_and_report(args) -> int:
           + ("(protected: protect_partly)" if policy["protect_partly"] else "(not protected, as in torch)"))
     if not overlap:
         print("overlap rules       4, 7 and 8 off (keep_overlap false, recorded in the plan)")
+    if peak is not None:
+        print(f"peak budget         {peak / 1e9:.3f} GB (rule 11, recorded in the plan)")
     if not any(v.rule in (1, 5) for v in report.violations):  # memory is defined for a well-formed plan
         print(_memory_line(problem, plan))
     return 0 if report.feasible else 1
@@ -307,6 +310,62 @@ def _memory_budget(gb: float | None) -> int | None:
     return budget
 
 
+# the share of solve --positions free's time limit that CP-SAT's anchored step search gets (its
+# plan seeds the positioned search, which gets the rest): on llama3-8b-fsdp-8 @ h100-8nodes the
+# positioned search found its best plan from the per-block seed, not from CP-SAT's
+FREE_POSITIONS_CP_SAT_SHARE = 0.2
+
+
+def _position_search_and_report(args, problem, anchored, hint, t_start: float) -> int:
+    """``solve --positions free``: the positioned search from CP-SAT's plan, the hint and the
+    per-block seed, within the peak budget; reports as solve does."""
+    import planner
+    from planner.bounds import free_position_floor
+    from planner.memory import memory_timeline
+    from planner.position_search import position_search
+
+    budget = _peak_budget(args.peak_memory_gb, problem, hint)
+    starts = [p for p in (anchored.plan, hint) if p is not None]
+    deadline = t_start + args.time_limit
+    try:
+        result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline, seed=args.seed)
+    except ValueError as e:  # nothing fits the budget
+        raise CLIError(f"--peak-memory-gb: {e}") from None
+    planner.save(result.plan, args.output)
+    floor = free_position_floor(problem).floor_ms
+    gap = (result.step_ms - floor) / result.step_ms if result.step_ms > 0 else 0.0
+    note = "; interrupted: the best verified plan so far" if result.stats.get("interrupted") else ""
+    print(f"status              FEASIBLE (local search over positions and membership, best from "
+          f"{result.stats['best_from']}{note})")
+    print(f"collectives         {len(problem.collectives)} -> {planner.collectives_after(problem, result.plan)}")
+    print(f"step / bound        {result.step_ms:.3f} ms (simulated) / {floor:.3f} ms (free-position floor); "
+          f"unbucketed {planner.simulate(problem).step_ms:.3f} ms")
+    if anchored.plan is not None:
+        over = memory_timeline(problem, anchored.plan).peak_bytes
+        print(f"CP-SAT's start      {anchored.objective:.3f} ms (anchored), peak {over / 1e9:.3f} GB"
+              + (" (over the budget: fitted before the search)" if over > budget else ""))
+    print(f"gap                 {gap:.1%}")
+    print(_memory_line(problem, result.plan) + f"; budget {budget / 1e9:.3f} GB")
+    print(f"wall                {time.perf_counter() - t_start:.1f}s (a wall-clock limit: another run may differ)")
+    print(f"wrote               {args.output}")
+    return 130 if result.stats.get("interrupted") else 0
+
+
+def _peak_budget(gb: float | None, problem, hint) -> int:
+    """--peak-memory-gb in bytes; by default the peak of the hint (e.g. torch's greedy plan), or
+    of the unbucketed schedule without one: a plan never holds more than what it replaces."""
+    from planner.memory import peak_bytes
+    from planner.problem import MAX_BYTES
+
+    if gb is None:
+        return max(peak_bytes(problem, None), peak_bytes(problem, hint) if hint is not None else 0)
+    _positive(gb, "--peak-memory-gb")
+    budget = int(gb * 1e9)
+    if budget >= MAX_BYTES:
+        raise CLIError(f"--peak-memory-gb {gb!r} is beyond any machine")
+    return budget
+
+
 def cmd_solve(args) -> int:
     import planner.arguments as arguments
 
@@ -318,6 +377,12 @@ def cmd_solve(args) -> int:
     _seed(args.seed, "--seed")
     window = _window(args.window)
     budget = _memory_budget(args.memory_budget_gb)
+    if args.positions == "free" and args.objective != "step":
+        raise CLIError("--positions free needs --objective step (positions are chosen by the simulated step)")
+    if args.peak_memory_gb is not None:
+        if args.positions != "free":
+            raise CLIError("--peak-memory-gb needs --positions free")
+        _positive(args.peak_memory_gb, "--peak-memory-gb")
     _output_file(args.output, "-o")
     try:
         return _solve_and_report(args, window, budget)
@@ -333,6 +398,7 @@ def _solve_and_report(args, window: int | str | None, budget: int | None) -> int
     import planner
     from planner.solver import PlanMismatchError, solve
 
+    t_start = time.perf_counter()
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     say = _progress(args.quiet)
@@ -342,11 +408,15 @@ def _solve_and_report(args, window: int | str | None, budget: int | None) -> int
         from planner.progress import LiveLine
 
         with LiveLine(say) if not args.quiet else contextlib.nullcontext(say) as live:
-            result = solve(problem, time_limit_s=args.time_limit, objective=args.objective, workers=args.workers,
+            # with free positions, CP-SAT's anchored step plan is one start of the positioned search
+            cp_sat_s = args.time_limit * (FREE_POSITIONS_CP_SAT_SHARE if args.positions == "free" else 1.0)
+            result = solve(problem, time_limit_s=cp_sat_s, objective=args.objective, workers=args.workers,
                            seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
                            memory_budget_bytes=budget, deterministic=args.deterministic, progress=live)
     except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
+    if args.positions == "free" and not result.stats.get("interrupted"):
+        return _position_search_and_report(args, problem, result, hint, t_start)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1
@@ -620,6 +690,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--memory-budget-gb", type=float, default=None,
                    help="extra memory kept alive by moved starts/waits stays within this at every position "
                         "(default: no budget)")
+    s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
+                   help="anchored (the default): each bucket starts and waits where torch scheduled one of its "
+                        "members; free: also choose where (planner.position_search, step objective only), within "
+                        "--peak-memory-gb; plans with positions are not yet applied by apply/use")
+    s.add_argument("--peak-memory-gb", type=float, default=None,
+                   help="with --positions free: the planned schedule's peak memory (GB, 1e9 bytes) stays within "
+                        "this (default: the --hint plan's peak, or the unbucketed schedule's)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 

@@ -21,7 +21,9 @@ from pathlib import Path
 import planner
 from fxglue import planners
 from planner.io import replace_dir_atomically
-from planner.bounds import step_floor
+from planner.bounds import free_position_floor, step_floor
+from planner.memory import memory_timeline
+from planner.position_search import position_search
 from planner.repair import repair
 from planner.simulator import simulate, write_chrome_trace
 from planner.progress import LiveLine
@@ -78,6 +80,9 @@ def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=No
         row.floor_ms = min(row.floor_ms, step_floor(manual_row.problem).floor_ms)
     _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say)
     row.plans.append(pre_step_row(name, prob_pre, row.plans[0].plan, time_limit_s, say))
+    row.plans.append(positioned_row(name, prob, row, time_limit_s, say))
+    row.problem = prob
+    row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms)  # positioned plans: their own floor
     for p in row.plans:
         if p.plan is None:
             continue
@@ -127,6 +132,27 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
         note="on torch's pre-bucketed schedule")
 
 
+POSITIONED_LABEL = "bucketplan (step, free positions)"
+
+
+def positioned_row(name: str, prob, row: WorkloadRow, time_limit_s: float, say) -> PlanRow:
+    """The positioned search (``planner.position_search``) on torch's schedule, from the per-block
+    seed, CP-SAT's step plan and torch's greedy plan, within the peak memory of torch's default
+    pipeline (``planner.memory``, on its own problem): a plan never holds more than what torch would
+    run. Its bound is the free-position floor (``step_floor`` assumes anchored buckets)."""
+    say(f"{name}: {POSITIONED_LABEL}")
+    default = row.plans[0]
+    budget = max(memory_timeline(default.problem, default.plan).peak_bytes, memory_timeline(prob).peak_bytes)
+    starts = [p.plan for p in row.plans if p.problem is prob and p.plan is not None]
+    t0 = time.perf_counter()
+    result = position_search(prob, starts, peak_memory_bytes=budget, deadline=t0 + time_limit_s)
+    floor = free_position_floor(prob).floor_ms
+    return PlanRow(POSITIONED_LABEL, prob, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
+                   (result.step_ms - floor) / result.step_ms if result.step_ms else 0.0,
+                   f"within torch default's peak ({budget / 1e9:.3f} GB); local search, best from "
+                   f"{result.stats['best_from']}")
+
+
 def _manual_row(name: str, preset, say) -> PlanRow | None:
     """Torch's manual per-block bucketing on a fresh trace (the pass replaces the scheduler),
     simulated as it leaves the graph; None for a workload whose blocks it cannot name."""
@@ -156,7 +182,7 @@ def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say) -> 
     prob = planner.load_problem(path)
     name = str(path)
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
-                      floor_ms=step_floor(prob).floor_ms)
+                      floor_ms=step_floor(prob).floor_ms, problem=prob)
     greedy_path = path.parent / "greedy-plan.json"
     hint = None
     if greedy_path.exists():

@@ -365,12 +365,15 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
     judged_seeds.sort(key=lambda s: s[0])
     search.stats["seeds_ms"] = {name: round(ms, 3) for ms, name, _, _ in judged_seeds}
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
-    for seed_ms, name, seed_buckets, judged in judged_seeds:
-        if search.out_of_budget():
-            break
-        _, found, found_ms = search.descend(seed_buckets, judged)
-        if found_ms < ms - MIN_GAIN_MS:
-            plan, ms, best_name = found, found_ms, name
+    try:
+        for seed_ms, name, seed_buckets, judged in judged_seeds:
+            if search.out_of_budget():
+                break
+            _, found, found_ms = search.descend(seed_buckets, judged)
+            if found_ms < ms - MIN_GAIN_MS:
+                plan, ms, best_name = found, found_ms, name
+    except KeyboardInterrupt:  # the best verified plan so far is the answer (a second one propagates)
+        search.stats["interrupted"] = True
     assert not verify(problem, plan, **search.policy.as_params())  # judge checked it; a last guard
     search.stats["best_from"] = best_name
     return PositionResult(plan=plan, step_ms=ms, peak_bytes=peak_bytes(problem, plan), stats=search.stats)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from planner.io import atomic_write_text
+from planner.memory import memory_timeline
 from planner.problem import Plan, Problem, collectives_after
 
 # ---------------------------------------------------------------- tables
@@ -105,11 +106,12 @@ class WorkloadRow:
     sims: dict = field(default_factory=dict)
     floor_ms: float | None = None
     preset: str = ""
+    problem: Problem | None = None  # the unbucketed row's (its peak memory)
 
 
 COLUMNS = ["workload", "preset", "nodes", "collectives_before", "planner", "collectives_after", "step_ms",
-           "floor_ms", "above_floor_ms", "above_floor_pct", "exposed_ms", "overhead_ms", "plan_s", "status",
-           "bound", "gap_pct", "note"]
+           "floor_ms", "above_floor_ms", "above_floor_pct", "exposed_ms", "overhead_ms", "peak_gb", "plan_s",
+           "status", "bound", "gap_pct", "note"]
 # compare's files as they have always been: "|" kept in Markdown cells, CSV lines end in \r\n
 _COMPARE_STYLE = {"pipe": None, "csv_newline": "\r\n"}
 
@@ -119,6 +121,9 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
     for r in rows:
         def line(planner_name, after, sim, p: PlanRow | None = None):
             above = None if sim is None or r.floor_ms is None else sim.step_ms - r.floor_ms
+            # peak memory as torch's estimator counts it (planner.memory), on the row's own problem
+            problem, plan = (p.problem, p.plan) if p is not None else (r.problem, None)
+            peak = None if problem is None or (p is not None and plan is None) else memory_timeline(problem, plan)
             return {"workload": r.name, "preset": r.preset, "nodes": r.nodes,
                     "collectives_before": r.collectives_before, "planner": planner_name, "collectives_after": after,
                     "step_ms": round(sim.step_ms, 3) if sim else None,
@@ -127,6 +132,7 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                     "above_floor_pct": None if above is None else round(100 * above / r.floor_ms, 2),
                     "exposed_ms": round(sim.exposed_ms, 3) if sim else None,
                     "overhead_ms": round(sim.overhead_ms, 3) if sim else None,
+                    "peak_gb": None if peak is None else round(peak.peak_bytes / 1e9, 3),
                     "plan_s": None if p is None else round(p.plan_s, 2), "status": "" if p is None else p.status,
                     "bound": "" if p is None or p.bound is None else p.bound,
                     "gap_pct": None if p is None or p.gap is None else round(100 * p.gap, 2),

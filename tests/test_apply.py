@@ -15,7 +15,7 @@ import torch
 
 from fxglue.apply import apply_plan
 from planner.verifier import verify
-from tests.handmade import apply_and_count, build, plan_for, rs, two_hidden_gathers, wait
+from tests.handmade import ag, apply_and_count, build, plan_for, rs, two_hidden_gathers, wait
 
 F32 = torch.float32
 
@@ -46,3 +46,40 @@ def test_insert_overlap_deps_pins_the_order_with_control_dependencies():
     h.gm.graph.lint()
     targets = {str(n.target) for n in h.gm.graph.nodes}
     assert any("control_deps" in t for t in targets), targets
+
+
+def _prefetch_graph():
+    """mm0 and mm1 run first; the two gathers are scheduled after them, the second gather's shard
+    is a view produced after mm0 (an unpinned input the start must bring along)."""
+    bf16 = torch.bfloat16
+
+    def fn(x0, x1, a):
+        m0 = torch.mm(a, a)
+        m1 = torch.mm(m0, a)
+        shard = x1.view(8, 64)
+        s0 = ag(x0)
+        s1 = ag(shard)
+        return torch.mm(wait(s0), wait(s1)), m1
+
+    return build(fn, [((8, 64), bf16), ((8, 64), bf16), ((64, 64), bf16)], {})
+
+
+def test_a_positioned_bucket_is_merged_where_it_is_named_with_its_inputs():
+    import planner
+
+    h = _prefetch_graph()
+    p = h.problem()
+    a, b = h.names["c0"], h.names["c1"]
+    mm0 = next(n.name for n in p.nodes if n.kind == "compute")
+    plan = planner.Plan(problem_fingerprint=p.fingerprint, planner="hand", created="t", params={"keep_overlap": False},
+                        buckets=(planner.Bucket(members=(a, b), start=a, wait=a, issue_before=mm0),))
+    assert verify(p, plan, keep_overlap=False) == []
+    assert apply_and_count(h, plan, p) == 1
+    order = [n for n in h.gm.graph.nodes]
+    start = next(n for n in order if "all_gather" in str(n.target))
+    index = {n: i for i, n in enumerate(order)}
+    first_mm = next(n for n in order if n.target is torch.ops.aten.mm.default)
+    assert index[start] < index[first_mm]  # issued before mm0, as named
+    # the shard's view was traced after mm1: it came along, ahead of the start that needs it
+    views = [n for n in order if n.target is torch.ops.aten.view.default and n.args[0].op == "placeholder"]
+    assert views and all(index[v] < index[first_mm] for v in views)

@@ -169,3 +169,33 @@ def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
     (out / "rank1" / "plan.json").unlink()
     assert main(["check", "llama3-8b-2d-2", "--ranks", "2", "--plan", str(out), "-q"]) == 2
     assert "rank1/plan.json" in capsys.readouterr().err
+
+
+def _positioned_check(tmp_path, capsys, workload: str) -> None:
+    """`extract --tiny`, `solve --positions free` per rank, `check --plan`: a plan that issues
+    and waits buckets where it names, applied on gloo ranks, leaves loss and gradients bitwise."""
+    import planner
+    from bucketplan_cli import main
+
+    out = tmp_path / "tiny"
+    assert main(["extract", workload, "--tiny", "--ranks", "2", "-o", str(out), "-q"]) == 0
+    for r in range(2):
+        assert main(["solve", str(out / f"rank{r}" / "problem.json"), "-o", str(out / f"rank{r}" / "plan.json"),
+                     "--positions", "free", "--time-limit", "5", "-q"]) == 0
+        plan = planner.load_plan(out / f"rank{r}" / "plan.json")
+        assert any(b.issue_before or b.wait_before for b in plan.buckets), "a plan with positions"
+    capsys.readouterr()
+    assert main(["check", workload, "--ranks", "2", "--plan", str(out), "-q"]) == 0
+    report = capsys.readouterr().out
+    assert "rank 0: bitwise equal" in report and "rank 1: bitwise equal" in report
+
+
+@pytest.mark.slow
+def test_a_positioned_plan_is_bitwise_on_gloo(tmp_path, capsys):
+    _positioned_check(tmp_path, capsys, "llama3-8b-fsdp-2")
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("workload", ["llama3-8b-2d-2", "llama3-8b-ddp-2", "hf-qwen3-2", "hf-qwen3-moe-2"])
+def test_positioned_plans_are_bitwise_on_gloo_on_every_workload_family(tmp_path, capsys, workload):
+    _positioned_check(tmp_path, capsys, workload)

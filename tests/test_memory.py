@@ -113,3 +113,26 @@ def test_the_peak_counts_a_merged_bucket_copies_and_an_early_start():
     merged = memory_timeline(p, _bucket(p, "ag1", "ag2"))
     assert merged.peak_bytes == SIZE + 2 * SIZE
     assert merged.extra_peak_bytes == SIZE and not merged.profiled
+
+
+def test_the_peak_of_an_applied_positioned_plan_agrees_with_torchs_estimator():
+    """A plan that issues gathers ahead and defers reduce_scatter waits, within the unbucketed
+    peak, applied by apply_plan (which merges a late start at its named node, so its buffer is
+    not allocated early): torch's figure on the applied graph against planner.memory's."""
+    import time
+
+    from fxglue.apply import apply_plan
+    from fxglue.pipeline import prepare
+    from planner.memory import peak_bytes
+    from planner.position_search import position_search
+
+    prepared = prepare("llama3-8b-fsdp-2", preset="h100-8nodes")
+    problem = prepared.problem
+    budget = peak_bytes(problem)
+    result = position_search(problem, [prepared.greedy], peak_memory_bytes=budget,
+                             deadline=time.perf_counter() + 60, max_evaluations=1500)
+    assert sum(1 for b in result.plan.buckets if b.issue_before or b.wait_before) >= 2
+    inputs = prepared.inputs
+    apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, result.plan, problem=problem,
+               bucket_mode=problem.bucket_mode)
+    assert result.peak_bytes == pytest.approx(torch_peak(inputs.gm.graph), rel=TOLERANCE)
