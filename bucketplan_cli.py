@@ -310,12 +310,6 @@ def _memory_budget(gb: float | None) -> int | None:
     return budget
 
 
-# the share of solve --positions free's time limit that CP-SAT's anchored step search gets (its
-# plan seeds the positioned search, which gets the rest): on llama3-8b-fsdp-8 @ h100-8nodes the
-# positioned search found its best plan from the per-block seed, not from CP-SAT's
-FREE_POSITIONS_CP_SAT_SHARE = 0.2
-
-
 def _position_search_and_report(args, problem, anchored, hint, t_start: float) -> int:
     """``solve --positions free``: the positioned search from CP-SAT's plan, the hint and the
     per-block seed, within the peak budget; reports as solve does."""
@@ -354,11 +348,11 @@ def _position_search_and_report(args, problem, anchored, hint, t_start: float) -
 def _peak_budget(gb: float | None, problem, hint) -> int:
     """--peak-memory-gb in bytes; by default the peak of the hint (e.g. torch's greedy plan), or
     of the unbucketed schedule without one: a plan never holds more than what it replaces."""
-    from planner.memory import peak_bytes
+    from planner.position_search import default_peak_budget
     from planner.problem import MAX_BYTES
 
     if gb is None:
-        return max(peak_bytes(problem, None), peak_bytes(problem, hint) if hint is not None else 0)
+        return default_peak_budget(problem, [hint])
     _positive(gb, "--peak-memory-gb")
     budget = int(gb * 1e9)
     if budget >= MAX_BYTES:
@@ -409,6 +403,8 @@ def _solve_and_report(args, window: int | str | None, budget: int | None) -> int
 
         with LiveLine(say) if not args.quiet else contextlib.nullcontext(say) as live:
             # with free positions, CP-SAT's anchored step plan is one start of the positioned search
+            from planner.position_search import FREE_POSITIONS_CP_SAT_SHARE
+
             cp_sat_s = args.time_limit * (FREE_POSITIONS_CP_SAT_SHARE if args.positions == "free" else 1.0)
             result = solve(problem, time_limit_s=cp_sat_s, objective=args.objective, workers=args.workers,
                            seed=args.seed, hint=hint, window=window, protect_partly=args.protect_partly,
@@ -467,7 +463,8 @@ def cmd_solve_dir(args) -> int:
         _library_rule(arguments.worker_count, args.workers, "--workers")
     try:
         rows = solve_dir(root, objective=args.objective, time_limit_s=args.time_limit, jobs=args.jobs,
-                         workers=args.workers, seed=args.seed, force=args.force, progress=_progress(args.quiet))
+                         workers=args.workers, seed=args.seed, force=args.force, progress=_progress(args.quiet),
+                         positions=args.positions)
     except BadFileError as e:  # a bookkeeping file that is no regular file, another solve-dir running
         raise CLIError(str(e)) from None
     except PermissionError as e:
@@ -693,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
                    help="anchored (the default): each bucket starts and waits where torch scheduled one of its "
                         "members; free: also choose where (planner.position_search, step objective only), within "
-                        "--peak-memory-gb; plans with positions are not yet applied by apply/use")
+                        "--peak-memory-gb; apply, check and use merge such plans where they name")
     s.add_argument("--peak-memory-gb", type=float, default=None,
                    help="with --positions free: the planned schedule's peak memory (GB, 1e9 bytes) stays within "
                         "this (default: the --hint plan's peak, or the unbucketed schedule's)")
@@ -713,6 +710,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, help="CP-SAT workers per problem (default: cores / jobs)")
     s.add_argument("--seed", type=int, default=0, help="CP-SAT's random seed (default %(default)s)")
     s.add_argument("--force", action="store_true", help="solve again problems that already have a plan")
+    s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
+                   help="anchored (the default) or free: as solve's, within the higher of torch's greedy plan's and "
+                        "the unbucketed schedule's peak memory (step objective only)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve_dir)
 

@@ -71,8 +71,8 @@ def table(rows: list[dict]) -> str:
               "`planner.memory` on its own problem. *positioned*: `planner.position_search` with that peak as its "
               "budget (peak GB: the plan's own, same accounting), verified under its recorded policy (rules 4, 7, 8 "
               "off). *free-position floor*: `planner.bounds.free_position_floor`, no positioned plan is faster. "
-              "torch greedy's plan breaks rule 9 on these graphs (a cycle torch's own check reports); it is shown "
-              "as torch prices it. Search: one thread, wall-clock limited, so another run may differ.", ""]
+              "*torch greedy*: its plan as torch's search recorded it, priced by the same simulator (on "
+              "llama3-8b-fsdp-8 it breaks rule 9 in 16 places, which torch's own final cycle check reports). Search: one thread, wall-clock limited, so another run may differ.", ""]
     return "\n".join(lines)
 
 

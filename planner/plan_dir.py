@@ -26,6 +26,7 @@ import os
 import re
 import stat
 import signal
+import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -128,6 +129,7 @@ class SolveJob:
     time_limit_s: float
     workers: int
     seed: int
+    positions: str = "anchored"  # "free": the positioned search after CP-SAT (planner.position_search)
 
 
 def start_plan(problem, greedy, what: str = "greedy.json"):
@@ -159,8 +161,9 @@ def solve_one(job: SolveJob) -> dict:
     summary row."""
     from planner.problem import collectives_after
     from planner.simulator import simulate
+    from planner.position_search import FREE_POSITIONS_CP_SAT_SHARE
     from planner.solver import solve
-    from planner.verifier import check
+    from planner.verifier import check, recorded_policy
 
     folder = Path(job.folder)
     row: dict = {"problem": folder.name}
@@ -169,8 +172,13 @@ def solve_one(job: SolveJob) -> dict:
     except (OSError, SchemaError) as e:
         return {**row, "status": "ERROR", "note": str(e).splitlines()[0][:300]}
     start, note = _start_plan(problem, folder)
-    result = solve(problem, time_limit_s=job.time_limit_s, objective=job.objective, workers=job.workers,
+    free = job.positions == "free" and job.objective == "step"
+    began = time.perf_counter()
+    result = solve(problem, time_limit_s=job.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
+                   objective=job.objective, workers=job.workers,
                    seed=job.seed, hint=start, floor_plans=(start,) if start is not None else ())
+    if free and result.plan is not None and not result.stats.get("interrupted"):
+        result = _positioned(problem, result, start, began + job.time_limit_s, job.seed)
     row.update(_problem_figures(problem), status=result.status, wall_s=round(result.wall_s, 1),
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
@@ -178,7 +186,7 @@ def solve_one(job: SolveJob) -> dict:
                    greedy_ms=round(simulate(problem, start).step_ms, 3))
     if result.plan is None:
         return {**row, "note": "; ".join(x for x in (note, "no plan found") if x)}
-    report = check(problem, result.plan)  # the solver verifies; this is the file's own guard
+    report = check(problem, result.plan, **recorded_policy(result.plan))  # the solver verifies; the file's own guard
     if not report.feasible:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
     bound = result.bound if job.objective == "step" else None
@@ -197,6 +205,23 @@ def solve_one(job: SolveJob) -> dict:
     except OSError as e:  # a directory in its place, a read-only folder
         return {**row, "status": "ERROR", "note": f"{folder / PLAN}: cannot write the plan ({e.strerror})"}
     return planned
+
+
+def _positioned(problem, anchored, start, deadline: float, seed: int):
+    """The positioned search from CP-SAT's plan and torch's greedy plan, within the higher of their
+    peaks and the unbucketed one (``default_peak_budget``), as a SolveResult-like row source."""
+    from dataclasses import replace
+
+    from planner.bounds import free_position_floor
+    from planner.position_search import default_peak_budget, position_search
+
+    budget = default_peak_budget(problem, [start])
+    found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
+                            peak_memory_bytes=budget, deadline=deadline, seed=seed)
+    floor = free_position_floor(problem).floor_ms
+    return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor,
+                   gap=(found.step_ms - floor) / found.step_ms if found.step_ms else 0.0,
+                   stats={**anchored.stats, "positions": found.stats})
 
 
 def _idle_worker_ignores_ctrl_c() -> None:
@@ -281,10 +306,12 @@ def write_summary(plan_dir: Path, rows: list[dict]) -> None:
 
 def solve_dir(plan_dir: str | os.PathLike, *, objective: str = "step", time_limit_s: float = 60.0, jobs: int = 1,
               workers: int | None = None, seed: int = 0, force: bool = False,
-              progress: Callable[[str], None] | None = None) -> list[dict]:
+              progress: Callable[[str], None] | None = None, positions: str = "anchored") -> list[dict]:
     """Solve every recorded problem of ``plan_dir`` without a plan that counts (``plan_row``):
     none, unreadable, another problem's, or interrupted by Ctrl-C; ``force``: all of them.
 
+    ``positions`` "free": each step solve ends with the positioned search (``planner.position_search``)
+    within the higher of torch's greedy plan's and the unbucketed schedule's peak memory.
     ``jobs`` problems at once in worker processes, each solve with ``workers`` CP-SAT workers
     (default: the machine's cores shared among the jobs). One run per directory at a time
     (``locked``). The summary is rebuilt from the plans on disk first and rewritten after every
@@ -293,11 +320,12 @@ def solve_dir(plan_dir: str | os.PathLike, *, objective: str = "step", time_limi
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such plan directory")
     with locked(root):
-        return _solve_dir(root, objective, time_limit_s, jobs, workers, seed, force, progress or (lambda msg: None))
+        return _solve_dir(root, objective, time_limit_s, jobs, workers, seed, force, progress or (lambda msg: None),
+                          positions)
 
 
 def _solve_dir(root: Path, objective: str, time_limit_s: float, jobs: int, workers: int | None, seed: int,
-               force: bool, say: Callable[[str], None]) -> list[dict]:
+               force: bool, say: Callable[[str], None], positions: str = "anchored") -> list[dict]:
     folders = recorded_problems(root)
     graphs = _graphs_by_problem(root)  # before any solve: a broken index stops the run here
     rows = {f.name: r for f in folders if (r := plan_row(f)) is not None}
@@ -314,7 +342,7 @@ def _solve_dir(root: Path, objective: str, time_limit_s: float, jobs: int, worke
     say(f"{len(folders)} recorded problem(s) in {root}; {len(todo)} to solve"
         + (f" ({resumed} interrupted earlier)" if resumed else "")
         + f" ({objective}, {time_limit_s:g}s each, {jobs} at a time x {per_job} CP-SAT workers)")
-    batch = [SolveJob(str(f), objective, time_limit_s, per_job, seed) for f in todo]
+    batch = [SolveJob(str(f), objective, time_limit_s, per_job, seed, positions) for f in todo]
     finished: set[str] = set()
 
     def done(i: int, row: dict) -> None:

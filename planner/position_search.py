@@ -42,6 +42,10 @@ SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # random moves per kick, and fruitless kicks in a row that end a search without a deadline
 KICK_MOVES = 3
 KICKS_WITHOUT_GAIN = 200
+# the share of a free-positions solve's time limit that CP-SAT's anchored step search gets; its plan
+# seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
+# on llama3-8b-fsdp-8 @ h100-8nodes the positioned search found its best from the per-block seed)
+FREE_POSITIONS_CP_SAT_SHARE = 0.2
 # rounds of dropping the positions of buckets the verifier names, when a seed is made legal
 LEGALIZE_ROUNDS = 50
 
@@ -327,6 +331,13 @@ class _Search:
                 else:
                     current, current_ms = buckets, ms
         return buckets, plan, ms
+
+
+def default_peak_budget(problem: Problem, plans=()) -> int:
+    """The default budget: the peak of the unbucketed schedule or of any of ``plans`` (torch's
+    greedy plan, say), whichever is higher: a positioned plan never holds more than what it
+    replaces."""
+    return max([peak_bytes(problem, None)] + [peak_bytes(problem, p) for p in plans if p is not None])
 
 
 def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: int | None, deadline: float,

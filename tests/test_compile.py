@@ -131,3 +131,27 @@ def test_a_stale_or_corrupt_plan_falls_back_with_one_warning(world, tmp_path):
     wrong = _run(world, "ddp", "use", tmp_path)
     for r in wrong:
         assert len(r["warnings"]) == 1 and "for another problem" in r["warnings"][0]
+
+
+def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
+    """solve-dir --positions free on the recorded FSDP graphs: plans that name where buckets start
+    and wait, applied by ``use`` in a compile with inductor's caches on; the compiled graphs hold
+    the planned number of collectives and the step's numbers are those of the unbucketed compile."""
+    plain = _run(world, "fsdp", "unbucketed", tmp_path)
+    _run(world, "fsdp", "record", tmp_path)
+    plan_dir = tmp_path / "plans"
+    solve_dir(plan_dir, objective="step", time_limit_s=10, positions="free")
+    planned, positioned = {}, 0
+    for p in recorded_problems(plan_dir):
+        problem, plan = planner.load_problem(p / PROBLEM), planner.load_plan(p / PLAN)
+        assert not planner.verify(problem, plan, **planner.verifier.recorded_policy(plan))
+        assert plan.params["keep_overlap"] is False
+        positioned += sum(1 for b in plan.buckets if b.issue_before or b.wait_before)
+        planned[problem.fingerprint] = planner.collectives_after(problem, plan)
+    assert positioned, "no plan names a position"
+    used = _run(world, "fsdp", "use", tmp_path)
+    for rank, r in enumerate(used):
+        assert r["warnings"] == [] and {e["outcome"] for e in r["events"]} == {"planned"}
+        for e in r["events"]:
+            assert e["collectives_after"] == planned[e["fingerprint"]], e
+        assert _same(r, plain[rank]), f"rank {rank}: the positioned plan changed the numbers"
