@@ -663,6 +663,65 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-memory-budget", action="store_true", help="check without a memory budget")
     s.set_defaults(func=cmd_verify)
 
+    _add_solve_parsers(sub)
+
+    _add_many_parsers(sub)
+    s = sub.add_parser("check", help="run original and bucketed graphs for real on gloo; compare bitwise")
+    s.add_argument("workload", nargs="?", help="a built-in workload (tiny shapes), or use --model")
+    _add_model_options(s)
+    g = s.add_mutually_exclusive_group()
+    g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload, or a folder of "
+                   "rank<R>/plan.json, one per rank (`bucketplan extract --tiny` writes each rank's problem)")
+    _add_planner_option(g)
+    s.add_argument("--ranks", type=int, default=2,
+                   help="gloo processes to run on (default %(default)s, at least 2; a 2-D workload gets TP 2 from 4 "
+                        "ranks on, else TP 1)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="torch's seed for the parameters, the same on every rank (default %(default)s)")
+    s.add_argument("--pre-bucketing", action="store_true",
+                   help="run torch's FSDP pre-bucketing before scheduling (default: off, as in extract)")
+    s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"],
+                   help="torch's bucket mode (default: torch's config, i.e. 'default')")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=cmd_check)
+
+    s = sub.add_parser("apply", help="schedule a workload and apply a plan file to it")
+    s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
+    s.add_argument("plan", help="the plan file to apply (solved for this workload's problem, e.g. by `solve`)")
+    _add_model_options(s)
+    _add_pipeline_options(s)
+    s.set_defaults(func=cmd_apply)
+    return p
+
+
+def _add_many_parsers(sub) -> None:
+    """``sweep`` and ``compare``: many workloads, presets and planners at once."""
+    s = sub.add_parser("sweep", help="many workloads x presets x objectives from a TOML spec: extract each problem "
+                                     "once, solve each (problem, objective) as a task (on Ray when installed), "
+                                     "verify, tabulate; resumable")
+    s.add_argument("spec", help="the sweep spec (TOML; planner/sweep.py documents it, experiments/specs/ has examples)")
+    s.add_argument("-o", "--output", default="out/sweep", help="output folder (default out/sweep); a rerun resumes")
+    s.add_argument("--sequential", action="store_true", help="run the tasks one by one in this process, even "
+                   "with Ray installed")
+    s.add_argument("--ray", action="store_true", help="require Ray (an error when it is not installed)")
+    s.add_argument("--address", help="a Ray cluster to run the tasks on (default: a Ray instance on this machine)")
+    s.add_argument("--cpus", type=int, help="CPUs of the local Ray instance (default: all of this machine's)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=cmd_sweep)
+
+    s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, simulated "
+                                       "step time and exposed communication, plots and traces")
+    s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
+    s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
+    s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
+    _add_model_options(s)
+    _add_cluster_options(s)
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=cmd_compare)
+
+
+def _add_solve_parsers(sub) -> None:
+    """``solve`` and ``solve-dir``: one problem, and every problem recorded from torch.compile."""
     s = sub.add_parser("solve", help="optimal bucketing with CP-SAT (status, objective, bound, gap)")
     s.add_argument("problem", help="the problem file to solve (problem.json, as `extract` writes it)")
     s.add_argument("-o", "--output", required=True, help="plan file to write")
@@ -716,55 +775,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve_dir)
 
-    s = sub.add_parser("sweep", help="many workloads x presets x objectives from a TOML spec: extract each problem "
-                                     "once, solve each (problem, objective) as a task (on Ray when installed), "
-                                     "verify, tabulate; resumable")
-    s.add_argument("spec", help="the sweep spec (TOML; planner/sweep.py documents it, experiments/specs/ has examples)")
-    s.add_argument("-o", "--output", default="out/sweep", help="output folder (default out/sweep); a rerun resumes")
-    s.add_argument("--sequential", action="store_true", help="run the tasks one by one in this process, even "
-                   "with Ray installed")
-    s.add_argument("--ray", action="store_true", help="require Ray (an error when it is not installed)")
-    s.add_argument("--address", help="a Ray cluster to run the tasks on (default: a Ray instance on this machine)")
-    s.add_argument("--cpus", type=int, help="CPUs of the local Ray instance (default: all of this machine's)")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    s.set_defaults(func=cmd_sweep)
-
-    s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, simulated "
-                                       "step time and exposed communication, plots and traces")
-    s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
-    s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
-    s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
-    _add_model_options(s)
-    _add_cluster_options(s)
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    s.set_defaults(func=cmd_compare)
-
-    s = sub.add_parser("check", help="run original and bucketed graphs for real on gloo; compare bitwise")
-    s.add_argument("workload", nargs="?", help="a built-in workload (tiny shapes), or use --model")
-    _add_model_options(s)
-    g = s.add_mutually_exclusive_group()
-    g.add_argument("--plan", help="a plan file for the tiny-shape problem of this workload, or a folder of "
-                   "rank<R>/plan.json, one per rank (`bucketplan extract --tiny` writes each rank's problem)")
-    _add_planner_option(g)
-    s.add_argument("--ranks", type=int, default=2,
-                   help="gloo processes to run on (default %(default)s, at least 2; a 2-D workload gets TP 2 from 4 "
-                        "ranks on, else TP 1)")
-    s.add_argument("--seed", type=int, default=0,
-                   help="torch's seed for the parameters, the same on every rank (default %(default)s)")
-    s.add_argument("--pre-bucketing", action="store_true",
-                   help="run torch's FSDP pre-bucketing before scheduling (default: off, as in extract)")
-    s.add_argument("--bucket-mode", choices=["default", "custom_ops", "custom_ops_multidtype", "coalesced"],
-                   help="torch's bucket mode (default: torch's config, i.e. 'default')")
-    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
-    s.set_defaults(func=cmd_check)
-
-    s = sub.add_parser("apply", help="schedule a workload and apply a plan file to it")
-    s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
-    s.add_argument("plan", help="the plan file to apply (solved for this workload's problem, e.g. by `solve`)")
-    _add_model_options(s)
-    _add_pipeline_options(s)
-    s.set_defaults(func=cmd_apply)
-    return p
 
 
 def _add_planner_option(s) -> None:

@@ -84,6 +84,25 @@ def _final_pinned_order(problem: planner.Problem, plan: planner.Plan) -> list[tu
     return order
 
 
+def _final_chain(graph: fx.Graph, plan: planner.Plan, order, replaced: dict, coalesced_waits: dict,
+                 by_name: dict) -> tuple[list[fx.Node], list[fx.Node]]:
+    """The merged graph's pinned nodes in the plan's final order (``order``, by name: a merged
+    start or wait is the node that now plays its part), and which of them are positioned starts
+    or waits (they must be moved, ``_move_ahead``)."""
+    chain: list[fx.Node] = []
+    moved: list[fx.Node] = []
+    present = set(graph.nodes)  # a dtype conversion a merge folded into its copy is gone (Collective.folded)
+    for name, b, what in order:
+        for node in coalesced_waits.get(name) or [replaced.get(name) or by_name[name]]:
+            if node not in present or (chain and chain[-1] is node):
+                continue
+            chain.append(node)
+            bucket = plan.buckets[b] if b is not None else None
+            if bucket is not None and (bucket.issue_before if what == "start" else bucket.wait_before):
+                moved.append(node)
+    return chain, moved
+
+
 def _merge_point(bucket, by_name: dict, colls: dict, graph: fx.Graph) -> fx.Node:
     """Where torch's merge inserts a bucket's nodes (its output buffer, copy-in, collective): at
     the start anchor, or for a start issued later than that, before the named node, so the buffer
@@ -245,19 +264,7 @@ def apply_plan(
         if len(waits) > 1:  # coalesced mode: one start, one wait per member, all at the wait anchor
             coalesced_waits[colls[bucket.wait].wait] = waits
 
-    chain: list[fx.Node] = []
-    moved: list[fx.Node] = []  # positioned starts and waits
-    present = set(graph.nodes)  # a dtype conversion a merge folded into its copy is gone (Collective.folded)
-    for name, b, what in order:
-        nodes = coalesced_waits.get(name) or [replaced.get(name) or by_name[name]]
-        for node in nodes:
-            if node not in present:
-                continue
-            if not chain or chain[-1] is not node:
-                chain.append(node)
-                bucket = plan.buckets[b] if b is not None else None
-                if bucket is not None and (bucket.issue_before if what == "start" else bucket.wait_before):
-                    moved.append(node)
+    chain, moved = _final_chain(graph, plan, order, replaced, coalesced_waits, by_name)
     _move_ahead(graph, moved, chain)
     extra: dict[fx.Node, OrderedSet[fx.Node]] = {}
     for prev, node in zip(chain, chain[1:]):
