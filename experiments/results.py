@@ -278,7 +278,9 @@ def reading(rows: list[dict]) -> list[str]:
 STEP_RUNS = (("step_in_greedy_time", "The step objective within torch greedy's own search time (80 layers)",
               "experiments.step_in_greedy_time"),
              ("step_alpha_beta", "The step objective on the α-β link its targets were set on",
-              "experiments.step_alpha_beta"))
+              "experiments.step_alpha_beta"),
+             ("free_positions", "Free start and wait positions, within the peak memory of torch's fastest row",
+              "experiments.free_positions"))
 
 
 def step_runs_section() -> list[str]:

@@ -203,10 +203,11 @@ class _Search:
         return _all_buckets(self.ix, self.template)
 
     def fit_budget(self, buckets: list[Bucket]) -> list[Bucket] | None:
-        """Walk ``buckets`` into the budget: at the peak segment, the bucket issued early with the
-        most bytes there is issued just past that segment instead (back at its anchor if that is
-        past its wait); with none issued early there, the largest merged bucket alive there is
-        split. None if even the unbucketed schedule is over the budget."""
+        """Walk ``buckets`` into the budget: at the peak segment, the all_gather bucket in flight there
+        with the most bytes is issued just past that segment instead (its output is then allocated
+        after it; back at its anchor when even that is too late for its wait); with none, the largest
+        merged bucket is split. This can take a plan below the unbucketed schedule's peak (a gather
+        torch issued early is delayed). None if no such walk gets within the budget."""
         if self.budget is None:
             return buckets
         buckets = list(buckets)
@@ -217,8 +218,9 @@ class _Search:
             if t.peak_bytes <= self.budget:
                 return buckets
             j = t.peak_segment  # segment j: from node j - 1 up to node j
-            early = [k for k, b in enumerate(buckets) if ix.start_index(b) - (b.issue_before is not None) < j
-                     and any(ix.at[m] >= j for m in b.members)]  # started before j, a member's own start after
+            # all_gathers issued at or before segment j and waited after it: their outputs are alive in j
+            early = [k for k, b in enumerate(buckets) if ix.key_of[b.start][0] == "all_gather"
+                     and ix.start_index(b) - (b.issue_before is not None) < j and ix.wait_index(b) > j + 1]
             if early:
                 k = max(early, key=lambda k: sum(ix.colls[m].wire_bytes for m in buckets[k].members))
                 b = buckets[k]

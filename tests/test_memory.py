@@ -31,7 +31,7 @@ SMALL = ["llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "hf-qwen3-2", 
 LARGER = ["llama3-70b-fsdp-2", "llama3-70b-2d-2", "llama3-8b-fsdp-8", "hf-qwen3-8"]
 
 
-def _agrees_with_torch(name: str) -> None:
+def _agrees_with_torch(name: str, solve_s: float = 5) -> None:
     from fxglue.apply import apply_plan
     from fxglue.pipeline import prepare
 
@@ -40,7 +40,7 @@ def _agrees_with_torch(name: str) -> None:
     assert problem.memory is not None
     unbucketed = memory_timeline(problem)
     assert unbucketed.peak_bytes == pytest.approx(torch_peak(prepared.inputs.gm.graph), rel=TOLERANCE)
-    plan = planner.solve(problem, time_limit_s=5, objective="count", workers=1).plan
+    plan = planner.solve(problem, time_limit_s=solve_s, objective="count", workers=1).plan
     assert sum(len(b.members) > 1 for b in plan.buckets) >= 2, "a plan that merges something"
     inputs = prepared.inputs
     apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=problem,
@@ -58,7 +58,7 @@ def test_the_peak_agrees_with_torchs_estimator_unbucketed_and_on_the_applied_pla
 @pytest.mark.long
 @pytest.mark.parametrize("name", LARGER)
 def test_the_peak_agrees_with_torchs_estimator_on_larger_workloads(name):
-    _agrees_with_torch(name)
+    _agrees_with_torch(name, solve_s=30)  # at 8 layers 5 s can end on the unbucketed plan
 
 
 def _kind(problem: planner.Problem, kind: str) -> planner.Problem:
