@@ -40,7 +40,8 @@ from planner.report import write_table
 INDEX, LOCK = "index.jsonl", ".solve-dir.lock"
 PROBLEM, GREEDY, PLAN = "problem.json", "greedy.json", "plan.json"
 SUMMARY_COLUMNS = ("problem", "graphs", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
-                   "plan_ms", "floor_ms", "status", "bound_ms", "gap_pct", "wall_s", "note")
+                   "plan_ms", "floor_ms", "status", "bound_ms", "gap_pct", "unbucketed_peak_gb", "greedy_peak_gb",
+                   "plan_peak_gb", "wall_s", "note")
 SUMMARY_PARAM = "solve_dir"  # the plan's params key holding its summary row
 _HEX = re.compile(r"[0-9a-f]{8,128}")
 
@@ -183,7 +184,7 @@ def solve_one(job: SolveJob) -> dict:
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
         row.update(greedy_after=collectives_after(problem, start),
-                   greedy_ms=round(simulate(problem, start).step_ms, 3))
+                   greedy_ms=round(simulate(problem, start).step_ms, 3), greedy_peak_gb=_peak_gb(problem, start))
     if result.plan is None:
         return {**row, "note": "; ".join(x for x in (note, "no plan found") if x)}
     report = check(problem, result.plan, **recorded_policy(result.plan))  # the solver verifies; the file's own guard
@@ -244,14 +245,22 @@ def _problem_figures(problem) -> dict:
     from planner.simulator import simulate
 
     return {"collectives": len(problem.collectives), "unbucketed_ms": round(simulate(problem).step_ms, 3),
-            "floor_ms": round(step_floor(problem).floor_ms, 3)}
+            "floor_ms": round(step_floor(problem).floor_ms, 3), "unbucketed_peak_gb": _peak_gb(problem, None)}
+
+
+def _peak_gb(problem, plan) -> float:
+    """Peak memory of a plan's schedule in GB (1e9 bytes), as torch's estimator counts it."""
+    from planner.memory import peak_bytes
+
+    return round(peak_bytes(problem, plan) / 1e9, 3)
 
 
 def _plan_figures(problem, plan) -> dict:
     from planner.problem import collectives_after
     from planner.simulator import simulate
 
-    return {"plan_after": collectives_after(problem, plan), "plan_ms": round(simulate(problem, plan).step_ms, 3)}
+    return {"plan_after": collectives_after(problem, plan), "plan_ms": round(simulate(problem, plan).step_ms, 3),
+            "plan_peak_gb": _peak_gb(problem, plan)}
 
 
 def plan_row(folder: Path) -> dict | None:

@@ -61,6 +61,7 @@ from typing import Callable, Iterator
 
 from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
                         load_plan, load_problem, read_regular_file, read_regular_text, save)
+from planner.memory import peak_bytes
 from planner.report import sweep_plot, write_table
 
 OBJECTIVES = ("count", "step", "exposure")
@@ -71,7 +72,7 @@ PROBLEM, GREEDY, STAGES = "problem.json.gz", "greedy.json.gz", "stages.json"
 GREEDY_SIBLINGS = ("greedy.json", "greedy-plan.json", "torch-greedy-plan.json", "torch-greedy-plan.json.gz")
 RESULT_COLUMNS = ("case", "objective", "nodes", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
                   "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "closed_pct", "status", "bound", "gap_pct",
-                  "plan_sha", "note")
+                  "greedy_peak_gb", "plan_peak_gb", "plan_sha", "note")
 STAGE_COLUMNS = ("case", "stage", "wall_s", "peak_rss_gb", "attempts", "note")
 # closed_pct is given where torch's greedy is more than this share above the floor (the step
 # objective's 32-layer target: 'where greedy is more than 1% above the floor')
@@ -497,7 +498,8 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
         if baseline is not None and baseline.problem_fingerprint == problem.fingerprint \
                 and check(problem, baseline).feasible:
             row.update(greedy_after=collectives_after(problem, baseline),
-                       greedy_ms=round(simulate(problem, baseline).step_ms, 3))
+                       greedy_ms=round(simulate(problem, baseline).step_ms, 3),
+                       greedy_peak_gb=round(peak_bytes(problem, baseline) / 1e9, 3))
             break
     notes = [result.get("start_note") or ""]
     if "error" in result:
@@ -516,6 +518,7 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
     if result.get("interrupted"):
         notes.append("interrupted")
     row.update(plan_after=collectives_after(problem, plan), plan_ms=round(step, 3), status=result.get("status"),
+               plan_peak_gb=round(peak_bytes(problem, plan) / 1e9, 3),
                bound=None if bound is None else f"{bound:.3f}{unit}" if objective == "step" else f"{bound:g}{unit}",
                gap_pct=None if result.get("gap") is None else round(100 * result["gap"], 2), plan_sha=plan_sha(plan),
                above_floor_pct=round(100 * (step - floor) / floor, 2) if floor > 0 else None,
