@@ -229,6 +229,16 @@ class _Search:
                 if later is None and b.issue_before is None:
                     buckets[k:k + 1] = [_bucket(ix, (m,)) for m in b.members]
                 continue
+            # reduce_scatters / all_reduces whose inputs are alive in j and could be issued before it
+            # (just after their members' last pinned predecessor): issued there, they free them sooner
+            ready = {k: max(ix.after[m] for m in b.members) + 1 for k, b in enumerate(buckets)
+                     if ix.key_of[b.start][0] != "all_gather"}
+            sooner = [k for k, r in ready.items() if r < j and ix.start_index(buckets[k]) >= j
+                      and r < ix.wait_index(buckets[k]) and buckets[k].issue_before != ix.names[r]]
+            if sooner:
+                k = max(sooner, key=lambda k: sum(ix.colls[m].wire_bytes for m in buckets[k].members))
+                buckets[k] = buckets[k].model_copy(update={"issue_before": ix.names[ready[k]]})
+                continue
             merged = [k for k, b in enumerate(buckets) if len(b.members) > 1]
             if not merged:
                 return None
