@@ -146,6 +146,9 @@ def per_block_seed(problem: Problem, template: Plan, prefetch: bool = True, defe
 
 
 class _Search:
+    """One positioned search's state: the problem's lookups, the random stream, the time and
+    evaluation budget, the memory budget, and ``stats``; its plans all carry ``params``."""
+
     def __init__(self, problem: Problem, template: Plan, budget: int | None, deadline: float,
                  max_evaluations: int | None, seed: int, params: dict):
         self.problem, self.template, self.budget = problem, template, budget
@@ -360,8 +363,6 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
     ``max_evaluations``: the reproducible limit. The result is verified under the positioned
     policy (``positioned_policy``), which its ``params`` record; if nothing fits the budget the
     unbucketed schedule is returned when it does, else ValueError."""
-    template = starts[0] if starts else Plan(problem_fingerprint=problem.fingerprint, planner="", created="",
-                                             buckets=())
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     params = {"objective": "step", "positions": "free", "seed": seed, **positioned_policy(peak_memory_bytes).as_params()}
     template = Plan(problem_fingerprint=problem.fingerprint, planner="bucketplan position search", params=params,

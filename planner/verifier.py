@@ -94,30 +94,25 @@ def recorded_policy(plan: Plan, *, ignore=()) -> dict:
     are not read. A value that is no policy raises ValueError naming the key: params are free
     JSON, and a hand-edited "yes" or -1 must not silently become some policy."""
     out: dict = {}
-    if "protect_partly" in plan.params and "protect_partly" not in ignore:
-        value = plan.params["protect_partly"]
-        if not _obeys(arguments.flag, value):
-            raise ValueError(f"params.protect_partly: {value!r} is not a policy (true or false)")
-        out["protect_partly"] = value
-    if "keep_overlap" in plan.params and "keep_overlap" not in ignore:
-        value = plan.params["keep_overlap"]
-        if not _obeys(arguments.flag, value):
-            raise ValueError(f"params.keep_overlap: {value!r} is not a policy (true or false)")
-        out["keep_overlap"] = value
-    if "peak_memory_bytes" in plan.params and "peak_memory_bytes" not in ignore:
-        value = plan.params["peak_memory_bytes"]
-        if not _obeys(arguments.memory_budget_bytes, value):
-            raise ValueError(f"params.peak_memory_bytes: {value!r} is not a budget "
-                             f"(null or an integer from 0 to below 2**62)")
-        out["peak_memory_bytes"] = value
-    if "memory_budget_bytes" in plan.params and "memory_budget_bytes" not in ignore:
-        value = plan.params["memory_budget_bytes"]
+    for key in POLICY_KEYS:
+        if key not in plan.params or key in ignore:
+            continue
+        value = plan.params[key]
         # the library's rule for the argument (True is an int in Python, a JSON float no byte count)
-        if not _obeys(arguments.memory_budget_bytes, value):
-            raise ValueError(f"params.memory_budget_bytes: {value!r} is not a budget "
-                             f"(null or an integer from 0 to below 2**62)")
-        out["memory_budget_bytes"] = value
+        rule, what = _POLICY_RULES[key]
+        if not _obeys(rule, value):
+            raise ValueError(f"params.{key}: {value!r} is not a {what}")
+        out[key] = value
     return out
+
+
+# each recorded policy key: the library's rule for its value, and what a value must be
+_POLICY_RULES = {
+    "protect_partly": (arguments.flag, "policy (true or false)"),
+    "keep_overlap": (arguments.flag, "policy (true or false)"),
+    "memory_budget_bytes": (arguments.memory_budget_bytes, "budget (null or an integer from 0 to below 2**62)"),
+    "peak_memory_bytes": (arguments.memory_budget_bytes, "budget (null or an integer from 0 to below 2**62)"),
+}
 
 
 def _obeys(rule, value) -> bool:
