@@ -1,0 +1,66 @@
+"""Issue 26's presets point, read off a presets run: per workload x preset, is the best bucketplan
+plan within the default budget (torch default's peak, or the unbucketed schedule's if higher) no
+slower than unbucketed, torch greedy and torch default, and the best within torch manual's peak
+no slower than torch manual?
+
+    python -m experiments.positioned_acceptance experiments/results/presets_positions
+
+Writes ``acceptance.md`` into that folder. Peaks are ``planner.memory``'s, each on its row's own
+problem; step times the simulator's (the rows of ``rows.jsonl``, not re-simulated).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+from experiments.common import read_rows
+
+OURS = ("cpsat (count)", "cpsat (step)", "cpsat (step, pre-bucketed)", "bucketplan (step, free positions)")
+DEFAULT, GREEDY, MANUAL = "torch default (pre-bucketing + greedy)", "torch greedy", "torch manual (a bucket per block)"
+
+
+def _best_within(rows: dict, peak_gb: float) -> dict | None:
+    within = [rows[k] for k in OURS if k in rows and rows[k]["peak_gb"] is not None and rows[k]["peak_gb"] <= peak_gb + 1e-3]
+    return min(within, key=lambda r: r["step_ms"]) if within else None
+
+
+def _ms_gb(row: dict) -> str:
+    return f"{row['step_ms']:.1f} ({row['peak_gb']:.3f})"
+
+
+def lines(folder: Path) -> list[str]:
+    cases: dict[tuple, dict] = defaultdict(dict)
+    for r in read_rows(folder / "rows.jsonl"):
+        cases[(r["workload"], r["preset"])][r["planner"]] = r
+    out = ["| workload | preset | best within default budget (ms, GB) | unbucketed | torch greedy | torch default (GB) "
+           "| holds | best within manual's peak | torch manual (GB) | holds |", "|" + "---|" * 10]
+    held = total = 0
+    for (w, p), rows in cases.items():
+        if OURS[-1] not in rows:
+            continue
+        default = rows[DEFAULT]
+        best = _best_within(rows, max(default["peak_gb"], rows["unbucketed"]["peak_gb"]))
+        ok = best is not None and best["step_ms"] <= min(rows[k]["step_ms"] for k in ("unbucketed", GREEDY, DEFAULT)) + 1e-6
+        m = rows.get(MANUAL)
+        bm = _best_within(rows, m["peak_gb"]) if m else None
+        okm = m is None or (bm is not None and bm["step_ms"] <= m["step_ms"] + 1e-6)
+        total += 1
+        held += ok and okm
+        out.append(f"| {w} | {p} | {_ms_gb(best)} {best['planner']} | {rows['unbucketed']['step_ms']:.1f} | "
+                   f"{rows[GREEDY]['step_ms']:.1f} | {_ms_gb(default)} | {'yes' if ok else 'NO'} | "
+                   f"{_ms_gb(bm) if bm else 'none'} | {_ms_gb(m) if m else ''} | {'yes' if okm else 'NO'} |")
+    return [f"Both hold in {held} of {total} cases.", ""] + out
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    text = "# Issue 26's presets point on this run\n\n`python -m experiments.positioned_acceptance " \
+           f"{folder}`\n\n" + "\n".join(lines(folder)) + "\n"
+    (folder / "acceptance.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
