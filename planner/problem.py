@@ -369,25 +369,31 @@ class Problem(_Frozen):
             for j in t.nodes:
                 if not 0 <= j < len(self.nodes):
                     raise ValueError(f"timeline {t.pg}: node index {j} out of range")
-        if self.memory is not None:
-            if len(self.memory.segment_peak_bytes) != len(self.nodes) + 1:
-                raise ValueError(f"memory.segment_peak_bytes: {len(self.memory.segment_peak_bytes)} segments, but "
-                                 f"{len(self.nodes)} pinned nodes make {len(self.nodes) + 1}")
-            by_name = {c.name: c for c in self.collectives}
-            missing = [n for n in by_name if n not in self.memory.buffers]
-            extra = [n for n in self.memory.buffers if n not in by_name]
-            if missing or extra:
-                raise ValueError(f"memory.buffers: one entry per collective (missing {missing[:3]}, "
-                                 f"not collectives {extra[:3]})")
-            for name, buf in self.memory.buffers.items():
-                c = by_name[name]
-                if buf.out_last_use < c.start_pos or buf.out_last_use >= self.n_scheduled or buf.in_alloc >= c.start_pos:
-                    raise ValueError(f"memory.buffers[{name!r}]: output last used at {buf.out_last_use} or input "
-                                     f"allocated at {buf.in_alloc}, outside the scheduled order around its start "
-                                     f"({c.start_pos})")
+        self._check_memory()
         if self.fingerprint and self.fingerprint != self.content_fingerprint():
             raise ValueError("fingerprint does not match the content (the file was edited or corrupted)")
         return self
+
+    def _check_memory(self) -> None:
+        """The memory profile, when there is one: a segment per pinned node and one more, buffers
+        for exactly the collectives, and each buffer's positions around its collective's start."""
+        if self.memory is None:
+            return
+        if len(self.memory.segment_peak_bytes) != len(self.nodes) + 1:
+            raise ValueError(f"memory.segment_peak_bytes: {len(self.memory.segment_peak_bytes)} segments, but "
+                             f"{len(self.nodes)} pinned nodes make {len(self.nodes) + 1}")
+        by_name = {c.name: c for c in self.collectives}
+        missing = [n for n in by_name if n not in self.memory.buffers]
+        extra = [n for n in self.memory.buffers if n not in by_name]
+        if missing or extra:
+            raise ValueError(f"memory.buffers: one entry per collective (missing {missing[:3]}, "
+                             f"not collectives {extra[:3]})")
+        for name, buf in self.memory.buffers.items():
+            c = by_name[name]
+            if buf.out_last_use < c.start_pos or buf.out_last_use >= self.n_scheduled or buf.in_alloc >= c.start_pos:
+                raise ValueError(f"memory.buffers[{name!r}]: output last used at {buf.out_last_use} or input "
+                                 f"allocated at {buf.in_alloc}, outside the scheduled order around its start "
+                                 f"({c.start_pos})")
 
     # -- convenience lookups (cheap; the model is frozen so callers may cache them) --
     def collective_index(self) -> dict[str, int]:
