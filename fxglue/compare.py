@@ -22,7 +22,7 @@ import planner
 from fxglue import planners
 from planner.io import replace_dir_atomically
 from planner.bounds import free_position_floor, step_floor
-from planner.memory import memory_timeline
+from planner.memory import peak_bytes
 from planner.position_search import position_search
 from planner.repair import repair
 from planner.simulator import simulate, write_chrome_trace
@@ -146,7 +146,7 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
     alone against default's 98.8). Its bound is the free-position floor of the schedule it ran on."""
     say(f"{name}: {POSITIONED_LABEL}")
     default = row.plans[0]
-    budget = max(memory_timeline(default.problem, default.plan).peak_bytes, memory_timeline(prob).peak_bytes)
+    budget = max(peak_bytes(default.problem, default.plan), peak_bytes(prob))
     found = []
     t0 = time.perf_counter()
     for k, problem in enumerate((prob, prob_pre)):

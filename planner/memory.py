@@ -116,7 +116,8 @@ def _collective_buffers(problem: Problem, plan: Plan | None, copies: bool) -> li
     return spans.totals()
 
 
-def _peak(problem: Problem, plan: Plan | None) -> tuple[int, int]:
+def peak_and_segment(problem: Problem, plan: Plan | None) -> tuple[int, int]:
+    """The planned schedule's peak bytes and the segment where it is first reached."""
     own = problem.memory.segment_peak_bytes if problem.memory is not None else None
     totals = _collective_buffers(problem, plan, copies=True)
     best, at = -1, 0
@@ -130,14 +131,14 @@ def _peak(problem: Problem, plan: Plan | None) -> tuple[int, int]:
 def memory_timeline(problem: Problem, plan: Plan | None = None) -> MemoryTimeline:
     """The peak bytes of ``plan``'s final schedule (``None``: unbucketed) and of the unbucketed one.
     ``plan`` must be well-formed (the verifier's rules 1 and 5)."""
-    peak, at = _peak(problem, plan)
-    base, _ = _peak(problem, None)
+    peak, at = peak_and_segment(problem, plan)
+    base, _ = peak_and_segment(problem, None)
     return MemoryTimeline(peak_bytes=peak, peak_segment=at, unbucketed_peak_bytes=base,
                           profiled=problem.memory is not None)
 
 
 def peak_bytes(problem: Problem, plan: Plan | None = None) -> int:
-    return _peak(problem, plan)[0]
+    return peak_and_segment(problem, plan)[0]
 
 
 def rule10_extra(problem: Problem, plan: Plan) -> list[int]:

@@ -29,7 +29,7 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from planner.memory import memory_timeline, peak_bytes
+from planner.memory import peak_and_segment, peak_bytes
 from planner.policy import Policy
 from planner.problem import Bucket, Plan, Problem, with_buckets
 from planner.simulator import replay_index, step_ms
@@ -217,10 +217,9 @@ class _Search:
         ix = self.ix
         for _ in range(8 * len(buckets) + 1):
             plan = _as_plan(self.template, buckets, self.params)
-            t = memory_timeline(self.problem, plan)
-            if t.peak_bytes <= self.budget:
+            peak, j = peak_and_segment(self.problem, plan)  # segment j: from node j - 1 up to node j
+            if peak <= self.budget:
                 return buckets
-            j = t.peak_segment  # segment j: from node j - 1 up to node j
             # all_gathers issued at or before segment j and waited after it: their outputs are alive in j
             early = [k for k, b in enumerate(buckets) if ix.key_of[b.start][0] == "all_gather"
                      and ix.start_index(b) - (b.issue_before is not None) < j and ix.wait_index(b) > j + 1]
