@@ -105,9 +105,11 @@ def _bucket(ix: _Index, members, issue_before=None, wait_before=None) -> Bucket:
     return Bucket(members=members, start=start, wait=wait, issue_before=issue_before, wait_before=wait_before)
 
 
-def _as_plan(template: Plan, buckets: list[Bucket], params: dict) -> Plan:
+def _as_plan(template: Plan, buckets: list[Bucket]) -> Plan:
+    """The plan of ``buckets`` (merged or positioned ones; the rest are singletons anyway), with
+    the template's record (planner, params, created)."""
     kept = [b for b in buckets if len(b.members) > 1 or b.issue_before is not None or b.wait_before is not None]
-    return with_buckets(template, kept, params=params)
+    return with_buckets(template, kept)
 
 
 def _all_buckets(ix: _Index, plan: Plan) -> list[Bucket]:
@@ -115,7 +117,7 @@ def _all_buckets(ix: _Index, plan: Plan) -> list[Bucket]:
     return list(plan.buckets) + [_bucket(ix, (c.name,)) for c in ix.problem.collectives if c.name not in placed]
 
 
-def per_block_seed(problem: Problem, template: Plan, prefetch: bool = True, defer: bool = True) -> list[Bucket]:
+def per_block_seed(problem: Problem, prefetch: bool = True, defer: bool = True) -> list[Bucket]:
     """One bucket per (block, phase, key) from ``Collective.module`` / ``phase``; with ``prefetch``
     each gather bucket but the first of its phase and key is issued just before the previous
     one's wait, with ``defer`` each reduce_scatter / all_reduce bucket but the last is waited
@@ -147,15 +149,14 @@ def per_block_seed(problem: Problem, template: Plan, prefetch: bool = True, defe
 
 class _Search:
     """One positioned search's state: the problem's lookups, the random stream, the time and
-    evaluation budget, the memory budget, and ``stats``; its plans all carry ``params``."""
+    evaluation budget, the memory budget, and ``stats``; its plans carry the template's record."""
 
     def __init__(self, problem: Problem, template: Plan, budget: int | None, deadline: float,
-                 max_evaluations: int | None, seed: int, params: dict):
+                 max_evaluations: int | None, seed: int):
         self.problem, self.template, self.budget = problem, template, budget
         self.deadline, self.max_evaluations = deadline, max_evaluations
         self.rng = random.Random(seed)
         self.ix = _Index(problem)
-        self.params = params
         self.policy = positioned_policy(budget)
         self.rules = positioned_policy(None).as_params()  # the hot loop's rules, the budget apart
         self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0}
@@ -168,7 +169,7 @@ class _Search:
         """The plan and its step if it is legal and within the budget, else None."""
         self.stats["evaluations"] += 1
         try:
-            plan = _as_plan(self.template, buckets, self.params)
+            plan = _as_plan(self.template, buckets)
         except ValueError:  # a move that broke the plan's own structure
             return None
         # the budget by planner.memory directly (the verifier's rule 11 counts the same, and
@@ -185,7 +186,7 @@ class _Search:
         """``buckets`` with the positions, then the merges, of buckets the verifier names dropped
         until it accepts them (a seed built from the problem's structure may break a rule)."""
         for _ in range(LEGALIZE_ROUNDS):
-            plan = _as_plan(self.template, buckets, self.params)
+            plan = _as_plan(self.template, buckets)
             violations = verify(self.problem, plan, **self.rules)
             if not violations:
                 return buckets
@@ -216,7 +217,7 @@ class _Search:
         buckets = list(buckets)
         ix = self.ix
         for _ in range(8 * len(buckets) + 1):
-            plan = _as_plan(self.template, buckets, self.params)
+            plan = _as_plan(self.template, buckets)
             peak, j = peak_and_segment(self.problem, plan)  # segment j: from node j - 1 up to node j
             if peak <= self.budget:
                 return buckets
@@ -366,11 +367,11 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
     params = {"objective": "step", "positions": "free", "seed": seed, **positioned_policy(peak_memory_bytes).as_params()}
     template = Plan(problem_fingerprint=problem.fingerprint, planner="bucketplan position search", params=params,
                     created=created, buckets=())
-    search = _Search(problem, template, peak_memory_bytes, deadline, max_evaluations, seed, params)
+    search = _Search(problem, template, peak_memory_bytes, deadline, max_evaluations, seed)
     ix = search.ix
     seeds: list[tuple[str, list[Bucket]]] = []
     if per_block and any(c.module is not None for c in problem.collectives):
-        seeds.append(("per-block", per_block_seed(problem, template)))
+        seeds.append(("per-block", per_block_seed(problem)))
     seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
     seeds.append(("unbucketed", _all_buckets(ix, template)))
     judged_seeds = []

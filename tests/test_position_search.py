@@ -46,8 +46,7 @@ def test_on_fsdp_the_per_block_seed_groups_by_block_and_the_search_beats_torch_w
     problem = s.problem
     blocks = {(c.module, c.phase, c.kind) for c in problem.collectives}
     assert ("layers.1", "backward", "reduce_scatter") in blocks and all(m for m, _, _ in blocks)
-    seed = per_block_seed(problem, planner.Plan(problem_fingerprint=problem.fingerprint, planner="t", created="t",
-                                                buckets=()))
+    seed = per_block_seed(problem)
     assert len(seed) == len({(c.module, c.phase, c.key) for c in problem.collectives})
     assert any(b.issue_before for b in seed) and any(b.wait_before for b in seed)
     budget = peak_bytes(problem, None)  # no more than the unbucketed schedule holds
