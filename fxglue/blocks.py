@@ -22,13 +22,14 @@ from fxglue.estimator import collective_kind
 _MAX_BACKWARD_WALK = 4096  # nodes visited looking for a collective's parameter (bounds odd graphs)
 
 
-def parameter_names(traced) -> list[str]:
+def parameter_names(traced, module: nn.Module | None = None) -> list[str]:
     """The module's parameter FQNs in the order the traced step takes them (placeholders).
 
     Rebuilds the workload's module under a fresh ``FakeTensorMode`` (no memory, about a
-    second) and reads ``named_parameters()``, the order ``parallel.wrap`` stores them in.
+    second) unless the caller has it (``module``), and reads ``named_parameters()``, the order
+    ``parallel.wrap`` stores them in.
     """
-    return [n for n, _ in _module_of(traced).named_parameters()]
+    return [n for n, _ in (module if module is not None else _module_of(traced)).named_parameters()]
 
 
 def _module_of(traced) -> nn.Module:
@@ -175,8 +176,9 @@ def with_blocks(problem: planner.Problem, traced, gm: fx.GraphModule) -> planner
     ``phase``), as torchtitan's per-block buckets name them; unchanged (``meta.blocks`` says why)
     when the workload's module cannot be rebuilt or has no ModuleList of blocks."""
     try:
-        names = parameter_names(traced)
-        plans = transformer_block_plans(_module_of(traced))
+        module = _module_of(traced)  # rebuilt once, for both
+        names = parameter_names(traced, module)
+        plans = transformer_block_plans(module)
     except Exception as e:  # a factory or graph without a rebuildable module: blocks are optional
         return problem.model_copy(update={"meta": {**problem.meta, "blocks": f"none: {type(e).__name__}: {e}"}})
     labels = block_of_collectives(gm, names, plans)
