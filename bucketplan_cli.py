@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+from planner.report import COMPARE_TIME_LIMIT_S
+
 
 class CLIError(Exception):
     """A user-facing error: printed without a traceback, exit status 2."""
@@ -140,11 +142,10 @@ def cmd_extract(args) -> int:
     t = result.timings
     n = len(problem.collectives)
     print(f"workload            {result.name}")
-    print(f"nodes scheduled     {problem.n_scheduled}")
+    print(f"graph nodes         {problem.n_scheduled} scheduled (FX graph nodes, not cluster nodes)")
     print(f"collectives         {_fmt_counts(result.collectives_before)}"
           + (f"; {n} after pre-bucketing" if args.pre_bucketing else ""))
-    status = {s: sum(c.status == s for c in problem.collectives) for s in ("hidden", "partly", "exposed")}
-    print(f"hidden/partly/exp.  {status['hidden']} / {status['partly']} / {status['exposed']}")
+    print(_overlap_line(problem))
     print(f"torch greedy        {n} -> {planner.collectives_after(problem, plan)} collectives "
           f"in {len(plan.buckets)} buckets")
     from planner.bounds import step_floor
@@ -217,8 +218,9 @@ def _verify_and_report(args) -> int:
     print(f"feasible            {'yes' if report.feasible else 'NO'} "
           f"({len(report.violations)} violations{': by rule ' + str(report.by_rule()) if report.violations else ''})")
     print(f"collectives         {q.collectives_before} -> {q.collectives_after} ({q.buckets} merged buckets)")
-    print(f"hidden relations    {q.hidden_kept}/{q.hidden_relations} kept (fully hidden collectives)")
-    print(f"partly hidden       {q.partly_kept}/{q.partly_relations} kept "
+    print(_overlap_line(problem))
+    print(f"overlap kept        {q.hidden_kept}/{q.hidden_relations} (collective, hiding compute) pairs of fully "
+          f"hidden collectives; {q.partly_kept}/{q.partly_relations} of partly hidden ones "
           + ("(protected: protect_partly)" if policy["protect_partly"] else "(not protected, as in torch)"))
     if not overlap:
         print("overlap rules       4, 7 and 8 off (keep_overlap false, recorded in the plan)")
@@ -227,6 +229,14 @@ def _verify_and_report(args) -> int:
     if not any(v.rule in (1, 5) for v in report.violations):  # memory is defined for a well-formed plan
         print(_memory_line(problem, plan))
     return 0 if report.feasible else 1
+
+
+def _overlap_line(problem) -> str:
+    """How torch's schedule hides each collective, counted per collective: the same line in
+    `extract` and `verify` (issue 30: they printed different counts under similar names)."""
+    status = {s: sum(c.status == s for c in problem.collectives) for s in ("hidden", "partly", "exposed")}
+    return (f"torch's overlap     of {len(problem.collectives)} collectives: {status['hidden']} fully hidden, "
+            f"{status['partly']} partly hidden, {status['exposed']} exposed (behind compute on torch's schedule)")
 
 
 def _memory_line(problem, plan) -> str:
@@ -614,21 +624,44 @@ def cmd_compare(args) -> int:
     mine = _workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False)
     targets = list(args.targets) + ([mine] if mine is not None else [])
     targets = targets or list(DEFAULT_SUITE)
-    out = Path(args.output)
+    out = _compare_output(args.output, args.force)
     try:  # before the minutes of tracing, not after them (run_compare checks it again)
         check_replaceable(out, OUTPUTS)
     except OSError as e:
         raise CLIError(f"-o {out}: {e.strerror}") from None
+    detail = None
+    if args.verbose and not args.quiet:
+        detail = say
     try:
-        table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args))
+        table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args),
+                            detail=detail)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     except KeyboardInterrupt:  # run_compare removed its temporary folder; the old one is untouched
         print(f"interrupted: {out} is left as it was", file=sys.stderr)
         return 130
+    clusters = ", ".join(sorted({str(r.get("cluster") or "the problem's own costs") for r in table}))
+    print(f"Simulated on {clusters} (cluster nodes; --preset picks another). {out}/compare.md has every column.\n")
     print(markdown(table), end="")
-    print(f"\nwrote {out}/compare.csv, compare.md, compare.json, collectives_and_exposed.png, timeline.png, traces/")
+    print(f"\nwrote {out}/: compare.md (this table; also .csv, .json), step_time.png, timeline.png, "
+          f"collectives_and_exposed.png, traces/ (ui.perfetto.dev), plans/ (every plan, verified; plans/index.md)")
     return 0
+
+
+def _compare_output(output: str | None, force: bool) -> Path:
+    """compare's folder. Default: out/compare, or out/compare-2, -3, ... when that one exists, so a
+    second run never replaces the first. A folder named with -o that exists is replaced only
+    with --force (a refusal naming it otherwise), so a run is never silently overwritten."""
+    if output is None:
+        out, k = Path("out/compare"), 1
+        while out.exists() or out.is_symlink():
+            k += 1
+            out = Path(f"out/compare-{k}")
+        return out
+    out = Path(output)
+    if (out.exists() and (not out.is_dir() or any(out.iterdir()))) and not force:
+        raise CLIError(f"-o {out}: exists (an earlier run?); pass --force to replace it, or name a new folder")
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -719,11 +752,18 @@ def _add_many_parsers(sub) -> None:
     s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, simulated "
                                        "step time and exposed communication, plots and traces")
     s.add_argument("targets", nargs="*", help="workload names or problem.json files (default: the built-in suite)")
-    s.add_argument("-o", "--output", default="out/compare", help="output directory (default out/compare)")
-    s.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT seconds per objective (default 30)")
+    s.add_argument("-o", "--output", default=None,
+                   help="output folder (default: out/compare, or out/compare-2, -3, ... if that exists)")
+    s.add_argument("--force", action="store_true", help="replace the -o folder if it exists (default: refuse)")
+    s.add_argument("--time-limit", type=float, default=COMPARE_TIME_LIMIT_S,
+                   help="seconds of search per searching planner (CP-SAT count, step, step pre-bucketed, free "
+                        "positions) per workload (default %(default)s: the default suite in about two minutes)")
     _add_model_options(s)
     _add_cluster_options(s)
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.add_argument("-v", "--verbose", action="store_true",
+                   help="the searches' own progress too: incumbents, bounds, polish moves (default: one line per "
+                        "planner)")
     s.set_defaults(func=cmd_compare)
 
 

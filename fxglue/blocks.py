@@ -157,31 +157,34 @@ def _plan_index(owner: str, plans: list[list[str] | str]) -> int | None:
 
 
 def block_of_collectives(gm: fx.GraphModule, param_names: list[str],
-                         plans: list[list[str] | str]) -> dict[str, tuple[int, str]]:
+                         plans: list[list[str] | str], *, merged: bool = False) -> dict[str, tuple[int, str]]:
     """Each collective start's name -> (index of the module plan entry whose parameter it moves,
-    "forward" or "backward"), for collectives that move exactly one parameter of one entry."""
+    "forward" or "backward"), for collectives that move exactly one parameter of one entry
+    (``merged``: or several, all of one entry -- a graph torch's per-block pass already bucketed)."""
     fwd = {n.name for n in _loss_ancestors(gm.graph)}
     out = {}
     for start, params in collective_params(gm.graph, param_names).items():
-        if len(params) != 1:
+        if not params or (len(params) != 1 and not merged):
             continue
-        idx = _plan_index(_owner(params[0]), plans)
+        owners = {_plan_index(_owner(p), plans) for p in params}
+        idx = owners.pop() if len(owners) == 1 else None
         if idx is not None:
             out[start.name] = (idx, "forward" if start.name in fwd else "backward")
     return out
 
 
-def with_blocks(problem: planner.Problem, traced, gm: fx.GraphModule) -> planner.Problem:
+def with_blocks(problem: planner.Problem, traced, gm: fx.GraphModule, *, merged: bool = False) -> planner.Problem:
     """``problem`` with each collective's block and phase recorded (``Collective.module`` /
     ``phase``), as torchtitan's per-block buckets name them; unchanged (``meta.blocks`` says why)
-    when the workload's module cannot be rebuilt or has no ModuleList of blocks."""
+    when the workload's module cannot be rebuilt or has no ModuleList of blocks. ``merged``: see
+    ``block_of_collectives``."""
     try:
         module = _module_of(traced)  # rebuilt once, for both
         names = parameter_names(traced, module)
         plans = transformer_block_plans(module)
     except Exception as e:  # a factory or graph without a rebuildable module: blocks are optional
         return problem.model_copy(update={"meta": {**problem.meta, "blocks": f"none: {type(e).__name__}: {e}"}})
-    labels = block_of_collectives(gm, names, plans)
+    labels = block_of_collectives(gm, names, plans, merged=merged)
 
     def fqn(idx: int) -> str:
         entry = plans[idx]

@@ -14,42 +14,91 @@ beat on that cluster, so "ms above the floor" is what a planner leaves on the ta
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from pathlib import Path
 
 import planner
 from fxglue import planners
-from planner.io import replace_dir_atomically
+import planner.io
+from planner.io import atomic_write_text, replace_dir_atomically
 from planner.bounds import free_position_floor, step_floor
 from planner.memory import peak_bytes
 from planner.position_search import position_search
 from planner.repair import repair
 from planner.simulator import simulate, write_chrome_trace
 from planner.progress import LiveLine
-from planner.report import PlanRow, WorkloadRow, table_rows, write_compare_table
+from planner.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
 from planner.report import plots
-from planner.verifier import check
+from planner.verifier import check, recorded_policy
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
+DEFAULT_TIME_LIMIT_S = COMPARE_TIME_LIMIT_S
 # (label, objective): the step search starts from the count plan, which it never loses to
 CPSAT_VARIANTS = (("cpsat (count)", "count"), ("cpsat (step)", "step"))
 MANUAL_LABEL = "torch manual (a bucket per block)"
+DEFAULT_LABEL = "torch default (pre-bucketing + greedy)"
+GREEDY_LABEL = "torch greedy"
+PRE_STEP_LABEL = "cpsat (step, pre-bucketed)"
+POSITIONED_LABEL = "bucketplan (step, free positions)"
+# every row of a built-in workload, in table order (the unbucketed row is not planned)
+WORKLOAD_PLANNERS = (DEFAULT_LABEL, GREEDY_LABEL, MANUAL_LABEL, *(label for label, _ in CPSAT_VARIANTS),
+                     PRE_STEP_LABEL, POSITIONED_LABEL)
+SEARCHING = {label for label, _ in CPSAT_VARIANTS} | {PRE_STEP_LABEL, POSITIONED_LABEL}
 # everything run_compare writes into its folder: the folder is replaced as a whole, so one
 # holding anything else (`-o .`, `-o ~`) is refused rather than wiped
-OUTPUTS = ("compare.csv", "compare.md", "compare.json", "collectives_and_exposed.png", "timeline.png", "traces")
+OUTPUTS = ("compare.csv", "compare.md", "compare.json", "step_time.png", "collectives_and_exposed.png",
+           "timeline.png", "traces", "plans", "problems")
 
 
-def _problems_for(name, say, preset=None):
+class Steps:
+    """compare's progress: one line as each planner starts, "workload 2/4 NAME, planner 3/7 LABEL,
+    about 0:41 left". Time left = the searches still to run at their time limit (this workload's,
+    and four for each workload not yet started), plus, for each workload not yet started, the mean
+    time the finished ones spent outside search (tracing, torch's scheduler, simulation, traces);
+    10 s each before any has finished."""
+
+    def __init__(self, say, n_workloads: int, time_limit_s: float, planners_per_workload: int = len(WORKLOAD_PLANNERS)):
+        self.say, self.n, self.limit, self.per = say, n_workloads, time_limit_s, planners_per_workload
+        self.index, self.name, self.started, self.searches_left = 0, "", 0.0, 0
+        self.overheads: list[float] = []
+
+    def workload(self, name: str, searches: int = len(SEARCHING)) -> None:
+        self.index, self.name, self.started, self.searches_left = self.index + 1, name, time.perf_counter(), searches
+
+    def planner(self, k: int, label: str) -> None:
+        overhead = sum(self.overheads) / len(self.overheads) if self.overheads else 10.0
+        left = self.searches_left * self.limit + (self.n - self.index) * (len(SEARCHING) * self.limit + overhead)
+        self.say(f"workload {self.index}/{self.n} {self.name}, planner {k}/{self.per} {label}, "
+                 f"about {int(left) // 60}:{int(left) % 60:02d} left")
+        if label in SEARCHING:
+            self.searches_left -= 1
+
+    def done(self, searched_s: float) -> None:
+        self.overheads.append(max(0.0, time.perf_counter() - self.started - searched_s))
+
+
+def _problems_for(name, announce, preset=None):
     """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it)."""
     from fxglue.pipeline import prepare
 
+    announce("torch default, torch greedy (tracing, torch's scheduler)", "1-2")
     out = []
     for pre in (False, True):
-        say(f"{getattr(name, 'name', name)}: trace and schedule (pre-bucketing {'on' if pre else 'off'})")
         p = prepare(name, preset=preset, pre_bucketing=pre)
         out.append((p.problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
     return out
+
+
+def _announcer(name: str, say, steps: Steps | None):
+    """What compare_workload says as each row starts: a ``Steps`` line, or ``say("NAME: LABEL")``."""
+    def announce(label: str, k: str | None = None) -> None:
+        if steps is None:
+            say(f"{name}: {label}")
+        else:
+            steps.planner(k or str(WORKLOAD_PLANNERS.index(label) + 1), label)
+    return announce
 
 
 def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
@@ -64,47 +113,65 @@ def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
 
 
 def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True,
-                     manual: bool = True) -> WorkloadRow:
-    """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model)."""
+                     manual: bool = True, steps: Steps | None = None) -> WorkloadRow:
+    """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model).
+
+    ``steps``: compare's progress, one line per row (``say`` then gets only the searches' detail);
+    without it every stage and search line goes to ``say``. ``say`` None: no detail at all."""
     name = workload if isinstance(workload, str) else workload.name
-    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, say, preset)
+    announce = _announcer(name, say, steps)
+    live, say = say is not None, say or _silent  # say None: no search detail (compare without -v)
+    (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, announce, preset)
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "")
     # the floor of each problem holds for every plan on it; their minimum holds for every row
     row.floor_ms = min(step_floor(prob).floor_ms, step_floor(prob_pre).floor_ms)
-    row.plans.append(_greedy_row("torch default (pre-bucketing + greedy)", prob_pre, greedy_pre, greedy_pre_s))
-    row.plans.append(_greedy_row("torch greedy", prob, greedy, greedy_s))
+    row.plans.append(_greedy_row(DEFAULT_LABEL, prob_pre, greedy_pre, greedy_pre_s))
+    row.plans.append(_greedy_row(GREEDY_LABEL, prob, greedy, greedy_s))
     # torch's manual pass needs the module's block names: built-in workloads only
-    manual_row = _manual_row(name, preset, say) if manual and isinstance(workload, str) else None
+    manual_row = _manual_row(name, preset, announce) if manual and isinstance(workload, str) else None
     if manual_row is not None:
         row.plans.append(manual_row)
         row.floor_ms = min(row.floor_ms, step_floor(manual_row.problem).floor_ms)
-    _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say)
+    _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say, announce, live)
+    announce(PRE_STEP_LABEL)
     row.plans.append(pre_step_row(name, prob_pre, row.plans[0].plan, time_limit_s, say))
+    announce(POSITIONED_LABEL)
     row.plans.append(positioned_row(name, prob, prob_pre, row, time_limit_s, say))
-    row.problem = prob
+    row.problem, row.problem_pre = prob, prob_pre
     row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms,  # positioned plans: their own floor
                        free_position_floor(prob_pre).floor_ms)
-    for p in row.plans:
-        if p.plan is None:
-            continue
-        sim = simulate(p.problem, p.plan)
-        row.sims[p.planner] = sim
-        if traces:
-            write_chrome_trace(sim, p.problem, out / "traces" / f"{_slug(name)}--{_slug(p.planner)}.json")
-    row.sims["unbucketed"] = simulate(prob, None)
-    if traces:
-        write_chrome_trace(row.sims["unbucketed"], prob, out / "traces" / f"{_slug(name)}--unbucketed.json")
+    _simulate_rows(row, prob, out if traces else None)
+    if steps is not None:
+        steps.done(sum(p.plan_s for p in row.plans if p.planner in SEARCHING))
     return row
 
 
-def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say) -> None:
-    """CP-SAT's rows: fewest collectives, then the step objective started from that plan."""
+def _simulate_rows(row: WorkloadRow, prob, traces_to: Path | None) -> None:
+    """Each row's simulated step (and its Chrome trace when ``traces_to`` is a folder)."""
+    for p in row.plans:
+        if p.plan is not None:
+            row.sims[p.planner] = simulate(p.problem, p.plan)
+    row.sims["unbucketed"] = simulate(prob, None)
+    if traces_to is not None:
+        for label, sim in row.sims.items():
+            problem = prob if label == "unbucketed" else next(p.problem for p in row.plans if p.planner == label)
+            write_chrome_trace(sim, problem, traces_to / "traces" / f"{_slug(row.name)}--{_slug(label)}.json")
+
+
+def _silent(msg: str) -> None:
+    pass
+
+
+def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say, announce, live: bool = True) -> None:
+    """CP-SAT's rows: fewest collectives, then the step objective started from that plan. ``live``:
+    the search's detail kept alive as a live line (``planner.progress.LiveLine``), else none."""
     count_plan = None
     for label, objective in CPSAT_VARIANTS:
-        say(f"{row.name}: {label}")
-        with LiveLine(lambda msg: say(f"{row.name}: {label}: {msg}")) as live:  # never silent for long
+        announce(label)
+        with (LiveLine(lambda msg: say(f"{row.name}: {label}: {msg}")) if live  # never silent for long
+              else contextlib.nullcontext(None)) as progress:
             row.plans.append(_solved_row(label, prob, dict(objective=objective, hint=hint, count_plan=count_plan,
-                                                           progress=live), time_limit_s))
+                                                           progress=progress), time_limit_s))
         if objective == "count" and row.plans[-1].plan is not None:
             count_plan = row.plans[-1].plan  # the step row starts from it rather than search again
 
@@ -115,10 +182,8 @@ def _solved_row(label: str, prob, solve_kwargs: dict, time_limit_s: float, note:
         prob, greedy=solve_kwargs.get("hint"), solve_kwargs=dict(time_limit_s=time_limit_s, workers=2, **solve_kwargs)))
     res = out.solve_result
     note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
-    return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note)
-
-
-PRE_STEP_LABEL = "cpsat (step, pre-bucketed)"
+    return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
+                   bound_unit="collectives" if solve_kwargs.get("objective") == "count" else "ms")
 
 
 def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) -> PlanRow:
@@ -126,14 +191,10 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
     pipeline (its greedy plan there, repaired if it breaks a rule), which it never loses to.
     On 64 nodes pre-bucketing before scheduling gave torch's default pipeline a better schedule
     than any plan on the unbucketed one (llama3-8b-2d-8: 98.6 ms against 165.6)."""
-    say(f"{name}: {PRE_STEP_LABEL}")
     return _solved_row(PRE_STEP_LABEL, prob_pre, dict(
         objective="step", hint=default_plan, floor_plans=(default_plan,) if default_plan is not None else (),
         progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), time_limit_s,
         note="on torch's pre-bucketed schedule")
-
-
-POSITIONED_LABEL = "bucketplan (step, free positions)"
 
 
 def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: float, say) -> PlanRow:
@@ -144,7 +205,6 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
     schedule from torch's default plan and CP-SAT's there, so the row is never slower than torch's
     default pipeline (measured on llama3-8b-2d-8 @ h100-8nodes, 10 s: 104.7 ms on torch's schedule
     alone against default's 98.8). Its bound is the free-position floor of the schedule it ran on."""
-    say(f"{name}: {POSITIONED_LABEL}")
     default = row.plans[0]
     budget = max(peak_bytes(default.problem, default.plan), peak_bytes(prob))
     found = []
@@ -165,19 +225,21 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
                    f"{result.stats['best_from']}")
 
 
-def _manual_row(name: str, preset, say) -> PlanRow | None:
+def _manual_row(name: str, preset, announce) -> PlanRow | None:
     """Torch's manual per-block bucketing on a fresh trace (the pass replaces the scheduler),
     simulated as it leaves the graph; None for a workload whose blocks it cannot name."""
+    from fxglue.blocks import with_blocks
     from fxglue.manual import manual_bucketing_problem
     from fxglue.pipeline import estimator_for, resolve_preset
     from fxglue.models.workloads import trace
 
-    say(f"{name}: torch's manual per-block bucketing")
+    announce(MANUAL_LABEL)
     p = resolve_preset(preset)
     traced = trace(name, world_size=p.world_size, tp=p.tp) if p else trace(name)
     t0 = time.perf_counter()
     problem, info = manual_bucketing_problem(traced, estimator_for(traced, preset=p),
                                              meta={**traced.meta, "preset": p.name if p else None})
+    problem = with_blocks(problem, traced, traced.gm, merged=True)  # its blocks, for the timeline's layer windows
     plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="torch-manual", created="",
                         buckets=())  # torch merged its buckets in the graph: the problem is the plan
     return PlanRow(MANUAL_LABEL, problem, plan, time.perf_counter() - t0,
@@ -189,45 +251,87 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
-def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say) -> WorkloadRow:
+def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say, steps: Steps | None = None) -> WorkloadRow:
     """A problem file: torch's greedy from the sibling greedy-plan.json when there is one, CP-SAT."""
     prob = planner.load_problem(path)
     name = str(path)
+    announce = _announcer(name, say, steps)
+    live, say = say is not None, say or _silent
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
                       floor_ms=step_floor(prob).floor_ms, problem=prob)
     greedy_path = path.parent / "greedy-plan.json"
     hint = None
     if greedy_path.exists():
         g = planner.load_plan(greedy_path)
-        row.plans.append(_greedy_row("torch greedy", prob, g, float(g.params.get("wall_s", 0.0))))
+        row.plans.append(_greedy_row(GREEDY_LABEL, prob, g, float(g.params.get("wall_s", 0.0))))
         hint = row.plans[-1].plan
-    _cpsat_rows(row, prob, hint, time_limit_s, say)
-    for p in row.plans:
-        if p.plan is not None:
-            row.sims[p.planner] = simulate(prob, p.plan)
-            write_chrome_trace(row.sims[p.planner], prob, out / "traces" / f"{_slug(name)}--{_slug(p.planner)}.json")
-    row.sims["unbucketed"] = simulate(prob, None)
+    _cpsat_rows(row, prob, hint, time_limit_s, say, announce, live)
+    _simulate_rows(row, prob, out)
+    if steps is not None:
+        steps.done(sum(p.plan_s for p in row.plans if p.planner in SEARCHING))
     return row
 
 
-def run_compare(workloads, *, out: Path, time_limit_s: float = 30.0, progress=None, preset=None) -> list[dict]:
-    """Every row for every target; writes the table, plots and traces into ``out``.
+def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
+    """Every plan compare computed, verified, as ``plans/<workload>--<planner>.json``, beside the
+    problems they are for (``problems/<workload>.json``: torch's schedule; ``...--pre-bucketed.json``:
+    torch's pre-bucketed one), and ``plans/index.md`` naming each plan's problem and the commands
+    that take it. Torch's manual row is not a plan of ours (its pass merged inside the graph)."""
+    lines = ["# Plans of this compare run", "",
+             "Each plan verifies against its problem: `bucketplan verify PROBLEM PLAN`. A plan on torch's "
+             "schedule applies to the workload with `bucketplan apply WORKLOAD PLAN --preset PRESET`; one on the "
+             "pre-bucketed schedule needs `--pre-bucketing` too. Torch's manual per-block row is torch's own pass "
+             "(it merges inside the graph), not a plan, so it has no file.", "",
+             "| workload | planner | plan | problem |", "|---|---|---|---|"]
+    for row in rows:
+        problem_files = {}
+        for p in row.plans:
+            if p.plan is None or p.planner == MANUAL_LABEL:
+                continue
+            if id(p.problem) not in problem_files:
+                suffix = "--pre-bucketed" if p.problem is row.problem_pre else ""
+                if p.problem is not row.problem and p.problem is not row.problem_pre:
+                    suffix = f"--{_slug(p.planner)}"
+                problem_files[id(p.problem)] = Path("problems") / f"{_slug(row.name)}{suffix}.json"
+                planner.io.save(p.problem, out / problem_files[id(p.problem)])
+            report = check(p.problem, p.plan, **recorded_policy(p.plan))
+            if not report.feasible:  # every plan compare returns has been verified; never one that fails
+                raise AssertionError(f"{row.name}: {p.planner}: the plan breaks rule(s) {sorted(report.by_rule())}")
+            plan_file = Path("plans") / f"{_slug(row.name)}--{_slug(p.planner)}.json"
+            planner.io.save(p.plan, out / plan_file)
+            lines.append(f"| {row.name} | {p.planner} | {plan_file} | {problem_files[id(p.problem)]} |")
+    (out / "plans").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "plans" / "index.md", "\n".join(lines) + "\n")
+    return out / "plans"
+
+
+def run_compare(workloads, *, out: Path, time_limit_s: float = DEFAULT_TIME_LIMIT_S, progress=None, preset=None,
+                detail=None) -> list[dict]:
+    """Every row for every target; writes the table, plots, traces and plans into ``out``.
+
+    ``progress``: one line as each planner of each workload starts (``Steps``); ``detail``: the
+    searches' own lines (incumbents, bounds, polish moves), none by default.
 
     ``out`` is replaced as a whole, and only when the run completes: everything is written into a
     fresh folder beside it first (``planner.io.replace_dir_atomically``). A run that fails or is
     interrupted leaves ``out`` as it was, so it never holds one run's table beside another's
     traces, nor traces of workloads the last run did not have."""
-    say = progress or (lambda msg: None)
+    steps = Steps(progress or _silent, len(workloads), time_limit_s)
     with replace_dir_atomically(out, owned=OUTPUTS) as tmp:
         rows = []
         for target in workloads:
-            if not isinstance(target, str):
-                rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=say, preset=preset))
-            elif str(target).endswith(".json"):
-                rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=say))
+            if isinstance(target, str) and target.endswith(".json"):
+                steps.per = 3
+                steps.workload(target, searches=2)
+                rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=detail,
+                                                 steps=steps))
             else:
-                rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=say, preset=preset))
+                steps.per = len(WORKLOAD_PLANNERS)
+                steps.workload(target if isinstance(target, str) else target.name)
+                rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=detail, preset=preset,
+                                             steps=steps))
         table = table_rows(rows)
         write_compare_table(tmp, table)
         plots(rows, tmp)
+        save_plans(rows, tmp)
     return table

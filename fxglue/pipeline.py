@@ -102,11 +102,25 @@ def preset_estimator(preset: Preset | str | None, *, tp_group: str | None = None
     return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu)
 
 
+def _fsdp_logger_inherits() -> None:
+    """torch's FSDP pre-bucketing module pins its logger at INFO when imported (every other
+    inductor logger inherits), so its summary line leaked into every `compare` run past the
+    command line's ``torch._inductor`` level. Let it inherit too; TORCH_LOGS, when a user sets
+    it, is torch's to honour, so it is left alone then."""
+    import logging
+
+    import torch._inductor.fx_passes.fsdp as fsdp
+
+    if not os.environ.get("TORCH_LOGS") and fsdp.logger.level == logging.INFO:
+        fsdp.logger.setLevel(logging.NOTSET)
+
+
 def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: bool = False,
              bucket_mode=None, **scheduler_kwargs) -> BucketingInputs:
     """Run torch's overlap scheduler on ``traced.gm`` (in place) up to the bucketing step."""
     import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
 
+    _fsdp_logger_inherits()
     with cpu_compat(estimator), estimator.torch_topology(), capture_bucketing_inputs() as captured, traced.fake_mode:
         overlap_scheduling.schedule_overlap_bucketing(
             traced.gm, collective_bucketing=True, compute_estimator="analytical",

@@ -35,13 +35,25 @@ from typing import Callable, Iterator
 
 from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, load_plan, load_problem,
                         read_regular_text, save)
-from planner.report import write_table
+from planner.report import MEANING, write_table
 
 INDEX, LOCK = "index.jsonl", ".solve-dir.lock"
 PROBLEM, GREEDY, PLAN = "problem.json", "greedy.json", "plan.json"
 SUMMARY_COLUMNS = ("problem", "graphs", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
                    "plan_ms", "floor_ms", "status", "bound_ms", "gap_pct", "unbucketed_peak_gb", "greedy_peak_gb",
                    "plan_peak_gb", "wall_s", "note")
+SUMMARY_LEGEND = {
+    "problem": "the problem's fingerprint (its folder under the plan directory), cut to 12 characters",
+    "graphs": "the compiled graphs (and ranks) that recorded this problem",
+    "collectives": MEANING["collectives_before"], "greedy_after": "collectives after torch's greedy bucketer",
+    "plan_after": "collectives after the plan", "unbucketed_ms": "simulated step with nothing merged, ms",
+    "greedy_ms": "simulated step of torch's greedy plan, ms", "plan_ms": "simulated step of the plan, ms",
+    "floor_ms": "the step no plan can beat on this graph and cluster, ms", "status": MEANING["status"],
+    "bound_ms": "lower bound on the step of any plan, ms (step objective)", "gap_pct": MEANING["gap_pct"],
+    "unbucketed_peak_gb": "peak memory with nothing merged, GB", "greedy_peak_gb": "peak memory of torch's greedy plan, GB",
+    "plan_peak_gb": "peak memory of the plan, GB (torch's estimator's accounting)",
+    "wall_s": "wall seconds of the solve", "note": MEANING["note"],
+}
 SUMMARY_PARAM = "solve_dir"  # the plan's params key holding its summary row
 _HEX = re.compile(r"[0-9a-f]{8,128}")
 
@@ -306,7 +318,7 @@ def _graphs_by_problem(plan_dir: Path) -> dict[str, str]:
 def write_summary(plan_dir: Path, rows: list[dict]) -> None:
     """``summary.csv`` and ``summary.md``, fingerprints cut to 12 characters in the Markdown."""
     try:
-        write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12)
+        write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12, legend=SUMMARY_LEGEND)
     except OSError as e:  # a directory named summary.csv, a read-only plan directory
         # filename2: the rename's target (summary.csv), where filename is the temporary file
         where = e.filename2 or e.filename or plan_dir

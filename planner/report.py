@@ -49,13 +49,25 @@ def markdown_lines(columns: Iterable[str], rows: list[dict], *, cell: Callable[[
     return lines
 
 
+def legend_lines(legend: dict[str, str], columns: Iterable[str]) -> list[str]:
+    """The column legend under a Markdown table: one "- `column`: meaning" line per column, in the
+    table's order. A column without an entry is a ValueError: every column says what it means."""
+    columns = list(columns)
+    missing = [c for c in columns if c not in legend]
+    if missing:
+        raise ValueError(f"legend: no meaning for column(s) {', '.join(missing)}")
+    return ["", "Columns:", ""] + [f"- `{c}`: {legend[c]}" for c in columns]
+
+
 def write_table(out_dir: Path, stem: str, columns: Iterable[str], rows: list[dict], *, title: str | None = None,
                 formats: Iterable[str] = ("csv", "md"), cell: Callable[[object], str] = cell_text,
-                pipe: str | None = "/", first_width: int | None = None, csv_newline: str = "\n") -> list[Path]:
+                pipe: str | None = "/", first_width: int | None = None, csv_newline: str = "\n",
+                legend: dict[str, str] | None = None) -> list[Path]:
     """``rows`` as ``out_dir/stem.csv``, ``.md`` (under ``# title`` when given) and ``.json``, as
     ``formats`` asks, each written atomically; returns the paths. Keys outside ``columns`` are
     left out; a missing key is an empty cell (None in JSON). ``pipe`` and ``first_width`` shape
-    the Markdown only (``markdown_lines``); ``csv_newline`` ends each CSV line."""
+    the Markdown only (``markdown_lines``), as does ``legend`` (``legend_lines``, under the table);
+    ``csv_newline`` ends each CSV line."""
     columns, out_dir = list(columns), Path(out_dir)
     paths = []
     for fmt in formats:
@@ -67,7 +79,8 @@ def write_table(out_dir: Path, stem: str, columns: Iterable[str], rows: list[dic
             text = buf.getvalue()
         elif fmt == "md":
             head = [f"# {title}", ""] if title is not None else []
-            text = "\n".join(head + markdown_lines(columns, rows, cell=cell, pipe=pipe, first_width=first_width))
+            text = "\n".join(head + markdown_lines(columns, rows, cell=cell, pipe=pipe, first_width=first_width)
+                             + (legend_lines(legend, columns) if legend is not None else []))
             text += "\n"
         elif fmt == "json":
             text = json.dumps([{k: r.get(k) for k in columns} for r in rows], indent=1)
@@ -80,6 +93,12 @@ def write_table(out_dir: Path, stem: str, columns: Iterable[str], rows: list[dic
 
 # ---------------------------------------------------------------- compare's table
 
+# compare's search seconds per searching row (CP-SAT count, step, step pre-bucketed, free
+# positions): four such rows per workload keep the default suite near two minutes on 2 cores
+# (issue 30); experiments/ give the searches minutes. Here, torch-free, so the command line
+# states it in --help without importing torch.
+COMPARE_TIME_LIMIT_S = 5.0
+
 
 @dataclass
 class PlanRow:
@@ -91,6 +110,7 @@ class PlanRow:
     bound: float | None = None
     gap: float | None = None
     note: str = ""
+    bound_unit: str = "ms"  # "collectives": the bound of a fewest-collectives search
 
     @property
     def after(self) -> int | None:
@@ -106,12 +126,41 @@ class WorkloadRow:
     sims: dict = field(default_factory=dict)
     floor_ms: float | None = None
     preset: str = ""
-    problem: Problem | None = None  # the unbucketed row's (its peak memory)
+    problem: Problem | None = None  # the unbucketed row's (its peak memory): torch's schedule
+    problem_pre: Problem | None = None  # torch's pre-bucketed schedule, where the workload has one
 
 
-COLUMNS = ["workload", "preset", "nodes", "collectives_before", "planner", "collectives_after", "step_ms",
+COLUMNS = ["workload", "cluster", "graph_nodes", "collectives_before", "planner", "collectives_after", "step_ms",
            "floor_ms", "above_floor_ms", "above_floor_pct", "exposed_ms", "overhead_ms", "peak_gb", "plan_s",
-           "status", "bound", "gap_pct", "note"]
+           "status", "bound_ms", "bound_collectives", "gap_pct", "note"]
+# what the command line prints; compare.md has every column
+TERMINAL_COLUMNS = ["workload", "planner", "collectives_before", "collectives_after", "step_ms", "above_floor_pct",
+                    "peak_gb", "status", "gap_pct"]
+# One place for what shared column names mean (compare, sweep and solve-dir tables)
+MEANING = {
+    "workload": "the built-in workload, your model or the problem file planned",
+    "cluster": "the cluster preset that prices it (`bucketplan` docs: presets; `fxglue/presets.py`)",
+    "graph_nodes": "nodes of the traced FX graph torch's scheduler ordered (not cluster nodes)",
+    "collectives_before": "collectives in the graph before bucketing",
+    "collectives_after": "collectives left once the plan's buckets are merged",
+    "planner": "who bucketed: torch's pipelines, CP-SAT (`count`: fewest collectives; `step`: fastest simulated "
+               "step), bucketplan's free positions (starts and waits moved too); `unbucketed`: nothing merged",
+    "step_ms": "simulated time of one training step, ms (`planner.simulate`, under the cluster's cost model)",
+    "floor_ms": "the step no plan of any row can beat on this graph and cluster, ms (`planner.bounds`)",
+    "above_floor_ms": "`step_ms` - `floor_ms`: what the row leaves on the table, ms",
+    "above_floor_pct": "the step above the floor no plan can beat (`floor_ms`), % of the floor",
+    "exposed_ms": "communication the compute stream waits for, ms",
+    "overhead_ms": "bucketing's own cost: merge copies and collective launches, ms",
+    "peak_gb": "peak memory of the planned schedule, GB (10^9 bytes), counted as torch's memory estimator counts it",
+    "plan_s": "wall seconds the planner took",
+    "status": "OPTIMAL: proved (the objective equals its bound: within 1 us for the step, exactly for counts); "
+              "FEASIBLE: a verified plan, not proved; empty: torch's, not searched",
+    "bound_ms": "no plan in the row's search space has a step below this, ms (step searches)",
+    "bound_collectives": "no plan in the row's search space has fewer collectives (fewest-collectives search)",
+    "gap_pct": "(objective - bound) / objective, %: how far from proved the row's plan may be",
+    "note": "what else to know about the row (a rule torch's plan breaks, the schedule it ran on, a time limit hit)",
+}
+COMPARE_LEGEND = {c: MEANING[c] for c in COLUMNS}
 # compare's files as they have always been: "|" kept in Markdown cells, CSV lines end in \r\n
 _COMPARE_STYLE = {"pipe": None, "csv_newline": "\r\n"}
 
@@ -124,7 +173,10 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
             # peak memory as torch's estimator counts it (planner.memory), on the row's own problem
             problem, plan = (p.problem, p.plan) if p is not None else (r.problem, None)
             peak = None if problem is None or (p is not None and plan is None) else memory_timeline(problem, plan)
-            return {"workload": r.name, "preset": r.preset, "nodes": r.nodes,
+            bound = "" if p is None or p.bound is None else p.bound
+            unit = "collectives" if p is not None and p.bound_unit == "collectives" else "ms"
+            return {"workload": r.name, "preset": r.preset, "nodes": r.nodes, "cluster": r.preset,
+                    "graph_nodes": r.nodes,
                     "collectives_before": r.collectives_before, "planner": planner_name, "collectives_after": after,
                     "step_ms": round(sim.step_ms, 3) if sim else None,
                     "floor_ms": None if r.floor_ms is None else round(r.floor_ms, 3),
@@ -134,7 +186,8 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                     "overhead_ms": round(sim.overhead_ms, 3) if sim else None,
                     "peak_gb": None if peak is None else round(peak.peak_bytes / 1e9, 3),
                     "plan_s": None if p is None else round(p.plan_s, 2), "status": "" if p is None else p.status,
-                    "bound": "" if p is None or p.bound is None else p.bound,
+                    "bound": bound, "bound_ms": bound if unit == "ms" else "",
+                    "bound_collectives": bound if unit == "collectives" else "",
                     "gap_pct": None if p is None or p.gap is None else round(100 * p.gap, 2),
                     "note": "" if p is None else p.note}
 
@@ -149,14 +202,18 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict]) -> str:
-    """Compare's table in Markdown, as ``compare.md`` holds it (the command line prints it)."""
-    return "\n".join(markdown_lines(COLUMNS, rows, pipe=_COMPARE_STYLE["pipe"])) + "\n"
+def markdown(rows: list[dict], columns: Iterable[str] = TERMINAL_COLUMNS) -> str:
+    """Compare's table in Markdown with its legend: the command line prints these ``columns``;
+    ``compare.md`` holds all of them (``write_compare_table``)."""
+    columns = list(columns)
+    return "\n".join(markdown_lines(columns, rows, pipe=_COMPARE_STYLE["pipe"])
+                     + legend_lines(COMPARE_LEGEND, columns)) + "\n"
 
 
 def write_compare_table(out_dir: Path, table: list[dict]) -> list[Path]:
     """``compare.csv``, ``compare.md`` and ``compare.json`` of ``table_rows``' rows."""
-    return write_table(out_dir, "compare", COLUMNS, table, formats=("csv", "md", "json"), **_COMPARE_STYLE)
+    return write_table(out_dir, "compare", COLUMNS, table, formats=("csv", "md", "json"), legend=COMPARE_LEGEND,
+                       title="bucketplan compare: every planner on the same graphs", **_COMPARE_STYLE)
 
 
 # ---------------------------------------------------------------- plots
@@ -188,8 +245,39 @@ def timeline_window(sim, buckets_shown: int = 6) -> tuple[float, float]:
 
 
 def plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
-    """Compare's figures: ``collectives_and_exposed.png`` and ``timeline.png``."""
-    return [_counts_and_exposed(rows, out), _timeline(rows, out)]
+    """Compare's figures: ``step_time.png``, ``timeline.png`` and ``collectives_and_exposed.png``."""
+    return [_step_times(rows, out), _timeline(rows, out), _counts_and_exposed(rows, out)]
+
+
+def _step_times(rows: list[WorkloadRow], out: Path) -> Path:
+    """The headline measure: each planner's simulated step per workload, a bar each, with the
+    floor no plan beats as a dashed line (a panel per workload: their steps differ tenfold)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, 0.45 * sum(len(r.sims) for r in rows) + 1.2 * len(rows)),
+                             squeeze=False)
+    for ax, r in zip(axes[:, 0], rows):
+        labels = ["unbucketed"] + [p.planner for p in r.plans if p.planner in r.sims]
+        steps = [r.sims[label].step_ms for label in labels]
+        best = min(steps)
+        colors = ["tab:green" if s_ <= best + 1e-9 else "tab:gray" if k == 0 else "tab:blue"
+                  for k, s_ in enumerate(steps)]
+        ax.barh(range(len(labels)), steps, color=colors, height=0.65)
+        for k, s_ in enumerate(steps):
+            ax.text(s_, k, f" {s_:.1f} ms", va="center", fontsize=8)
+        if r.floor_ms is not None:
+            ax.axvline(r.floor_ms, color="black", linestyle="--", linewidth=1)
+            ax.text(r.floor_ms, len(labels) - 0.4, f" floor {r.floor_ms:.1f} ms", fontsize=8, va="bottom")
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(steps) * 1.18)
+        ax.set_title(f"{r.name} on {r.preset or 'its cluster'}: simulated step (shorter is better; green: fastest)",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("simulated step time (ms)")
+    fig.tight_layout()
+    p = out / "step_time.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
 
 
 def _counts_and_exposed(rows: list[WorkloadRow], out: Path) -> Path:
@@ -225,32 +313,108 @@ def _counts_and_exposed(rows: list[WorkloadRow], out: Path) -> Path:
     return p
 
 
+# the rows the timeline shows, when the run has them
+TIMELINE_PLANNERS = ("unbucketed", "torch default (pre-bucketing + greedy)", "torch greedy",
+                     "torch manual (a bucket per block)", "cpsat (step)", "bucketplan (step, free positions)")
+
+
+def layer_windows(problem: Problem) -> dict[str, tuple[int, int]]:
+    """Schedule positions spanning one transformer block's forward and one's backward, from the
+    collectives that move its parameters (``Collective.module`` / ``phase``), so every plan of
+    the problem is shown over the same stretch of graph. Forward: from the middle block's first
+    gathered use to the next block's; backward: from the block before it (in backward order)
+    issuing its gradients to the middle block issuing its own. A phase without two blocks has no
+    window (DDP moves nothing in forward)."""
+    import re
+
+    windows = {}
+    for phase, pos in (("forward", lambda c: c.wait_pos), ("backward", lambda c: c.start_pos)):
+        first: dict[str, int] = {}
+        mine = [c for c in problem.collectives if c.phase == phase and c.module is not None]
+        if phase == "backward":  # gradients mark a block's backward; a re-gather is prefetched anywhere
+            mine = [c for c in mine if c.kind != "all_gather"] or mine
+        for c in mine:
+            first[c.module] = min(first.get(c.module, pos(c)), pos(c))
+        blocks = {m: p for m, p in first.items() if re.search(r"\.\d+$", m)} or first
+        order = sorted(blocks.values())
+        if len(order) >= 2:
+            k = max(1, len(order) // 2)
+            windows[phase] = (order[k - 1], order[k])
+    return windows
+
+
+def _time_at(sim, problem: Problem) -> Callable[[int], float]:
+    """The simulated time at which the graph reaches schedule position ``pos``: the begin of the
+    first compute run at or after it (the step's end past the last)."""
+    at = {n.name: n.pos for n in problem.nodes}
+    runs = sorted((at[c.name], c.begin_ms) for c in sim.compute if c.name in at)
+
+    def time_at(pos: int) -> float:
+        return next((t for p, t in runs if p >= pos), sim.step_ms)
+    return time_at
+
+
+def _group_names(problem: Problem) -> dict[str, str]:
+    """Process group -> its role ("dp", "tp") for the timeline's rows; "pg N" where none is known."""
+    roles = {pg: role for role, pg in (problem.meta.get("groups") or {}).items() if pg is not None}
+    return {link.pg: roles.get(link.pg) or (link.hardware.split(":")[0] if ":" in link.hardware else f"pg {link.pg}")
+            for link in problem.links}
+
+
+def _timeline_panel(ax, sim, problem: Problem, lo: float, hi: float) -> float:
+    """One plan over [lo, hi] ms: compute (blue), merge copies and launches (gray), time the
+    compute stream sits blocked on a wait (red), and a row per process group (orange bars, one
+    per bucket in flight). Returns the blocked ms shown."""
+    names = _group_names(problem)
+    pgs = sorted(names, key=lambda g: names[g])
+    for c in sim.compute:
+        if c.end_ms >= lo and c.begin_ms <= hi:
+            ax.barh(0, c.end_ms - c.begin_ms, left=c.begin_ms, height=0.6, linewidth=0,
+                    color="tab:blue" if c.kind == "compute" else "tab:gray")
+    blocked = 0.0
+    for b in sim.buckets:
+        if b.blocked_ms > 0 and b.wait_ms + b.blocked_ms >= lo and b.wait_ms <= hi:
+            ax.barh(0, b.blocked_ms, left=b.wait_ms, color="tab:red", height=0.8)
+            blocked += min(hi, b.wait_ms + b.blocked_ms) - max(lo, b.wait_ms)
+        if b.end_ms >= lo and b.begin_ms <= hi and b.pg in names:
+            ax.barh(1 + pgs.index(b.pg), b.end_ms - b.begin_ms, left=b.begin_ms, color="tab:orange", height=0.6,
+                    edgecolor="black", linewidth=0.4)
+    ax.set_yticks(range(1 + len(pgs)), ["compute"] + [f"{names[g]} stream" for g in pgs], fontsize=8)
+    ax.set_ylim(len(pgs) + 0.6, -0.6)
+    ax.set_xlim(lo, hi)
+    return blocked
+
+
 def _timeline(rows: list[WorkloadRow], out: Path) -> Path:
-    """A timeline window of the largest workload (about one layer in the middle of the step)."""
+    """The largest workload, one plan a row: one transformer block's forward (left) and backward
+    (right) window (``layer_windows``), or the whole step where the graph names no blocks."""
     plt = _pyplot()
     r = max(rows, key=lambda row: row.nodes)
-    shown = [lbl for lbl in ("torch greedy", "cpsat (count)", "cpsat (step)") if lbl in r.sims]
-    fig, axes = plt.subplots(len(shown), 1, figsize=(13, 2.2 * len(shown)), sharex=True)
-    axes = axes if len(shown) > 1 else [axes]
-    lo, hi = timeline_window(r.sims[shown[-1]])
-    for ax, label in zip(axes, shown):
-        sim = r.sims[label]
-        pgs = sorted({b.pg for b in sim.buckets})
-        for c in sim.compute:
-            if c.end_ms >= lo and c.begin_ms <= hi:  # edges: adjacent kernels stay apart
-                ax.barh(0, c.end_ms - c.begin_ms, left=c.begin_ms, color="tab:blue", height=0.6,
-                        edgecolor="white", linewidth=0.4)
-        for b in sim.buckets:
-            if b.blocked_ms > 0 and b.wait_ms + b.blocked_ms >= lo and b.wait_ms <= hi:
-                ax.barh(0, b.blocked_ms, left=b.wait_ms, color="tab:red", height=0.6)
-            if b.end_ms >= lo and b.begin_ms <= hi:
-                y = 1 + pgs.index(b.pg)
-                ax.barh(y, b.end_ms - b.begin_ms, left=b.begin_ms, color="tab:orange", height=0.6,
-                        edgecolor="black", linewidth=0.3)
-        ax.set_yticks(range(1 + len(pgs)), ["compute"] + [f"pg {g}" for g in pgs])
-        ax.set_xlim(lo, hi)
-        ax.set_title(f"{r.name}: {label} (blue compute, red blocked, orange collectives)", fontsize=9)
-    axes[-1].set_xlabel("ms")
+    problems = {"unbucketed": r.problem, **{p.planner: p.problem for p in r.plans}}
+    shown = [label for label in TIMELINE_PLANNERS if label in r.sims and problems.get(label) is not None]
+    phases = sorted(layer_windows(problems[shown[0]]), key=("forward", "backward").index) or ["step"]
+    fig, axes = plt.subplots(len(shown), len(phases), figsize=(7 * len(phases), 1.5 + 1.35 * len(shown)),
+                             squeeze=False)
+    for i, label in enumerate(shown):
+        sim, problem = r.sims[label], problems[label]
+        windows = layer_windows(problem)
+        for j, phase in enumerate(phases):
+            ax = axes[i, j]
+            if phase in windows:
+                time_at = _time_at(sim, problem)
+                lo, hi = time_at(windows[phase][0]), time_at(windows[phase][1])
+                what = f"a block's {phase}"
+            else:
+                lo, hi, what = 0.0, sim.step_ms, "whole step"
+            if hi <= lo:
+                hi = lo + 1e-3
+            blocked = _timeline_panel(ax, sim, problem, lo, hi)
+            ax.set_title(f"{label} (step {sim.step_ms:.1f} ms): {what}, {hi - lo:.2f} ms, {blocked:.2f} blocked",
+                         fontsize=8)
+    for j in range(len(phases)):
+        axes[-1, j].set_xlabel("simulated time in the step (ms)")
+    fig.suptitle(f"{r.name} on {r.preset or 'its cluster'}: blue compute, gray merge copies and launches, "
+                 "red compute blocked on a wait, orange collectives in flight", fontsize=10)
     fig.tight_layout()
     p = out / "timeline.png"
     fig.savefig(p, dpi=110)

@@ -62,7 +62,7 @@ from typing import Callable, Iterator
 from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
                         load_plan, load_problem, read_regular_file, read_regular_text, save)
 from planner.memory import peak_bytes
-from planner.report import sweep_plot, write_table
+from planner.report import MEANING, sweep_plot, write_table
 
 OBJECTIVES = ("count", "step", "exposure")
 CASES, ROWS = "cases", "rows.jsonl"
@@ -70,9 +70,32 @@ CASES, ROWS = "cases", "rows.jsonl"
 PROBLEM, GREEDY, STAGES = "problem.json.gz", "greedy.json.gz", "stages.json"
 # where a problem file's sibling greedy plan may be, in this order (extract's, compile's, experiments')
 GREEDY_SIBLINGS = ("greedy.json", "greedy-plan.json", "torch-greedy-plan.json", "torch-greedy-plan.json.gz")
-RESULT_COLUMNS = ("case", "objective", "nodes", "collectives", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms",
-                  "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "closed_pct", "status", "bound", "gap_pct",
-                  "greedy_peak_gb", "plan_peak_gb", "plan_sha", "note")
+RESULT_COLUMNS = ("case", "objective", "graph_nodes", "collectives", "greedy_after", "plan_after", "unbucketed_ms",
+                  "greedy_ms", "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "closed_pct", "status",
+                  "bound_ms", "bound_collectives", "gap_pct", "greedy_peak_gb", "plan_peak_gb", "plan_sha", "note")
+RESULT_LEGEND = {
+    "case": "workload--cluster preset (or the problem file) of the row",
+    "objective": "what the search minimized: `step` (simulated step), `count` (collectives), `exposure`",
+    "graph_nodes": MEANING["graph_nodes"], "collectives": MEANING["collectives_before"],
+    "greedy_after": "collectives after torch's greedy bucketer", "plan_after": "collectives after the plan",
+    "unbucketed_ms": "simulated step with nothing merged, ms", "greedy_ms": "simulated step of torch's greedy plan, ms",
+    "plan_ms": "simulated step of the plan, ms", "floor_ms": MEANING["floor_ms"],
+    "vs_greedy_pct": "how much faster than torch's greedy the plan is, % of greedy's step (negative: slower)",
+    "above_floor_pct": "the plan's step above the floor, % of the floor",
+    "closed_pct": "share of greedy's distance to the floor the plan closes, % (empty: greedy already within 1% of the "
+                  "floor, or the plan no faster than greedy; the note says which)",
+    "status": MEANING["status"] + "; REJECTED / FAILED / NOT EXTRACTED: no plan counted (the note says why)",
+    "bound_ms": "lower bound on the step of any plan, ms (step objective)",
+    "bound_collectives": "lower bound on the collectives of any plan (count objective)",
+    "gap_pct": MEANING["gap_pct"], "greedy_peak_gb": "peak memory of torch's greedy plan, GB",
+    "plan_peak_gb": "peak memory of the plan, GB (torch's estimator's accounting)",
+    "plan_sha": "hash of the plan's buckets (equal: the same plan)", "note": MEANING["note"],
+}
+STAGE_LEGEND = {
+    "case": "workload--cluster preset of the row", "stage": "what ran: tracing, scheduling, extraction, or a solve",
+    "wall_s": "wall seconds", "peak_rss_gb": "peak resident memory of the process, GB",
+    "attempts": "how many times it ran (a failed task runs once more)", "note": "how it ended",
+}
 STAGE_COLUMNS = ("case", "stage", "wall_s", "peak_rss_gb", "attempts", "note")
 # closed_pct is given where torch's greedy is more than this share above the floor (the step
 # objective's 32-layer target: 'where greedy is more than 1% above the floor')
@@ -520,6 +543,8 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
     row.update(plan_after=collectives_after(problem, plan), plan_ms=round(step, 3), status=result.get("status"),
                plan_peak_gb=round(peak_bytes(problem, plan) / 1e9, 3),
                bound=None if bound is None else f"{bound:.3f}{unit}" if objective == "step" else f"{bound:g}{unit}",
+               bound_ms=None if bound is None or objective != "step" else round(bound, 3),
+               bound_collectives=None if bound is None or objective != "count" else bound,
                gap_pct=None if result.get("gap") is None else round(100 * result["gap"], 2), plan_sha=plan_sha(plan),
                above_floor_pct=round(100 * (step - floor) / floor, 2) if floor > 0 else None,
                vs_greedy_pct=(round(100 * (row["greedy_ms"] - step) / row["greedy_ms"], 2)
@@ -531,13 +556,42 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
 
 def closed_pct(row: dict) -> float | None:
     """How much of torch greedy's distance to the step floor the plan closes, in %:
-    100 * (greedy - plan) / (greedy - floor) (100: the plan reaches the floor; negative: slower
-    than greedy); None where greedy is within CLOSED_MIN_DISTANCE of the floor (a share of a
-    sliver is noise) or a figure is missing."""
+    100 * (greedy - plan) / (greedy - floor) (100: the plan reaches the floor); None where greedy
+    is within CLOSED_MIN_DISTANCE of the floor (a share of a sliver is noise: -208.9% once said
+    only that), where the plan is slower than greedy (a share is no measure of that; vs_greedy_pct
+    is), or where a figure is missing. ``closed_note`` says which."""
     greedy, plan, floor = row.get("greedy_ms"), row.get("plan_ms"), row.get("floor_ms")
     if greedy is None or plan is None or floor is None or greedy <= floor * (1 + CLOSED_MIN_DISTANCE):
         return None
+    if plan > greedy:
+        return None
     return round(100 * (greedy - plan) / (greedy - floor), 1)
+
+
+def closed_note(row: dict) -> str:
+    """Why ``closed_pct`` is empty on a row with figures ("" when it is not)."""
+    greedy, plan, floor = row.get("greedy_ms"), row.get("plan_ms"), row.get("floor_ms")
+    if greedy is None or plan is None or floor is None:
+        return ""
+    if greedy <= floor * (1 + CLOSED_MIN_DISTANCE):
+        return "greedy already at the floor"
+    return "slower than greedy" if plan > greedy else ""
+
+
+def _bound_columns(row: dict) -> None:
+    """``bound_ms`` / ``bound_collectives`` of a row written before they existed, from its
+    "39.838 ms" / "25 collectives" text (one unit per column)."""
+    if "bound_ms" in row or "bound_collectives" in row or not isinstance(row.get("bound"), str):
+        return
+    value, _, unit = row["bound"].partition(" ")
+    try:
+        number = float(value)
+    except ValueError:
+        return
+    if unit == "ms":
+        row["bound_ms"] = number
+    elif unit == "collectives":
+        row["bound_collectives"] = int(number) if number.is_integer() else number
 
 
 def _usable_row(line: bytes):
@@ -657,15 +711,18 @@ class _Ledger:
         for r in order:  # rows written before the column existed
             if "nodes" not in r and r.get("status") != "NOT EXTRACTED":
                 r["nodes"] = self.loaded(r["case"])[0].n_scheduled
+            r["graph_nodes"] = r.get("nodes")
             r["closed_pct"] = closed_pct(r)
+            _bound_columns(r)
+        shown = [{**r, "note": "; ".join(x for x in (r.get("note"), closed_note(r)) if x)} for r in order]
         stage_rows = [{"case": c.key, **st} for c in self.spec.cases for st in _stages(self.out, c)]
         stage_rows += [{"case": r["case"], "stage": f"solve {r['objective']}", "wall_s": r.get("wall_s"),
                         "peak_rss_gb": r.get("peak_rss_gb"), "attempts": r.get("attempts"), "note": r.get("status")}
                        for r in order if r.get("status") != "NOT EXTRACTED"]
         name = self.spec.path.name
-        write_table(self.out, "results", RESULT_COLUMNS, order,
+        write_table(self.out, "results", RESULT_COLUMNS, shown, legend=RESULT_LEGEND,
                     title=f"Sweep {name}: simulated step per case and objective (every plan verified by the driver)")
-        write_table(self.out, "stages", STAGE_COLUMNS, stage_rows,
+        write_table(self.out, "stages", STAGE_COLUMNS, stage_rows, legend=STAGE_LEGEND,
                     title=f"Sweep {name}: wall time and peak memory of each stage")
         if any(r.get("plan_ms") is not None for r in order):
             sweep_plot(self.out, order)

@@ -6,18 +6,30 @@ import csv
 import json
 
 
-def test_compare_writes_table_plots_and_traces(tmp_path, capsys):
+def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
     from bucketplan_cli import main
 
     out = tmp_path / "cmp"
-    assert main(["compare", "llama3-8b-ddp-2", "-o", str(out), "--time-limit", "5", "-q"]) == 0
-    printed = capsys.readouterr().out
+    assert main(["compare", "llama3-8b-ddp-2", "-o", str(out), "--time-limit", "5"]) == 0
+    captured = capsys.readouterr()
+    printed, err = captured.out, captured.err
     rows = list(csv.DictReader((out / "compare.csv").open()))
     planners = [r["planner"] for r in rows]
     assert planners == ["unbucketed", "torch default (pre-bucketing + greedy)", "torch greedy",
                         "torch manual (a bucket per block)", "cpsat (count)", "cpsat (step)",
                         "cpsat (step, pre-bucketed)", "bucketplan (step, free positions)"]
     assert all(r["workload"] in printed for r in rows)
+    # progress: one line per planner that runs apart (torch's two come with the trace), no solver
+    # detail without -v, nothing leaked from torch's loggers
+    lines = err.splitlines()
+    assert len(lines) == 6 and all("workload 1/1 llama3-8b-ddp-2, planner " in x and " left" in x for x in lines)
+    assert [x.split(", planner ")[1].split("/")[0] for x in lines] == ["1-2", "3", "4", "5", "6", "7"]
+    assert not any("incumbent" in x or "polish" in x or "I1" in x or "INFO" in x for x in lines)
+    # OPTIMAL only where the gap is zero
+    assert all(float(r["gap_pct"] or 0) == 0 for r in rows if r["status"] == "OPTIMAL")
+    # one unit per bound column
+    assert rows[4]["planner"] == "cpsat (count)" and rows[4]["bound_collectives"] and not rows[4]["bound_ms"]
+    assert rows[5]["bound_ms"] and not rows[5]["bound_collectives"]
     by = {r["planner"]: r for r in rows}
     assert int(by["cpsat (count)"]["collectives_after"]) <= int(by["torch greedy"]["collectives_after"])
     assert float(by["unbucketed"]["step_ms"]) > 0
@@ -38,7 +50,7 @@ def test_compare_writes_table_plots_and_traces(tmp_path, capsys):
     assert all(r["peak_gb"] for r in rows)
     import matplotlib.image
 
-    for png in ("collectives_and_exposed.png", "timeline.png"):
+    for png in ("step_time.png", "collectives_and_exposed.png", "timeline.png"):
         img = matplotlib.image.imread(out / png)
         assert img.shape[0] > 100 and img.shape[1] > 100
     traces = sorted((out / "traces").glob("*.json"))
@@ -46,3 +58,36 @@ def test_compare_writes_table_plots_and_traces(tmp_path, capsys):
     for t in traces:
         events = json.loads(t.read_text())["traceEvents"]
         assert any(e.get("ph") == "X" for e in events)
+
+    # every plan compare computed is saved beside its problem and verifies from the command line
+    saved = sorted((out / "plans").glob("*.json"))
+    assert len(saved) == 6  # every row but the unbucketed one and torch's manual pass
+    index = (out / "plans" / "index.md").read_text()
+    for plan in saved:
+        line = next(x for x in index.splitlines() if f"plans/{plan.name}" in x)
+        problem = out / line.split("|")[4].strip()
+        assert main(["verify", str(problem), str(plan)]) == 0, plan.name
+    capsys.readouterr()
+
+
+def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):
+    """Default: out/compare, then out/compare-2 beside it; a named -o that exists needs --force."""
+    import fxglue.compare as compare
+    from bucketplan_cli import main
+
+    monkeypatch.chdir(tmp_path)
+    ran = []
+
+    def fake(workloads, *, out, **_):
+        ran.append(out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "compare.csv").write_text("table")
+        return []
+    monkeypatch.setattr(compare, "run_compare", fake)
+    for _ in range(3):
+        assert main(["compare", "llama3-8b-ddp-2", "-q"]) == 0
+    assert [str(p) for p in ran] == ["out/compare", "out/compare-2", "out/compare-3"]
+    assert main(["compare", "llama3-8b-ddp-2", "-q", "-o", "out/compare"]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert main(["compare", "llama3-8b-ddp-2", "-q", "-o", "out/compare", "--force"]) == 0
+    assert str(ran[-1]) == "out/compare"

@@ -125,7 +125,7 @@ def test_compare_writes_through_the_swap(tmp_path, previous_run, monkeypatch, ca
         (out / "traces" / f"{target}--cpsat.json").write_text("{}")
         raise KeyboardInterrupt
     monkeypatch.setattr(compare, "compare_workload", interrupted)
-    assert cli(["compare", "llama3-8b-ddp-2", "-o", str(previous_run), "-q"]) == 130
+    assert cli(["compare", "llama3-8b-ddp-2", "-o", str(previous_run), "-q", "--force"]) == 130
     assert "left as it was" in capsys.readouterr().err
     assert _tree(previous_run) == before and [p.name for p in tmp_path.iterdir()] == ["cmp"]
 
@@ -136,6 +136,7 @@ def test_compare_writes_through_the_swap(tmp_path, previous_run, monkeypatch, ca
     monkeypatch.setattr(compare, "compare_workload", completed)
     monkeypatch.setattr(compare, "table_rows", lambda rows: [])
     monkeypatch.setattr(compare, "plots", lambda rows, out: (out / "timeline.png").write_bytes(b"png"))
+    monkeypatch.setattr(compare, "save_plans", lambda rows, out: None)
     compare.run_compare(["llama3-8b-ddp-2"], out=previous_run)
     assert sorted(_tree(previous_run)) == ["compare.csv", "compare.json", "compare.md", "timeline.png", "traces",
                                            "traces/llama3-8b-ddp-2--cpsat.json"]
@@ -146,7 +147,12 @@ def test_compare_refuses_a_folder_it_would_wipe_before_tracing(tmp_path, capsys)
     from bucketplan_cli import main as cli
 
     (tmp_path / "notes.txt").write_text("mine")
+    # a folder that exists is never silently replaced: the refusal names --force
     assert cli(["compare", "llama3-8b-ddp-2", "-o", str(tmp_path), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exists" in err and "--force" in err
+    # and --force still never wipes files compare did not write
+    assert cli(["compare", "llama3-8b-ddp-2", "-o", str(tmp_path), "-q", "--force"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds files this command did not write (notes.txt)" in err
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 import planner
-from planner.report import (COLUMNS, PlanRow, WorkloadRow, markdown, markdown_lines, table_rows, timeline_window,
+from planner.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, markdown, markdown_lines, table_rows, timeline_window,
                             write_compare_table, write_table)
 from tests.strategies import problems
 
@@ -130,10 +130,27 @@ def test_compare_table_rows_and_files(tmp_path):
     assert [(r["planner"], r["collectives_after"]) for r in table] == [
         ("unbucketed", 3), ("merged", 1), ("cpsat (step)", None)]
     assert table[1]["note"] == "a note; slower than unbucketed" and table[1]["gap_pct"] == 50.0
-    assert table[2]["step_ms"] is None and table[2]["bound"] == ""
+    assert table[2]["step_ms"] is None and table[2]["bound_ms"] == "" and table[2]["bound_collectives"] == ""
+    # one unit per bound column: a step search's bound in ms, a count search's in collectives
+    assert table[1]["bound_ms"] == 2.0 and table[1]["bound_collectives"] == ""
     write_compare_table(tmp_path, table)
     assert (tmp_path / "compare.csv").read_bytes().count(b"\r\n") == 4  # compare's CSV ends lines in \r\n
-    assert (tmp_path / "compare.md").read_text() == markdown(table)
+    md = (tmp_path / "compare.md").read_text()
+    assert "| " + " | ".join(COLUMNS) + " |" in md
     assert "| w|1 |" in markdown(table)  # compare's Markdown keeps "|" as it always has
-    assert json.loads((tmp_path / "compare.json").read_text()) == table
-    assert list(table[0]) == COLUMNS
+    # a legend under each table, every column in it, graph nodes named apart from cluster nodes
+    for text, columns in ((md, COLUMNS), (markdown(table), TERMINAL_COLUMNS)):
+        legend = text.split("Columns:", 1)[1]
+        assert all(f"- `{c}`: " in legend for c in columns)
+    assert "not cluster nodes" in md
+    assert json.loads((tmp_path / "compare.json").read_text()) == [{k: r[k] for k in COLUMNS} for r in table]
+    assert set(COLUMNS) <= set(table[0])
+
+
+def test_a_table_column_without_a_meaning_is_refused(tmp_path):
+    from planner.report import legend_lines, write_table
+
+    with pytest.raises(ValueError, match="no meaning for column.*ms"):
+        legend_lines({"name": "what"}, ["name", "ms"])
+    write_table(tmp_path, "t", ["name"], [{"name": "a"}], legend={"name": "the thing"})
+    assert (tmp_path / "t.md").read_text().endswith("Columns:\n\n- `name`: the thing\n")

@@ -212,12 +212,16 @@ def test_a_case_that_cannot_be_extracted_is_a_row_saying_why(tmp_path, capsys):
 
 
 def test_closed_pct_is_the_share_of_greedys_distance_to_the_floor():
-    from planner.sweep import closed_pct
+    from planner.sweep import closed_note, closed_pct
 
     # by hand: greedy 200, floor 100 -> a distance of 100 ms; a 150 ms plan closes 50 of it
     assert closed_pct({"greedy_ms": 200.0, "plan_ms": 150.0, "floor_ms": 100.0}) == 50.0
     assert closed_pct({"greedy_ms": 200.0, "plan_ms": 100.0, "floor_ms": 100.0}) == 100.0
-    assert closed_pct({"greedy_ms": 200.0, "plan_ms": 210.0, "floor_ms": 100.0}) == -10.0  # slower than greedy
+    # slower than greedy: no share (a negative one said -208.9% once), the note says so instead
+    assert closed_pct({"greedy_ms": 200.0, "plan_ms": 210.0, "floor_ms": 100.0}) is None
+    assert closed_note({"greedy_ms": 200.0, "plan_ms": 210.0, "floor_ms": 100.0}) == "slower than greedy"
+    assert closed_note({"greedy_ms": 101.0, "plan_ms": 103.0, "floor_ms": 100.0}) == "greedy already at the floor"
+    assert closed_note({"greedy_ms": 200.0, "plan_ms": 150.0, "floor_ms": 100.0}) == ""
     assert closed_pct({"greedy_ms": 100.0, "plan_ms": 100.0, "floor_ms": 100.0}) is None  # greedy on the floor
     assert closed_pct({"greedy_ms": 101.0, "plan_ms": 100.5, "floor_ms": 100.0}) is None  # within 1% of it
     assert closed_pct({"greedy_ms": 102.0, "plan_ms": 101.0, "floor_ms": 100.0}) == 50.0
