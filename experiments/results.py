@@ -99,7 +99,7 @@ def presets_section() -> list[str]:
            "`python -m experiments.presets` (command, revisions and machine in `results/presets/table.md` and, for "
            "the 80-layer Llama-3-70B shape, `results/presets_70b/table.md`; plot `results/presets/above_floor.png`). "
            "Problems traced at the preset's world size and priced by torch "
-           "2.13's NCCL model with bucketing's copies and launches (README, *Estimates and cluster presets*). "
+           "2.13's NCCL model with bucketing's copies and launches (docs/model.md, *Estimates and cluster presets*). "
            "Each cell: simulated step ms (ms above the floor). *floor*: `planner.bounds.step_floor` as it was "
            "when the rows were made (their revisions); since then it prices bucket size and chains what the "
            "order allows (`planner/README.md`, *The step floor*), which the sweep sections below use. No plan "

@@ -187,7 +187,7 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                     "peak_gb": None if peak is None else round(peak.peak_bytes / 1e9, 3),
                     "plan_s": None if p is None else round(p.plan_s, 2), "status": "" if p is None else p.status,
                     "bound": bound, "bound_ms": bound if unit == "ms" else "",
-                    "bound_collectives": bound if unit == "collectives" else "",
+                    "bound_collectives": round(bound) if unit == "collectives" and bound != "" else "",
                     "gap_pct": None if p is None or p.gap is None else round(100 * p.gap, 2),
                     "note": "" if p is None else p.note}
 
@@ -226,22 +226,6 @@ def _pyplot():
     import matplotlib.pyplot as plt
 
     return plt
-
-
-def timeline_window(sim, buckets_shown: int = 6) -> tuple[float, float]:
-    """A window that shows several whole collectives: the shortest run of ``buckets_shown``
-    consecutive buckets of one stream in the middle half of the step, with a margin (a fixed
-    slice of the step can fall inside one long collective and show only solid bars)."""
-    step = sim.step_ms
-    spans = sorted((b.begin_ms, b.end_ms) for b in sim.buckets)
-    middle = [x for x in spans if 0.25 * step <= x[0] <= 0.75 * step] or spans
-    if len(middle) <= buckets_shown:
-        lo, hi = (middle[0][0], max(e for _, e in middle)) if middle else (0.0, step)
-    else:
-        lo, hi = min(((middle[i][0], max(e for _, e in middle[i:i + buckets_shown]))
-                      for i in range(len(middle) - buckets_shown + 1)), key=lambda w: w[1] - w[0])
-    pad = 0.05 * max(hi - lo, 1e-6)
-    return max(0.0, lo - pad), min(step, hi + pad)
 
 
 def plots(rows: list[WorkloadRow], out: Path) -> list[Path]:

@@ -431,8 +431,20 @@ def run_on_ray(tasks: list[Task], done: Done, say: Callable[[str], None], *, add
         # machine starved the solves (a 3 s deterministic step solve took 69 s next to two busy
         # loops, 5.9 s outside Ray), its wall-clock guard cut them short, and the table differed
         # from the one-by-one run's
-        ray.init(num_cpus=n_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 _system_config={"worker_niceness": 0})
+        # Ray's notice that token authentication is on for the instance it starts here (Ray's
+        # default, kept) went to stderr between our progress lines on every sweep: the instance
+        # lives on 127.0.0.1 for this run only, so the notice is noise there, and it is hushed
+        # for that one call
+        import logging
+
+        notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+        level = notice.level
+        notice.setLevel(logging.ERROR)
+        try:
+            ray.init(num_cpus=n_cpus, include_dashboard=False, log_to_driver=False, configure_logging=False,
+                     _system_config={"worker_niceness": 0})
+        finally:
+            notice.setLevel(level)
     else:
         ray.init(address=address, log_to_driver=False, configure_logging=False,
                  runtime_env={"py_modules": [str(Path(__file__).resolve().parent)]})
@@ -544,7 +556,7 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
                plan_peak_gb=round(peak_bytes(problem, plan) / 1e9, 3),
                bound=None if bound is None else f"{bound:.3f}{unit}" if objective == "step" else f"{bound:g}{unit}",
                bound_ms=None if bound is None or objective != "step" else round(bound, 3),
-               bound_collectives=None if bound is None or objective != "count" else bound,
+               bound_collectives=None if bound is None or objective != "count" else round(bound),
                gap_pct=None if result.get("gap") is None else round(100 * result["gap"], 2), plan_sha=plan_sha(plan),
                above_floor_pct=round(100 * (step - floor) / floor, 2) if floor > 0 else None,
                vs_greedy_pct=(round(100 * (row["greedy_ms"] - step) / row["greedy_ms"], 2)

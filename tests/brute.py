@@ -33,7 +33,7 @@ def feasible_plans(problem: planner.Problem, **policy) -> Iterator[planner.Plan]
 
 
 def exposure_objective(problem, plan) -> int:
-    """The ``exposure`` objective of ``plan`` from its definition (README, *Planning*), written
+    """The ``exposure`` objective of ``plan`` from its definition (docs/commands.md, *Planning from Python*), written
     apart from the model's own scoring (``cpsat.TimeTerms``/``plan_objective``), so a wrong
     formula there cannot check itself: per bucket (a collective in no bucket is its own), the
     link's cost at 0 bytes once plus each member's cost beyond it, in µs, less the compute

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 
+import planner
+
 
 def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
     from bucketplan_cli import main
@@ -68,6 +70,13 @@ def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
         problem = out / line.split("|")[4].strip()
         assert main(["verify", str(problem), str(plan)]) == 0, plan.name
     capsys.readouterr()
+    # the timeline's rows and windows: groups by role, a block's backward (DDP moves nothing in forward)
+    from planner.report import _group_names, layer_windows
+
+    problem = planner.load_problem(out / "problems" / "llama3-8b-ddp-2.json")
+    assert set(_group_names(problem).values()) == {"dp"}
+    windows = layer_windows(problem)
+    assert list(windows) == ["backward"] and windows["backward"][0] < windows["backward"][1]
 
 
 def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):

@@ -6,12 +6,11 @@ import csv
 import json
 
 import pytest
-from hypothesis import given, settings
 
 import planner
-from planner.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, markdown, markdown_lines, table_rows, timeline_window,
+from planner.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, layer_windows, markdown, markdown_lines,
+                            table_rows,
                             write_compare_table, write_table)
-from tests.strategies import problems
 
 COLS = ["name", "ms", "note"]
 ROWS = [{"name": "a|b", "ms": 0.1 + 0.2, "note": 'comma, "quoted"'},
@@ -89,33 +88,27 @@ def _chain(n: int, compute_ms: float = 1.0) -> planner.Problem:
                            collectives=tuple(colls), nodes=tuple(nodes), timelines=(), links=links).with_fingerprint()
 
 
-def _whole_spans_inside(sim, lo: float, hi: float) -> int:
-    return sum(lo <= b.begin_ms and b.end_ms <= hi for b in sim.buckets)
-
-
-def _in_the_middle(sim) -> int:
-    """Buckets the window chooses from: those issued in the middle half of the step, else all."""
-    return sum(0.25 * sim.step_ms <= b.begin_ms <= 0.75 * sim.step_ms for b in sim.buckets) or len(sim.buckets)
-
-
-@pytest.mark.parametrize("n, shown, middle", [(20, 6, 11), (20, 3, 11), (4, 6, 3), (1, 6, 1)])
-def test_timeline_window_shows_whole_buckets(n, shown, middle):
-    sim = planner.simulate(_chain(n), None)
-    assert len(sim.buckets) == n and _in_the_middle(sim) == middle  # one bucket a ms, from 0 ms
-    lo, hi = timeline_window(sim, buckets_shown=shown)
-    assert 0.0 <= lo < hi <= sim.step_ms
-    assert _whole_spans_inside(sim, lo, hi) >= min(shown, middle)
-    if n > 2 * shown:  # a window, not the whole step, starting in its middle half
-        assert hi - lo < 0.5 * sim.step_ms and lo >= 0.2 * sim.step_ms
-
-
-@settings(max_examples=60, deadline=None)
-@given(problems(max_collectives=8))
-def test_timeline_window_holds_its_buckets_on_random_problems(problem):
+def test_layer_windows_span_one_block_in_each_phase():
+    """Four blocks of a collective each in backward, one in forward for block 0 and 1: the window
+    runs from the position of one block's collective to the next one's, whatever the plan."""
+    base = _chain(4)
+    colls = [c.model_copy(update={"module": f"layers.{i}", "phase": "backward"}) for i, c in enumerate(base.collectives)]
+    problem = base.model_copy(update={"collectives": tuple(colls)}).with_fingerprint()
+    assert layer_windows(problem) == {"backward": (3, 6)}  # start positions 0, 3, 6, 9: the middle pair
+    colls[0] = colls[0].model_copy(update={"phase": "forward"})
+    colls[1] = colls[1].model_copy(update={"phase": "forward"})
+    problem = base.model_copy(update={"collectives": tuple(colls)}).with_fingerprint()
+    # forward: first uses (waits) at 2 and 5; backward now has blocks 2 and 3 only
+    assert layer_windows(problem) == {"forward": (2, 5), "backward": (6, 9)}
+    # a block's window in time holds exactly its own compute (mm1 at position 4) on the unbucketed step
     sim = planner.simulate(problem, None)
-    lo, hi = timeline_window(sim, buckets_shown=3)
-    assert 0.0 <= lo <= hi <= sim.step_ms
-    assert _whole_spans_inside(sim, lo, hi) >= min(3, _in_the_middle(sim))
+    from planner.report import _time_at
+
+    time_at = _time_at(sim, problem)
+    lo, hi = time_at(3), time_at(6)
+    inside = [c.name for c in sim.compute if lo <= c.begin_ms and c.end_ms <= hi + 1e-9 and c.kind == "compute"]
+    assert inside == ["mm1"]
+    assert layer_windows(base) == {}  # no blocks named: the timeline shows the whole step
 
 
 def test_compare_table_rows_and_files(tmp_path):

@@ -52,7 +52,7 @@ def _registry() -> dict[str, Workload]:
     reg: dict[str, Workload] = {}
     what = {
         "fsdp": "SimpleFSDP over every rank",
-        "2d": "FSDP x Megatron TP (8 ranks: 4 x 2)",
+        "2d": "FSDP x Megatron TP (the mesh is the preset's: TP 8 x FSDP 8 on the default h100-8nodes)",
         "ddp": "DDP over every rank (gradient all_reduce)",
     }
     shapes = (("llama3-8b", "Llama-3-8B", LLAMA3_8B, LLAMA_VARIANTS, LLAMA_LAYERS),
