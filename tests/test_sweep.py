@@ -92,6 +92,18 @@ problems = ['{PRESETS / "llama3-8b-fsdp-2--h100-1node" / "problem.json.gz"}']
     assert _csv(one) == _csv(ray_out)
     rows = _csv(one).splitlines()
     assert len(rows) == 1 + 4 and all(",OPTIMAL," in r or ",FEASIBLE," in r for r in rows[1:])
+    # one unit per bound column (a "bound" column once mixed "25 collectives" and "39.838 ms"),
+    # no negative share, OPTIMAL only at a zero gap, a legend under the Markdown table
+    import csv
+
+    for r in csv.DictReader(rows):
+        assert (r["bound_ms"] == "") == (r["objective"] != "step") and (r["bound_collectives"] == "") == (
+            r["objective"] != "count")
+        assert r["closed_pct"] == "" or float(r["closed_pct"]) >= 0
+        assert r["status"] != "OPTIMAL" or float(r["gap_pct"]) == 0
+        if r["bound_collectives"]:
+            assert r["bound_collectives"].isdigit()
+    assert "- `graph_nodes`: nodes of the traced FX graph" in (one / "results.md").read_text()
     # the driver's own figures: each plan verifies and simulates as the table says
     for case in ("llama3-8b-ddp-2--h100-1node", "llama3-8b-fsdp-2--h100-1node"):
         problem = planner.load_problem(one / "cases" / case / "problem.json.gz")
