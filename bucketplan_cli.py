@@ -235,8 +235,8 @@ def _overlap_line(problem) -> str:
     """How torch's schedule hides each collective, counted per collective: the same line in
     `extract` and `verify` (issue 30: they printed different counts under similar names)."""
     status = {s: sum(c.status == s for c in problem.collectives) for s in ("hidden", "partly", "exposed")}
-    return (f"torch's overlap     of {len(problem.collectives)} collectives: {status['hidden']} fully hidden, "
-            f"{status['partly']} partly hidden, {status['exposed']} exposed (behind compute on torch's schedule)")
+    return (f"torch's overlap     of {len(problem.collectives)} collectives on torch's schedule: {status['hidden']} "
+            f"hidden behind compute, {status['partly']} partly hidden, {status['exposed']} exposed")
 
 
 def _memory_line(problem, plan) -> str:
