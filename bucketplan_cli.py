@@ -629,9 +629,7 @@ def cmd_compare(args) -> int:
         check_replaceable(out, OUTPUTS)
     except OSError as e:
         raise CLIError(f"-o {out}: {e.strerror}") from None
-    detail = None
-    if args.verbose and not args.quiet:
-        detail = say
+    detail = say if args.verbose else None  # say is silent under -q
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args),
                             detail=detail)

@@ -31,10 +31,9 @@ from planner.simulator import simulate, write_chrome_trace
 from planner.progress import LiveLine
 from planner.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
 from planner.report import plots
-from planner.verifier import check, recorded_policy
+from planner.verifier import check
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
-DEFAULT_TIME_LIMIT_S = COMPARE_TIME_LIMIT_S
 # (label, objective): the step search starts from the count plan, which it never loses to
 CPSAT_VARIANTS = (("cpsat (count)", "count"), ("cpsat (step)", "step"))
 MANUAL_LABEL = "torch manual (a bucket per block)"
@@ -52,6 +51,10 @@ OUTPUTS = ("compare.csv", "compare.md", "compare.json", "step_time.png", "collec
            "timeline.png", "traces", "plans", "problems")
 
 
+# a problem file's rows: torch's greedy from its sibling file, then CP-SAT's
+PROBLEM_FILE_PLANNERS = (GREEDY_LABEL, *(label for label, _ in CPSAT_VARIANTS))
+
+
 class Steps:
     """compare's progress: one line as each planner starts, "workload 2/4 NAME, planner 3/7 LABEL,
     about 0:41 left". Time left = the searches still to run at their time limit (this workload's,
@@ -59,24 +62,30 @@ class Steps:
     time the finished ones spent outside search (tracing, torch's scheduler, simulation, traces);
     10 s each before any has finished."""
 
-    def __init__(self, say, n_workloads: int, time_limit_s: float, planners_per_workload: int = len(WORKLOAD_PLANNERS)):
-        self.say, self.n, self.limit, self.per = say, n_workloads, time_limit_s, planners_per_workload
-        self.index, self.name, self.started, self.searches_left = 0, "", 0.0, 0
+    def __init__(self, say, n_workloads: int, time_limit_s: float):
+        self.say, self.n, self.limit = say, n_workloads, time_limit_s
+        self.index, self.name, self.started, self.planners, self.searches_left = 0, "", 0.0, WORKLOAD_PLANNERS, 0
         self.overheads: list[float] = []
 
-    def workload(self, name: str, searches: int = len(SEARCHING)) -> None:
-        self.index, self.name, self.started, self.searches_left = self.index + 1, name, time.perf_counter(), searches
+    def workload(self, name: str, planners: tuple[str, ...] = WORKLOAD_PLANNERS) -> None:
+        """The next workload starts; ``planners``: its rows, in order."""
+        self.index, self.name, self.started, self.planners = self.index + 1, name, time.perf_counter(), planners
+        self.searches_left = sum(label in SEARCHING for label in planners)
 
-    def planner(self, k: int, label: str) -> None:
+    def planner(self, label: str, k: str | None = None) -> None:
+        """``label`` starts; ``k``: its number as shown (default: its place among the planners)."""
         overhead = sum(self.overheads) / len(self.overheads) if self.overheads else 10.0
         left = self.searches_left * self.limit + (self.n - self.index) * (len(SEARCHING) * self.limit + overhead)
-        self.say(f"workload {self.index}/{self.n} {self.name}, planner {k}/{self.per} {label}, "
+        k = k or str(self.planners.index(label) + 1)
+        self.say(f"workload {self.index}/{self.n} {self.name}, planner {k}/{len(self.planners)} {label}, "
                  f"about {int(left) // 60}:{int(left) % 60:02d} left")
         if label in SEARCHING:
             self.searches_left -= 1
 
-    def done(self, searched_s: float) -> None:
-        self.overheads.append(max(0.0, time.perf_counter() - self.started - searched_s))
+    def done(self, rows: list[PlanRow]) -> None:
+        """The workload's rows are done: what it spent outside search informs the estimate."""
+        searched = sum(p.plan_s for p in rows if p.planner in SEARCHING)
+        self.overheads.append(max(0.0, time.perf_counter() - self.started - searched))
 
 
 def _problems_for(name, announce, preset=None):
@@ -97,7 +106,7 @@ def _announcer(name: str, say, steps: Steps | None):
         if steps is None:
             say(f"{name}: {label}")
         else:
-            steps.planner(k or str(WORKLOAD_PLANNERS.index(label) + 1), label)
+            steps.planner(label, k)
     return announce
 
 
@@ -142,20 +151,17 @@ def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=No
                        free_position_floor(prob_pre).floor_ms)
     _simulate_rows(row, prob, out if traces else None)
     if steps is not None:
-        steps.done(sum(p.plan_s for p in row.plans if p.planner in SEARCHING))
+        steps.done(row.plans)
     return row
 
 
 def _simulate_rows(row: WorkloadRow, prob, traces_to: Path | None) -> None:
     """Each row's simulated step (and its Chrome trace when ``traces_to`` is a folder)."""
-    for p in row.plans:
-        if p.plan is not None:
-            row.sims[p.planner] = simulate(p.problem, p.plan)
-    row.sims["unbucketed"] = simulate(prob, None)
-    if traces_to is not None:
-        for label, sim in row.sims.items():
-            problem = prob if label == "unbucketed" else next(p.problem for p in row.plans if p.planner == label)
-            write_chrome_trace(sim, problem, traces_to / "traces" / f"{_slug(row.name)}--{_slug(label)}.json")
+    runs = [("unbucketed", prob, None)] + [(p.planner, p.problem, p.plan) for p in row.plans if p.plan is not None]
+    for label, problem, plan in runs:
+        row.sims[label] = simulate(problem, plan)
+        if traces_to is not None:
+            write_chrome_trace(row.sims[label], problem, traces_to / "traces" / f"{_slug(row.name)}--{_slug(label)}.json")
 
 
 def _silent(msg: str) -> None:
@@ -268,15 +274,17 @@ def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say, ste
     _cpsat_rows(row, prob, hint, time_limit_s, say, announce, live)
     _simulate_rows(row, prob, out)
     if steps is not None:
-        steps.done(sum(p.plan_s for p in row.plans if p.planner in SEARCHING))
+        steps.done(row.plans)
     return row
 
 
 def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
-    """Every plan compare computed, verified, as ``plans/<workload>--<planner>.json``, beside the
-    problems they are for (``problems/<workload>.json``: torch's schedule; ``...--pre-bucketed.json``:
-    torch's pre-bucketed one), and ``plans/index.md`` naming each plan's problem and the commands
-    that take it. Torch's manual row is not a plan of ours (its pass merged inside the graph)."""
+    """Every plan compare computed as ``plans/<workload>--<planner>.json``, beside the problems they
+    are for (``problems/<workload>.json``: torch's schedule; ``...--pre-bucketed.json``: torch's
+    pre-bucketed one), and ``plans/index.md`` naming each plan's problem and the commands that take
+    it. Each was verified where it was made: CP-SAT's and the positioned search's by the solver,
+    torch's by ``_greedy_row`` (or its repair). Torch's manual row is not a plan of ours (its pass
+    merged inside the graph), so it has no file."""
     lines = ["# Plans of this compare run", "",
              "Each plan verifies against its problem: `bucketplan verify PROBLEM PLAN`. A plan on torch's "
              "schedule applies to the workload with `bucketplan apply WORKLOAD PLAN --preset PRESET`; one on the "
@@ -284,28 +292,24 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
              "(it merges inside the graph), not a plan, so it has no file.", "",
              "| workload | planner | plan | problem |", "|---|---|---|---|"]
     for row in rows:
-        problem_files = {}
+        schedules = {id(row.problem): "", id(row.problem_pre): "--pre-bucketed"}
+        saved = set()
         for p in row.plans:
             if p.plan is None or p.planner == MANUAL_LABEL:
                 continue
-            if id(p.problem) not in problem_files:
-                suffix = "--pre-bucketed" if p.problem is row.problem_pre else ""
-                if p.problem is not row.problem and p.problem is not row.problem_pre:
-                    suffix = f"--{_slug(p.planner)}"
-                problem_files[id(p.problem)] = Path("problems") / f"{_slug(row.name)}{suffix}.json"
-                planner.io.save(p.problem, out / problem_files[id(p.problem)])
-            report = check(p.problem, p.plan, **recorded_policy(p.plan))
-            if not report.feasible:  # every plan compare returns has been verified; never one that fails
-                raise AssertionError(f"{row.name}: {p.planner}: the plan breaks rule(s) {sorted(report.by_rule())}")
+            problem_file = Path("problems") / f"{_slug(row.name)}{schedules[id(p.problem)]}.json"
+            if problem_file not in saved:
+                planner.io.save(p.problem, out / problem_file)
+                saved.add(problem_file)
             plan_file = Path("plans") / f"{_slug(row.name)}--{_slug(p.planner)}.json"
             planner.io.save(p.plan, out / plan_file)
-            lines.append(f"| {row.name} | {p.planner} | {plan_file} | {problem_files[id(p.problem)]} |")
+            lines.append(f"| {row.name} | {p.planner} | {plan_file} | {problem_file} |")
     (out / "plans").mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "plans" / "index.md", "\n".join(lines) + "\n")
     return out / "plans"
 
 
-def run_compare(workloads, *, out: Path, time_limit_s: float = DEFAULT_TIME_LIMIT_S, progress=None, preset=None,
+def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMIT_S, progress=None, preset=None,
                 detail=None) -> list[dict]:
     """Every row for every target; writes the table, plots, traces and plans into ``out``.
 
@@ -321,12 +325,10 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = DEFAULT_TIME_LIMI
         rows = []
         for target in workloads:
             if isinstance(target, str) and target.endswith(".json"):
-                steps.per = 3
-                steps.workload(target, searches=2)
+                steps.workload(target, PROBLEM_FILE_PLANNERS)
                 rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=detail,
                                                  steps=steps))
             else:
-                steps.per = len(WORKLOAD_PLANNERS)
                 steps.workload(target if isinstance(target, str) else target.name)
                 rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=detail, preset=preset,
                                              steps=steps))

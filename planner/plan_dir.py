@@ -43,16 +43,12 @@ SUMMARY_COLUMNS = ("problem", "graphs", "collectives", "greedy_after", "plan_aft
                    "plan_ms", "floor_ms", "status", "bound_ms", "gap_pct", "unbucketed_peak_gb", "greedy_peak_gb",
                    "plan_peak_gb", "wall_s", "note")
 SUMMARY_LEGEND = {
+    **{c: MEANING[c] for c in ("greedy_after", "plan_after", "unbucketed_ms", "greedy_ms", "plan_ms", "floor_ms",
+                               "status", "bound_ms", "gap_pct", "greedy_peak_gb", "plan_peak_gb", "note")},
     "problem": "the problem's fingerprint (its folder under the plan directory), cut to 12 characters",
     "graphs": "the compiled graphs (and ranks) that recorded this problem",
-    "collectives": MEANING["collectives_before"], "greedy_after": "collectives after torch's greedy bucketer",
-    "plan_after": "collectives after the plan", "unbucketed_ms": "simulated step with nothing merged, ms",
-    "greedy_ms": "simulated step of torch's greedy plan, ms", "plan_ms": "simulated step of the plan, ms",
-    "floor_ms": "the step no plan can beat on this graph and cluster, ms", "status": MEANING["status"],
-    "bound_ms": "lower bound on the step of any plan, ms (step objective)", "gap_pct": MEANING["gap_pct"],
-    "unbucketed_peak_gb": "peak memory with nothing merged, GB", "greedy_peak_gb": "peak memory of torch's greedy plan, GB",
-    "plan_peak_gb": "peak memory of the plan, GB (torch's estimator's accounting)",
-    "wall_s": "wall seconds of the solve", "note": MEANING["note"],
+    "collectives": MEANING["collectives_before"], "unbucketed_peak_gb": "peak memory with nothing merged, GB",
+    "wall_s": "wall seconds of the solve",
 }
 SUMMARY_PARAM = "solve_dir"  # the plan's params key holding its summary row
 _HEX = re.compile(r"[0-9a-f]{8,128}")

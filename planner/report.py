@@ -159,6 +159,11 @@ MEANING = {
     "bound_collectives": "no plan in the row's search space has fewer collectives (fewest-collectives search)",
     "gap_pct": "(objective - bound) / objective, %: how far from proved the row's plan may be",
     "note": "what else to know about the row (a rule torch's plan breaks, the schedule it ran on, a time limit hit)",
+    # the sweep's and solve-dir's per-plan columns
+    "greedy_after": "collectives after torch's greedy bucketer", "plan_after": "collectives after the plan",
+    "unbucketed_ms": "simulated step with nothing merged, ms", "greedy_ms": "simulated step of torch's greedy plan, ms",
+    "plan_ms": "simulated step of the plan, ms", "greedy_peak_gb": "peak memory of torch's greedy plan, GB",
+    "plan_peak_gb": "peak memory of the plan, GB (torch's estimator's accounting)",
 }
 COMPARE_LEGEND = {c: MEANING[c] for c in COLUMNS}
 # compare's files as they have always been: "|" kept in Markdown cells, CSV lines end in \r\n
@@ -381,11 +386,10 @@ def _timeline(rows: list[WorkloadRow], out: Path) -> Path:
                              squeeze=False)
     for i, label in enumerate(shown):
         sim, problem = r.sims[label], problems[label]
-        windows = layer_windows(problem)
+        windows, time_at = layer_windows(problem), _time_at(sim, problem)
         for j, phase in enumerate(phases):
             ax = axes[i, j]
             if phase in windows:
-                time_at = _time_at(sim, problem)
                 lo, hi = time_at(windows[phase][0]), time_at(windows[phase][1])
                 what = f"a block's {phase}"
             else:

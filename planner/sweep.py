@@ -74,22 +74,18 @@ RESULT_COLUMNS = ("case", "objective", "graph_nodes", "collectives", "greedy_aft
                   "greedy_ms", "plan_ms", "floor_ms", "vs_greedy_pct", "above_floor_pct", "closed_pct", "status",
                   "bound_ms", "bound_collectives", "gap_pct", "greedy_peak_gb", "plan_peak_gb", "plan_sha", "note")
 RESULT_LEGEND = {
+    **{c: MEANING[c] for c in ("graph_nodes", "greedy_after", "plan_after", "unbucketed_ms", "greedy_ms", "plan_ms",
+                               "floor_ms", "bound_ms", "bound_collectives", "gap_pct", "greedy_peak_gb",
+                               "plan_peak_gb", "note")},
     "case": "workload--cluster preset (or the problem file) of the row",
     "objective": "what the search minimized: `step` (simulated step), `count` (collectives), `exposure`",
-    "graph_nodes": MEANING["graph_nodes"], "collectives": MEANING["collectives_before"],
-    "greedy_after": "collectives after torch's greedy bucketer", "plan_after": "collectives after the plan",
-    "unbucketed_ms": "simulated step with nothing merged, ms", "greedy_ms": "simulated step of torch's greedy plan, ms",
-    "plan_ms": "simulated step of the plan, ms", "floor_ms": MEANING["floor_ms"],
+    "collectives": MEANING["collectives_before"],
     "vs_greedy_pct": "how much faster than torch's greedy the plan is, % of greedy's step (negative: slower)",
     "above_floor_pct": "the plan's step above the floor, % of the floor",
     "closed_pct": "share of greedy's distance to the floor the plan closes, % (empty: greedy already within 1% of the "
                   "floor, or the plan no faster than greedy; the note says which)",
     "status": MEANING["status"] + "; REJECTED / FAILED / NOT EXTRACTED: no plan counted (the note says why)",
-    "bound_ms": "lower bound on the step of any plan, ms (step objective)",
-    "bound_collectives": "lower bound on the collectives of any plan (count objective)",
-    "gap_pct": MEANING["gap_pct"], "greedy_peak_gb": "peak memory of torch's greedy plan, GB",
-    "plan_peak_gb": "peak memory of the plan, GB (torch's estimator's accounting)",
-    "plan_sha": "hash of the plan's buckets (equal: the same plan)", "note": MEANING["note"],
+    "plan_sha": "hash of the plan's buckets (equal: the same plan)",
 }
 STAGE_LEGEND = {
     "case": "workload--cluster preset of the row", "stage": "what ran: tracing, scheduling, extraction, or a solve",
@@ -555,8 +551,6 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
     row.update(plan_after=collectives_after(problem, plan), plan_ms=round(step, 3), status=result.get("status"),
                plan_peak_gb=round(peak_bytes(problem, plan) / 1e9, 3),
                bound=None if bound is None else f"{bound:.3f}{unit}" if objective == "step" else f"{bound:g}{unit}",
-               bound_ms=None if bound is None or objective != "step" else round(bound, 3),
-               bound_collectives=None if bound is None or objective != "count" else round(bound),
                gap_pct=None if result.get("gap") is None else round(100 * result["gap"], 2), plan_sha=plan_sha(plan),
                above_floor_pct=round(100 * (step - floor) / floor, 2) if floor > 0 else None,
                vs_greedy_pct=(round(100 * (row["greedy_ms"] - step) / row["greedy_ms"], 2)
@@ -566,36 +560,37 @@ def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> di
     return row
 
 
+def _closed(row: dict) -> tuple[float | None, str]:
+    """(closed_pct, why it is empty) of a row: see ``closed_pct``."""
+    greedy, plan, floor = row.get("greedy_ms"), row.get("plan_ms"), row.get("floor_ms")
+    if greedy is None or plan is None or floor is None:
+        return None, ""
+    if greedy <= floor * (1 + CLOSED_MIN_DISTANCE):
+        return None, "greedy already at the floor"
+    if plan > greedy:
+        return None, "slower than greedy"
+    return round(100 * (greedy - plan) / (greedy - floor), 1), ""
+
+
 def closed_pct(row: dict) -> float | None:
     """How much of torch greedy's distance to the step floor the plan closes, in %:
     100 * (greedy - plan) / (greedy - floor) (100: the plan reaches the floor); None where greedy
     is within CLOSED_MIN_DISTANCE of the floor (a share of a sliver is noise: -208.9% once said
     only that), where the plan is slower than greedy (a share is no measure of that; vs_greedy_pct
     is), or where a figure is missing. ``closed_note`` says which."""
-    greedy, plan, floor = row.get("greedy_ms"), row.get("plan_ms"), row.get("floor_ms")
-    if greedy is None or plan is None or floor is None or greedy <= floor * (1 + CLOSED_MIN_DISTANCE):
-        return None
-    if plan > greedy:
-        return None
-    return round(100 * (greedy - plan) / (greedy - floor), 1)
+    return _closed(row)[0]
 
 
 def closed_note(row: dict) -> str:
     """Why ``closed_pct`` is empty on a row with figures ("" when it is not)."""
-    greedy, plan, floor = row.get("greedy_ms"), row.get("plan_ms"), row.get("floor_ms")
-    if greedy is None or plan is None or floor is None:
-        return ""
-    if greedy <= floor * (1 + CLOSED_MIN_DISTANCE):
-        return "greedy already at the floor"
-    return "slower than greedy" if plan > greedy else ""
+    return _closed(row)[1]
 
 
 def _bound_columns(row: dict) -> None:
-    """``bound_ms`` / ``bound_collectives`` of a row written before they existed, from its
-    "39.838 ms" / "25 collectives" text (one unit per column)."""
-    if "bound_ms" in row or "bound_collectives" in row or not isinstance(row.get("bound"), str):
-        return
-    value, _, unit = row["bound"].partition(" ")
+    """``bound_ms`` / ``bound_collectives`` from the row's "39.838 ms" / "25 collectives" bound text
+    (one unit per column; rows.jsonl keeps the text, so rows of any age read the same)."""
+    row["bound_ms"] = row["bound_collectives"] = None
+    value, _, unit = str(row.get("bound") or "").partition(" ")
     try:
         number = float(value)
     except ValueError:
@@ -603,7 +598,7 @@ def _bound_columns(row: dict) -> None:
     if unit == "ms":
         row["bound_ms"] = number
     elif unit == "collectives":
-        row["bound_collectives"] = int(number) if number.is_integer() else number
+        row["bound_collectives"] = round(number)
 
 
 def _usable_row(line: bytes):
