@@ -23,8 +23,8 @@ from experiments.common import append_row, git_revision, load_gz, read_rows, sav
 from experiments.positioned_acceptance import DEFAULT, MANUAL, OURS, _best_within
 from fxglue.compare import _slug
 from planner.bounds import free_position_floor
-from planner.memory import peak_bytes
 from planner.position_search import position_search
+from planner.report import PlanRow, WorkloadRow, table_rows
 
 LABEL = "bucketplan (step, free positions, manual's peak)"
 
@@ -58,22 +58,19 @@ def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: floa
     budget = int(mine[MANUAL]["peak_gb"] * 1e9) - 500_000
     t0 = time.perf_counter()
     result = position_search(problem, starts, peak_memory_bytes=budget, deadline=t0 + seconds)
-    wall = time.perf_counter() - t0
-    sim = planner.simulate(problem, result.plan)
     floor = free_position_floor(problem).floor_ms
     save_gz(result.plan, tag / f"{_slug(LABEL)}-plan.json.gz")
     base = mine["unbucketed"]
-    return {**{k: base[k] for k in ("workload", "preset", "nodes", "collectives_before", "floor_ms")},
-            "planner": LABEL, "collectives_after": planner.collectives_after(problem, result.plan),
-            "step_ms": round(sim.step_ms, 3), "above_floor_ms": round(sim.step_ms - base["floor_ms"], 3),
-            "above_floor_pct": round(100 * (sim.step_ms - base["floor_ms"]) / base["floor_ms"], 2),
-            "exposed_ms": round(sim.exposed_ms, 3), "overhead_ms": round(sim.overhead_ms, 3),
-            "peak_gb": round(peak_bytes(problem, result.plan) / 1e9, 3), "plan_s": round(wall, 2),
-            "status": "FEASIBLE", "bound": round(floor, 3),
-            "gap_pct": round(100 * (sim.step_ms - floor) / sim.step_ms, 2),
-            "note": f"on torch's schedule, within torch manual's peak ({budget / 1e9:.3f} GB); local search, best "
-                    f"from {result.stats['best_from']}",
-            "revision": git_revision(), "time_limit_s": seconds}
+    # the row as compare's table writes every row (table_rows: peak, floor distance, bound columns)
+    plan_row = PlanRow(LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
+                       (result.step_ms - floor) / result.step_ms,
+                       f"on torch's schedule, within torch manual's peak ({budget / 1e9:.3f} GB); local search, "
+                       f"best from {result.stats['best_from']}")
+    row = WorkloadRow(workload, base["nodes"], base["collectives_before"], [plan_row], floor_ms=base["floor_ms"],
+                      preset=preset, problem=problem)
+    row.sims = {LABEL: planner.simulate(problem, result.plan), "unbucketed": planner.simulate(problem)}
+    (out,) = [r for r in table_rows([row]) if r["planner"] == LABEL]
+    return {**out, "revision": git_revision(), "time_limit_s": seconds}
 
 
 def main() -> None:
