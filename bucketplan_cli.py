@@ -56,12 +56,37 @@ def _hardware(args):
 
 
 def _preset(args):
-    from fxglue.presets import get_preset
+    """The cluster the flags name: --preset at --ranks / --tp, priced by --collectives files."""
+    from fxglue.presets import get_preset, with_measurements
 
     try:
-        return get_preset(args.preset, ranks=args.ranks, tp=args.tp)
-    except ValueError as e:
+        preset = get_preset(args.preset, ranks=args.ranks, tp=args.tp)
+        ranks, per_node = _collective_ranks(getattr(args, "collective_ranks", None))
+        return with_measurements(preset, getattr(args, "collectives", None), ranks=ranks, ranks_per_node=per_node)
+    except ValueError as e:  # planner.measured.MeasuredError and BadFileError are ValueErrors
         raise CLIError(str(e)) from None
+
+
+def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:
+    """--collective-ranks N[/PER_NODE]."""
+    if text is None:
+        return None, None
+    n, _, per = text.partition("/")
+    if not n.isdigit() or int(n) < 1 or (per and (not per.isdigit() or int(per) < 1)):
+        raise CLIError(f"--collective-ranks {text!r}: give N or N/PER_NODE, positive integers (e.g. 64/8)")
+    return int(n), int(per) if per else None
+
+
+def _measured_notes(preset, problem) -> None:
+    """On stderr: which groups the measured files priced, and sizes outside what they measured."""
+    measured = getattr(preset, "measured", None)
+    if measured is None:
+        return
+    if not measured.used:
+        print("note: no --collectives measurement matches a group of this graph (sizes and ranks per node "
+              "differ); torch's model priced every collective", file=sys.stderr)
+    for line in measured.range_notes(problem.collectives):
+        print(f"note: {line}", file=sys.stderr)
 
 
 def _workload(args, *, required: bool = True):
@@ -130,13 +155,15 @@ def cmd_extract(args) -> int:
         return _extract_tiny(args)
     say = _progress(args.quiet)
     out = Path(args.output)
+    preset = _preset(args)
     try:
-        result = run_pipeline(_workload(args), planner_="greedy", preset=_preset(args), pre_bucketing=args.pre_bucketing,
+        result = run_pipeline(_workload(args), planner_="greedy", preset=preset, pre_bucketing=args.pre_bucketing,
                               bucket_mode=args.bucket_mode, hardware=_hardware(args), apply=False,
                               max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     problem, plan = result.problem, result.plan
+    _measured_notes(preset, problem)
     planner.save(problem, out / "problem.json")
     planner.save(plan, out / "greedy-plan.json")
     t = result.timings
@@ -848,6 +875,12 @@ def _add_cluster_options(s) -> None:
                         f"(default {DEFAULT_PRESET}); " + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
     s.add_argument("--ranks", type=int, help="world size instead of the preset's (a multiple of its ranks per node)")
     s.add_argument("--tp", type=int, help="tensor-parallel degree of 2-D workloads instead of the preset's")
+    s.add_argument("--collectives", nargs="+", metavar="FILE",
+                   help="measured collective times that replace the preset's model for the groups they cover: "
+                        "nccl-tests output (all_gather_perf, reduce_scatter_perf, all_reduce_perf) or a CSV "
+                        "kind,group,ranks_per_node,bytes,ms (docs/commands.md)")
+    s.add_argument("--collective-ranks", metavar="N[/PER_NODE]",
+                   help="ranks (and ranks per node) of nccl-tests files whose header lists no ranks")
 
 
 def _add_pipeline_options(s) -> None:

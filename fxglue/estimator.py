@@ -72,15 +72,18 @@ class Estimator:
     ``roles`` maps process-group names to link roles (``dp``/``tp``); unlisted groups use
     ``dp``. With ``ranks_per_node`` (role -> how many of that group's ranks share a node) and
     ``gpu``, collectives are priced by torch's NCCL model (``fxglue.costs``); without it by the
-    α-β ``hardware.links``.
+    α-β ``hardware.links``. ``measured`` (``planner.measured.Measured``): measured collective
+    times replace the model for every group and kind they cover; then every collective, the
+    scheduler's and the problem's alike, is priced by ``link(pg)``, one curve for both.
     """
 
     def __init__(self, hardware: Hardware | None = None, roles: dict[str, str] | None = None, *,
-                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper"):
+                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper", measured=None):
         self.hardware = hardware or Hardware()
         self.roles = dict(roles or {})
         self.ranks_per_node = dict(ranks_per_node) if ranks_per_node else None
         self.gpu = gpu
+        self.measured = measured
         self._links: dict[str, Link] = {}
 
     def _group(self, pg: str) -> tuple[int, int]:
@@ -106,6 +109,9 @@ class Estimator:
             size, per_node = self._group(pg)
             link = nccl_link(pg, size, gpu=self.gpu, ranks_per_node=per_node)
             link = link.model_copy(update={"hardware": f"{role}: {link.hardware}"})
+        if self.measured is not None:
+            per_node = self._group(pg)[1] if self.ranks_per_node is not None else link.group_size
+            link = self.measured.link(link, per_node)
         self._links[pg] = link
         return link
 
@@ -137,6 +143,8 @@ class Estimator:
         if kind is None:
             return None
         pg = get_group_name(n)
+        if self.measured is not None:
+            return self.link(pg).time_ms(kind, self._wire(kind, n, pg, override_size))
         if self.ranks_per_node is None:
             size = wire_bytes(n) if override_size is None else override_size
             return self.link(pg).time_ms(kind, size)
@@ -148,6 +156,16 @@ class Estimator:
         size, per_node = self._group(pg)
         nbytes = estimate_fx_collective_size(n) if override_size is None else override_size
         return torch_collective_ms(kind, nbytes, size, gpu=self.gpu, ranks_per_node=per_node)
+
+    def _wire(self, kind: str, n: fx.Node, pg: str, override_size: int | None) -> int:
+        """The full-tensor bytes of a collective; torch's ``override_size`` is its own measure (input
+        plus output, ``fxglue.costs.torch_bytes``), turned back (torch passes 0: the latency)."""
+        if override_size is None:
+            return wire_bytes(n)
+        if kind == "all_reduce":
+            return override_size // 2
+        size = self.link(pg).group_size
+        return override_size * size // (size + 1)
 
     def compute_ms(self, n: fx.Node) -> float:
         """Roofline: max(FLOPs / peak, bytes touched / HBM bandwidth); views cost nothing."""

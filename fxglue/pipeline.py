@@ -94,12 +94,13 @@ def preset_estimator(preset: Preset | str | None, *, tp_group: str | None = None
     preset) when no NCCL preset is given. Groups other than ``tp_group`` are data-parallel."""
     preset = resolve_preset(preset)
     roles = {tp_group: "tp"} if tp_group else {}
+    measured = preset.measured if preset else None
     if preset is None or preset.comm == "alpha-beta":
-        return Estimator(hardware or (preset.hardware if preset else None), roles)
+        return Estimator(hardware or (preset.hardware if preset else None), roles, measured=measured)
     per_node = preset.ranks_per_node
     tp = tp_size if tp_group else 1
     layout = {"tp": min(tp, per_node), "dp": max(1, per_node // tp)}
-    return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu)
+    return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu, measured=measured)
 
 
 def _fsdp_logger_inherits() -> None:

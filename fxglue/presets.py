@@ -12,6 +12,7 @@ presets price collectives with torch's own model instead (``fxglue.costs``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -87,6 +88,9 @@ class Preset:
     gpu: str = "hopper"
     comm: str = "nccl"
     hardware: Hardware = field(default_factory=Hardware)
+    # measured collective times (``planner.measured``) that replace the model for every group
+    # and kind they cover (``with_measurements``); None: the model alone
+    measured: object = None
 
     @property
     def world_size(self) -> int:
@@ -113,6 +117,23 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 # The default cluster of the command line: 8 nodes is where bucketing pays (per-hop latency on
 # InfiniBand, compute and communication of the same order), and a common production size.
 DEFAULT_PRESET = "h100-8nodes"
+
+
+def with_measurements(preset: Preset, paths, *, ranks: int | None = None,
+                      ranks_per_node: int | None = None) -> Preset:
+    """``preset`` priced by the measured collectives of ``paths`` (nccl-tests output or CSV; see
+    ``planner.measured``) wherever they cover a group; a bad file raises ``MeasuredError``."""
+    from planner.measured import Measured
+
+    paths = list(paths or ())
+    if not paths:
+        return preset
+    measured = Measured.read(paths, ranks=ranks, ranks_per_node=ranks_per_node)
+    # the name carries a digest of what was measured: a plan recorded on one table is not
+    # taken for another (torch.compile's plan pass and the problem's meta hash the name)
+    digest = hashlib.sha256(repr(measured.series).encode()).hexdigest()[:8]
+    return replace(preset, measured=measured, name=f"{preset.name}+measured-{digest}",
+                   description=f"{preset.description}; collectives measured ({', '.join(map(str, paths))})")
 
 
 def get_preset(name: str, *, ranks: int | None = None, tp: int | None = None) -> Preset:

@@ -47,7 +47,7 @@ def _max_diff(a: dict, b: dict) -> float:
                                                                                                     b["grads"])])
 
 
-@pytest.mark.parametrize("style", ["ddp", "fsdp", pytest.param("2d", marks=pytest.mark.long)])
+@pytest.mark.parametrize("style", [pytest.param("ddp", marks=pytest.mark.long), "fsdp", pytest.param("2d", marks=pytest.mark.long)])
 def test_record_solve_use_applies_the_plan_and_keeps_the_numbers(world, style, tmp_path):
     eager = _run(world, style, "eager", tmp_path)
     plain = _run(world, style, "unbucketed", tmp_path)

@@ -324,7 +324,7 @@ def _unusable_dir(plan_dir: Path) -> str | None:
 
 
 @contextlib.contextmanager
-def _session(plan_dir, mode: str, preset: str, tp_group: str | None, tp_size: int):
+def _session(plan_dir, mode: str, preset, tp_group: str | None, tp_size: int):
     import torch._functorch.config as functorch_config
     from torch._inductor import config
 
@@ -335,7 +335,7 @@ def _session(plan_dir, mode: str, preset: str, tp_group: str | None, tp_size: in
     if config.post_grad_custom_post_pass is not None:
         raise PlanCacheError("inductor's post_grad_custom_post_pass is already set; bucketplan needs it "
                              "(nest your pass inside ours is not supported)")
-    patch = {"post_grad_custom_post_pass": PlanPass(session, estimator, preset, tp_group, tp_size),
+    patch = {"post_grad_custom_post_pass": PlanPass(session, estimator, preset.name, tp_group, tp_size),
              "aten_distributed_optimizations.enable_overlap_scheduling": False,
              # torch's greedy fails its own cycle check on DDP graphs (experiments/torch_cycle_repro):
              # where torch buckets (record, and use's fallback) its own escape hatch keeps the compile alive
@@ -360,36 +360,40 @@ def _writable_dir(plan_dir) -> Path:
     return path
 
 
+def _resolved(preset: str, collectives) -> "Preset":
+    """The named preset, priced by the measured ``collectives`` files where they cover a group;
+    an unknown name or a bad file raises ValueError, before anything compiles."""
+    from fxglue.presets import get_preset, with_measurements
+
+    return with_measurements(get_preset(preset), collectives)
+
+
 def record(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group: str | None = None,
-           tp_size: int = 1):
+           tp_size: int = 1, collectives=()):
     """Context manager: ``torch.compile`` runs as usual (torch's scheduler and greedy bucketer);
     every post-grad graph with collectives is also written to ``plan_dir`` as a problem priced on
     ``preset``, with torch's greedy plan. ``tp_group``/``tp_size`` name the tensor-parallel group
-    of a 2-D model (priced as the preset's in-node links)."""
-    from fxglue.presets import get_preset
-
-    get_preset(preset)  # unknown name: ValueError naming the presets, before anything compiles
+    of a 2-D model (priced as the preset's in-node links). ``collectives``: measured collective
+    files (nccl-tests output or CSV, ``planner.measured``) that price the groups they cover."""
+    resolved = _resolved(preset, collectives)
     _writable_dir(plan_dir)
-    return _session(plan_dir, "record", preset, tp_group, tp_size)
+    return _session(plan_dir, "record", resolved, tp_group, tp_size)
 
 
-def unbucketed(*, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1):
+def unbucketed(*, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1, collectives=()):
     """Context manager: the same pass with torch's schedule kept and nothing merged -- the
     reference a plan's numbers are compared with (same order, same overlap dependencies, so
     inductor generates the same kernels but for bucketing's copies)."""
-    from fxglue.presets import get_preset
-
-    get_preset(preset)
-    return _session(None, "unbucketed", preset, tp_group, tp_size)
+    return _session(None, "unbucketed", _resolved(preset, collectives), tp_group, tp_size)
 
 
-def use(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1):
+def use(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1,
+        collectives=()):
     """Context manager: at the same hook, each graph's plan is looked up by fingerprint in
     ``plan_dir``, verified and applied; a missing, corrupt, foreign or infeasible plan logs one
-    warning and torch's greedy bucketing runs instead. Give the same preset as ``record``."""
-    from fxglue.presets import get_preset
-
-    get_preset(preset)
+    warning and torch's greedy bucketing runs instead. Give the same preset and ``collectives`` as
+    ``record`` (they are part of each graph's fingerprint)."""
+    resolved = _resolved(preset, collectives)
     # a missing or unreadable directory is not an error here: like a missing plan, each graph
     # warns once and torch buckets it (compilation never fails because of the plan cache)
-    return _session(plan_dir, "use", preset, tp_group, tp_size)
+    return _session(plan_dir, "use", resolved, tp_group, tp_size)

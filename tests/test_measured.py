@@ -1,0 +1,184 @@
+"""Measured collectives (``planner.measured``, ``--collectives``): nccl-tests output and CSV tables
+price the problem and torch's scheduler alike; a bad file is one line naming file and line.
+
+The logs are written here the way nccl-tests prints them (src/common.cu: the size column is
+max(send, receive) bytes of a rank, the count column elements per rank for all_gather and
+reduce_scatter, all elements for all_reduce), with times from published bus bandwidths:
+8 H100 nodes of 8x400G, all_gather / reduce_scatter about 320 GB/s bus bandwidth at 1 GiB,
+all_reduce about 350 GB/s (issue 28's figures). The expected times are the written figures,
+not anything the code computes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import bucketplan_cli
+import planner
+from planner.measured import Measured, MeasuredError, measured_table, read_series
+
+HEADER = ("#                                                              out-of-place                       in-place\n"
+          "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
+          "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n")
+BUSBW = {"all_gather": 320.0, "reduce_scatter": 320.0, "all_reduce": 350.0}
+LATENCY_US = {"all_gather": 40.0, "reduce_scatter": 45.0, "all_reduce": 60.0}
+
+
+def published_us(kind: str, size: int, ranks: int) -> float:
+    """The time nccl-tests would print for ``size`` bytes at the published bus bandwidth."""
+    factor = 2 * (ranks - 1) / ranks if kind == "all_reduce" else (ranks - 1) / ranks
+    return LATENCY_US[kind] + size * factor / (BUSBW[kind] * 1e3)
+
+
+def nccl_log(kind: str, *, ranks: int = 64, per_node: int = 8, named: bool = True, rank_lines: bool = True,
+             sizes=None) -> tuple[str, dict[int, float]]:
+    """An nccl-tests log and its out-of-place times (ms) by size."""
+    out = [f"# Collective test starting: {kind}_perf"] if named else []
+    out.append("# nThread 1 nGpus 1 minBytes 1024 maxBytes 4294967296 step: 4(factor) warmup iters: 5 iters: 20")
+    out.append("#\n# Using devices")
+    if rank_lines:
+        for r in range(ranks):
+            out.append(f"#  Rank {r:3d} Group  0 Pid {4000 + r:6d} on gpu-node-{r // per_node:02d} device  "
+                       f"{r % per_node} [0x1b] NVIDIA H100 80GB HBM3")
+    out.append("#")
+    out.append(HEADER.rstrip("\n"))
+    times = {}
+    for size in sizes or [1024 * 4**k for k in range(12)]:  # 1 KiB .. 4 GiB
+        count = size // 2 if kind == "all_reduce" else size // 2 // ranks
+        redop = "none" if kind == "all_gather" else "sum"
+        t = published_us(kind, size, ranks)
+        times[size] = round(t, 2) / 1e3
+        algbw = size / t / 1e3
+        out.append(f"{size:12d}  {count:12d}  bfloat16  {redop:>6}      -1  {t:7.2f}  {algbw:6.2f}  {algbw:6.2f}"
+                   f"      0  {t:7.2f}  {algbw:6.2f}  {algbw:6.2f}      0")
+    out.append("# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 150.1\n#")
+    return "\n".join(out) + "\n", times
+
+
+@pytest.mark.parametrize("kind", ["all_gather", "reduce_scatter", "all_reduce"])
+@pytest.mark.parametrize("named", [True, False])
+def test_each_program_reads_its_sizes_ranks_and_times(tmp_path, kind, named):
+    text, times = nccl_log(kind, named=named)
+    path = tmp_path / ("log.txt" if not named else f"{kind}.log")
+    path.write_text(text)
+    (s,) = read_series(path)
+    assert (s.kind, s.ranks, s.ranks_per_node) == (kind, 64, 8)
+    assert dict(s.points) == times
+
+
+def test_a_log_without_rank_lines_takes_the_ranks_given(tmp_path):
+    text, _ = nccl_log("all_gather", rank_lines=False, ranks=8)
+    path = tmp_path / "all_gather_perf.txt"
+    path.write_text(text)
+    (s,) = read_series(path, ranks=8, ranks_per_node=1)
+    assert (s.ranks, s.ranks_per_node) == (8, 1)
+    with pytest.raises(MeasuredError, match="no '#  Rank"):
+        read_series(path)
+
+
+def test_the_table_goes_through_every_point_flat_below_and_along_the_last_segment_above():
+    points = ((1024, 0.04), (4096, 0.05), (1 << 20, 0.5))
+    link = planner.Link(pg="0", group_size=8, table={"all_gather": measured_table(points)})
+    for b, t in points:
+        assert link.time_ms("all_gather", b) == t
+    assert link.time_ms("all_gather", 0) == link.time_ms("all_gather", 10) == 0.04
+    slope = (0.5 - 0.05) / ((1 << 20) - 4096)
+    assert link.time_ms("all_gather", 1 << 21) == pytest.approx(0.5 + slope * (1 << 20))
+
+
+@pytest.fixture(scope="module")
+def fsdp_measured(tmp_path_factory):
+    """llama3-8b-fsdp-2 on 8 nodes (one 64-rank group, 8 per node), all_gather and reduce_scatter
+    measured by nccl-tests logs, all_reduce by a CSV."""
+    from fxglue.pipeline import prepare
+    from fxglue.presets import get_preset, with_measurements
+
+    d = tmp_path_factory.mktemp("measured")
+    times = {}
+    for kind in ("all_gather", "reduce_scatter"):
+        text, times[kind] = nccl_log(kind)
+        (d / f"{kind}_perf.txt").write_text(text)
+    csv = ["kind,group,ranks_per_node,bytes,ms"] + [f"all_reduce,64,8,{b},{published_us('all_reduce', b, 64) / 1e3}"
+                                                   for b in (1 << 10, 1 << 20, 1 << 30)]
+    times["all_reduce"] = {b: published_us("all_reduce", b, 64) / 1e3 for b in (1 << 10, 1 << 20, 1 << 30)}
+    (d / "all_reduce.csv").write_text("\n".join(csv) + "\n")
+    preset = with_measurements(get_preset("h100-8nodes"), sorted(d.iterdir()))
+    return prepare("llama3-8b-fsdp-2", preset=preset, greedy=False), times, preset
+
+
+def test_the_problem_is_priced_at_the_measured_points(fsdp_measured):
+    prepared, times, _ = fsdp_measured
+    (link,) = prepared.problem.links
+    for kind, by_size in times.items():
+        for size, ms in by_size.items():
+            assert math.isclose(link.time_ms(kind, size), ms, rel_tol=0.005), (kind, size)
+    assert "measured" in link.hardware
+
+
+def test_torch_scheduler_and_the_problem_price_every_collective_alike(fsdp_measured):
+    prepared, times, _ = fsdp_measured
+    links = {l.pg: l for l in prepared.problem.links}
+    for c in prepared.problem.collectives:
+        assert c.est_ms == pytest.approx(links[c.pg].time_ms(c.kind, c.wire_bytes), rel=1e-12)
+        # and against the published figure itself, within the two decimals of the log
+        assert c.est_ms == pytest.approx(published_us(c.kind, c.wire_bytes, 64) / 1e3, rel=0.005, abs=1e-5)
+
+
+def test_sizes_outside_the_measured_range_are_reported(fsdp_measured):
+    from planner.measured import Series
+
+    prepared, _, preset = fsdp_measured
+    inside = [n for n in preset.measured.range_notes(prepared.problem.collectives)]
+    below = [c for c in prepared.problem.collectives if c.wire_bytes < 1024]
+    assert bool(inside) == bool(below)  # the logs start at 1 KiB
+    # a table that starts above every collective reports every one of them as below it
+    m = Measured([Series("all_gather", ((1 << 40, 1.0), (1 << 41, 2.0)), "x", ranks=64, ranks_per_node=8)])
+    m.link(prepared.problem.links[0], 8)
+    n_ag = sum(c.kind == "all_gather" for c in prepared.problem.collectives)
+    (line,) = m.range_notes(prepared.problem.collectives)
+    assert f"{n_ag} collective(s) below" in line and "0 above" in line
+
+
+def test_a_group_laid_out_otherwise_keeps_the_model(tmp_path):
+    """A measurement of 64 ranks with one per node does not price a group spanning whole nodes."""
+    text, _ = nccl_log("all_gather", ranks=64, per_node=1)
+    (tmp_path / "ag.txt").write_text(text)
+    m = Measured.read([tmp_path / "ag.txt"])
+    base = planner.Link(pg="0", group_size=64, latency_ms=0.02, bandwidth_gbps=50.0)
+    assert m.link(base, 8) is base
+    assert m.link(base, 1).time_ms("all_gather", 1024) == pytest.approx(published_us("all_gather", 1024, 64) / 1e3,
+                                                                         rel=0.005)
+
+
+# name -> (content, where the one line must point: ":LINE:" or a word)
+BAD = {
+    "empty.txt": ("", "empty"),
+    "binary.txt": (b"\xff\xfe\x00garbage", "not UTF-8"),
+    "short_row.txt": ("# Collective test starting: all_gather_perf\n1024 8 float none\n", ":2:"),
+    "bad_size.txt": ("# Collective test starting: all_gather_perf\n1k 8 float none -1 20.0 0.1 0.1 0\n", ":2:"),
+    "no_rows.txt": ("# Collective test starting: all_gather_perf\n# nothing measured\n", "no result rows"),
+    "bad_count.txt": ("# Collective test starting: all_gather_perf\n1024 x float none -1 20.0 0.1 0.1 0\n", ":2:"),
+    "bad_type.txt": ("# Collective test starting: all_gather_perf\n1024 8 complex none -1 20.0 0.1 0.1 0\n", ":2:"),
+    "negative_time.txt": ("# Collective test starting: all_gather_perf\n1024 8 float none -1 -3 0.1 0.1 0\n", ":2:"),
+    "unknown_program.txt": ("# Collective test starting: alltoall_perf\n1024 8 float none -1 20 0.1 0.1 0\n", ":1:"),
+    "bad_header.csv": ("kind,size,bytes\nall_gather,8,1024\n", ":1:"),
+    "bad_kind.csv": ("kind,group,ranks_per_node,bytes,ms\nbroadcast,8,8,1024,0.1\n", ":2:"),
+    "bad_ms.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,fast\n", ":2:"),
+    "twice.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,0.1\nall_gather,8,8,1024,0.2\n", ":3:"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_a_malformed_file_is_one_line_naming_file_and_line_exit_2(tmp_path, capsys, name):
+    data, where = BAD[name]
+    path = tmp_path / name
+    path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    code = bucketplan_cli.main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path / "out"), "-q",
+                                "--collectives", str(path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert str(path) in err and where in err, err
+    assert not (tmp_path / "out").exists()
