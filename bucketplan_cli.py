@@ -422,6 +422,8 @@ def cmd_solve(args) -> int:
             raise CLIError("--peak-memory-gb needs --positions free")
         _positive(args.peak_memory_gb, "--peak-memory-gb")
     _output_file(args.output, "-o")
+    if args.robust:
+        return _robust_and_report(args)
     try:
         return _solve_and_report(args, window, budget)
     except KeyboardInterrupt:
@@ -429,6 +431,61 @@ def cmd_solve(args) -> int:
         # while loading the problem, at a second Ctrl-C, or while writing: nothing verified to keep
         print("bucketplan solve: interrupted before a plan was written", file=sys.stderr)
         return 130
+
+
+def _scenario_list(text: str, flag: str) -> list[str]:
+    """A comma-separated list of scenario names (planner.scenarios.SCENARIOS) or measured files."""
+    from planner.scenarios import SCENARIOS
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    for name in names:
+        if name not in SCENARIOS and not Path(name).is_file():
+            raise CLIError(f"{flag}: unknown scenario {name!r}; choose from {', '.join(SCENARIOS)} or give a "
+                           "measured collectives file")
+    if len(set(names)) != len(names) or not names:
+        raise CLIError(f"{flag} {text!r}: give distinct scenarios, e.g. torch,published")
+    return names
+
+
+def _scenario_table(judged, names=None) -> list[str]:
+    """Markdown: each plan's step and regret under each scenario, the worst regret last."""
+    names = names or list(judged.steps)
+    head = ["plan"] + [f"{s} step_ms | {s} regret" for s in judged.scenarios] + ["worst regret"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 2 * len(judged.scenarios) + 1)]
+    for n in names:
+        cells = [n] + [f"{judged.steps[n][s]:.3f} | {judged.regret(n, s):.2%}" for s in judged.scenarios]
+        lines.append("| " + " | ".join(cells + [f"{judged.worst_regret(n):.2%}"]) + " |")
+    return lines
+
+
+def _robust_and_report(args) -> int:
+    """``solve --robust A,B``: the least worst-case regret across the scenarios (planner.scenarios)."""
+    import planner
+    from planner.scenarios import SCENARIOS, ScenarioError, robust_plan
+
+    scenarios = _scenario_list(args.robust, "--robust")
+    if args.positions == "free" or args.objective != "step":
+        raise CLIError("--robust searches anchored plans by their step: no --positions free, --objective step")
+    problem = planner.load_problem(args.problem)
+    hint = planner.load_plan(args.hint) if args.hint else None
+    say = _progress(args.quiet)
+    try:
+        result = robust_plan(problem, scenarios, time_limit_s=args.time_limit, hint=hint, seed=args.seed,
+                             progress=say)
+    except ScenarioError as e:
+        raise CLIError(f"{args.problem}: {e}") from None
+    planner.save(result.plan, args.output)
+    for s in scenarios:
+        print(f"scenario {s}: {SCENARIOS.get(s, 'measured collectives file')}")
+    print()
+    print("\n".join(_scenario_table(result.judged)))
+    print(f"\nregret: a plan's step over the least step any plan here reaches under that scenario, minus 1. "
+          f"Steps simulated (planner.simulate) on each scenario's re-priced problem.")
+    print(f"wall                {result.wall_s:.1f}s"
+          + (" (a CP-SAT search stopped by the wall clock: another run may differ)" if result.wall_limit_hit else ""))
+    print(f"wrote               {args.output} (robust: worst regret {result.judged.worst_regret('robust'):.2%}; "
+          "verified)")
+    return 0
 
 
 def _solve_and_report(args, window: int | str | None, budget: int | None) -> int:
@@ -651,6 +708,7 @@ def cmd_compare(args) -> int:
     mine = _workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False)
     targets = list(args.targets) + ([mine] if mine is not None else [])
     targets = targets or list(DEFAULT_SUITE)
+    scenarios = _scenario_list(args.scenarios, "--scenarios") if args.scenarios else None
     out = _compare_output(args.output, args.force)
     try:  # before the minutes of tracing, not after them (run_compare checks it again)
         check_replaceable(out, OUTPUTS)
@@ -659,7 +717,7 @@ def cmd_compare(args) -> int:
     detail = say if args.verbose else None  # say is silent under -q
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args),
-                            detail=detail)
+                            detail=detail, scenarios=scenarios)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     except KeyboardInterrupt:  # run_compare removed its temporary folder; the old one is untouched
@@ -669,7 +727,11 @@ def cmd_compare(args) -> int:
     print(f"Simulated on {clusters} (cluster nodes; --preset picks another). {out}/compare.md has every column.\n")
     print(markdown(table), end="")
     print(f"\nwrote {out}/: compare.md (this table; also .csv, .json), step_time.png, timeline.png, "
-          f"collectives_and_exposed.png, traces/ (ui.perfetto.dev), plans/ (every plan, verified; plans/index.md)")
+          f"collectives_and_exposed.png, traces/ (ui.perfetto.dev), plans/ (every plan, verified; plans/index.md)"
+          + (", scenarios.md" if scenarios else ""))
+    if scenarios:
+        print()
+        print((out / "scenarios.md").read_text(), end="")
     return 0
 
 
@@ -785,6 +847,10 @@ def _add_many_parsers(sub) -> None:
                         "positions) per workload (default %(default)s: the default suite in about two minutes)")
     _add_model_options(s)
     _add_cluster_options(s)
+    s.add_argument("--scenarios", metavar="A,B,...",
+                   help="also re-price every plan under these cost scenarios and report its step and regret "
+                        "(torch, published-comm, published-mfu, published, or a measured collectives file; "
+                        "planner/scenarios.py); written to scenarios.md")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.add_argument("-v", "--verbose", action="store_true",
                    help="the searches' own progress too: incumbents, bounds, polish moves (default: one line per "
@@ -825,6 +891,10 @@ def _add_solve_parsers(sub) -> None:
     s.add_argument("--peak-memory-gb", type=float, default=None,
                    help="with --positions free: the planned schedule's peak memory (GB, 1e9 bytes) stays within "
                         "this (default: the --hint plan's peak, or the unbucketed schedule's)")
+    s.add_argument("--robust", metavar="A,B,...",
+                   help="the plan with the least worst-case regret across these cost scenarios (torch, "
+                        "published-comm, published-mfu, published, or a measured collectives file; "
+                        "planner/scenarios.py), within --time-limit")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 

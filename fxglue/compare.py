@@ -47,7 +47,7 @@ WORKLOAD_PLANNERS = (DEFAULT_LABEL, GREEDY_LABEL, MANUAL_LABEL, *(label for labe
 SEARCHING = {label for label, _ in CPSAT_VARIANTS} | {PRE_STEP_LABEL, POSITIONED_LABEL}
 # everything run_compare writes into its folder: the folder is replaced as a whole, so one
 # holding anything else (`-o .`, `-o ~`) is refused rather than wiped
-OUTPUTS = ("compare.csv", "compare.md", "compare.json", "step_time.png", "collectives_and_exposed.png",
+OUTPUTS = ("compare.csv", "compare.md", "compare.json", "scenarios.md", "step_time.png", "collectives_and_exposed.png",
            "timeline.png", "traces", "plans", "problems")
 
 
@@ -309,8 +309,33 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
     return out / "plans"
 
 
+def scenario_tables(rows: list[WorkloadRow], scenarios: list[str]) -> list[str]:
+    """Markdown lines: per workload, each row's plan re-priced under each scenario, with its regret
+    (``planner.scenarios``); the same plans as the main table, nothing searched again."""
+    from planner.scenarios import SCENARIOS, judge_each
+
+    lines = ["Scenarios: " + "; ".join(f"`{s}`: {SCENARIOS.get(s, 'measured collectives file')}" for s in scenarios),
+             ""]
+    for row in rows:
+        judged = judge_each({p.planner: (p.problem, p.plan) for p in row.plans
+                             if p.plan is not None or p.planner == "unbucketed"}, scenarios)
+        lines += [f"**{row.name}** ({row.preset})", ""]
+        head = ["planner"] + [x for s in scenarios for x in (f"{s} step_ms", f"{s} regret")] + ["worst regret"]
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name in judged.steps:
+            cells = [name] + [x for s in scenarios for x in (f"{judged.steps[name][s]:.3f}",
+                                                              f"{judged.regret(name, s):.2%}")]
+            lines.append("| " + " | ".join(cells + [f"{judged.worst_regret(name):.2%}"]) + " |")
+        lines.append("")
+    lines.append("regret: the step over the least step of any row of that workload under that scenario, minus 1; "
+                 "each plan simulated (planner.simulate) on its own problem re-priced by the scenario. The plans "
+                 "were searched under the first cluster's model; `bucketplan solve --robust` searches across "
+                 "scenarios.")
+    return lines
+
+
 def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMIT_S, progress=None, preset=None,
-                detail=None) -> list[dict]:
+                detail=None, scenarios: list[str] | None = None) -> list[dict]:
     """Every row for every target; writes the table, plots, traces and plans into ``out``.
 
     ``progress``: one line as each planner of each workload starts (``Steps``); ``detail``: the
@@ -334,6 +359,10 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
                                              steps=steps))
         table = table_rows(rows)
         write_compare_table(tmp, table)
+        if scenarios:
+            from planner.io import atomic_write_text
+
+            atomic_write_text(tmp / "scenarios.md", "\n".join(scenario_tables(rows, scenarios)) + "\n")
         plots(rows, tmp)
         save_plans(rows, tmp)
     return table

@@ -86,7 +86,7 @@ class Estimator:
         self.measured = measured
         self._links: dict[str, Link] = {}
 
-    def _group(self, pg: str) -> tuple[int, int]:
+    def group_layout(self, pg: str) -> tuple[int, int]:
         """(group size, its ranks per node)."""
         from torch.distributed.distributed_c10d import _get_group_size_by_name
 
@@ -106,11 +106,11 @@ class Estimator:
         else:
             from fxglue.costs import nccl_link
 
-            size, per_node = self._group(pg)
+            size, per_node = self.group_layout(pg)
             link = nccl_link(pg, size, gpu=self.gpu, ranks_per_node=per_node)
             link = link.model_copy(update={"hardware": f"{role}: {link.hardware}"})
         if self.measured is not None:
-            per_node = self._group(pg)[1] if self.ranks_per_node is not None else link.group_size
+            per_node = self.group_layout(pg)[1] if self.ranks_per_node is not None else link.group_size
             link = self.measured.link(link, per_node)
         self._links[pg] = link
         return link
@@ -153,7 +153,7 @@ class Estimator:
 
         from fxglue.costs import torch_collective_ms
 
-        size, per_node = self._group(pg)
+        size, per_node = self.group_layout(pg)
         nbytes = estimate_fx_collective_size(n) if override_size is None else override_size
         return torch_collective_ms(kind, nbytes, size, gpu=self.gpu, ranks_per_node=per_node)
 

@@ -241,11 +241,16 @@ def extract_problem(
             timelines.append(planner.Timeline(pg=pg, nodes=tuple(pinned_idx[n] for n, _ in ev),
                                               types="".join(t for _, t in ev)))
         links = tuple(estimator.link(pg) for pg in pgs)
+        # how each group lies over the nodes, for re-pricing the problem later without torch
+        # (planner.scenarios); an α-β estimator has no layout
+        layout = ({pg: dict(zip(("ranks", "ranks_per_node"), estimator.group_layout(pg))) for pg in pgs}
+                  if estimator.ranks_per_node is not None else {})
         memory = memory_profile(graph, sched, collective_info, pinned)
     problem = planner.Problem(
         bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
         collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
         bucketing=estimator.bucketing, memory=memory, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
-              "extract_s": round(time.perf_counter() - t0, 4), **(meta or {})},
+              "extract_s": round(time.perf_counter() - t0, 4), **({"layout": layout} if layout else {}),
+              **(meta or {})},
     )
     return problem.with_fingerprint()

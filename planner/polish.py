@@ -173,13 +173,15 @@ def reanchored(problem: Problem, plan: Plan) -> Plan:
 
 def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None = None, seed: int = 0,
            policy: Policy = Policy(), progress: Callable[[str], None] | None = None,
-           restarts: tuple[Plan, ...] = ()) -> PolishResult:
+           restarts: tuple[Plan, ...] = (), objective: Callable[[Plan], float] | None = None) -> PolishResult:
     """The best plan found from ``plan`` by single moves before ``deadline`` (a ``time.perf_counter``
     value) or ``max_evaluations`` simulations (the reproducible limit), then from each of
     ``restarts`` in turn while the budget lasts. Every plan given must be feasible; the result is
-    never slower than ``plan`` and carries its record (planner, params)."""
+    never slower than ``plan`` and carries its record (planner, params). ``objective``: what is
+    minimized instead of the simulated step (``planner.scenarios``: the worst-case regret);
+    ``step_ms`` of the result is then that objective's value."""
     search = _LocalSearch(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed,
-                          policy=policy, progress=progress)
+                          policy=policy, progress=progress, objective=objective)
     stats = search.stats
     best_plan, best_ms = search.iterate(plan, search.best_ms)
     # Time left when the kicks stop finding anything: the same search from each other start.
@@ -189,7 +191,7 @@ def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: in
         if search.out_of_budget():
             break
         stats["restarts"] = stats.get("restarts", 0) + 1
-        found, found_ms = search.iterate(other, step_ms(problem, other, search.index))
+        found, found_ms = search.iterate(other, search.score(other))
         if found_ms < best_ms - MIN_GAIN_MS:
             best_plan, best_ms = found, found_ms
             stats["restart_gains"] = stats.get("restart_gains", 0) + 1
@@ -204,14 +206,16 @@ class _LocalSearch:
     so far from any start (progress says only what beats it)."""
 
     def __init__(self, problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None, seed: int,
-                 policy: Policy, progress: Callable[[str], None] | None):
+                 policy: Policy, progress: Callable[[str], None] | None,
+                 objective: Callable[[Plan], float] | None = None):
         self.problem, self.plan, self.policy, self.progress = problem, plan, policy, progress
         self.deadline, self.max_evaluations = deadline, max_evaluations
         self.rng = random.Random(seed)
         self.pos = {c.name: c.start_pos for c in problem.collectives}
         self.key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
         self.where, self.index = anchoring(problem), replay_index(problem)  # of the problem alone: once
-        self.best_ms = step_ms(problem, plan, self.index)
+        self.score = objective or (lambda candidate: step_ms(problem, candidate, self.index))
+        self.best_ms = self.score(plan)
         self.stats = {"start_ms": round(self.best_ms, 6), "evaluations": 0, "accepted": 0,
                       "rejected_by_verifier": 0, "local_optimum": False}
         self.bucket_of: dict[tuple[str, ...], Bucket | None] = {}  # a move changes one or two lists
@@ -253,7 +257,7 @@ class _LocalSearch:
                 if candidate is None:
                     continue
                 stats["evaluations"] += 1
-                ms = step_ms(self.problem, candidate, self.index)
+                ms = self.score(candidate)
                 if ms < current_ms - MIN_GAIN_MS:
                     if not self.feasible(candidate):
                         stats["rejected_by_verifier"] += 1
@@ -285,7 +289,7 @@ class _LocalSearch:
             self.stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
             if candidate is None or not self.feasible(candidate):
                 continue
-            current, current_ms, groups = self.descend(candidate, step_ms(self.problem, candidate, self.index), kicked)
+            current, current_ms, groups = self.descend(candidate, self.score(candidate), kicked)
             if current_ms < top_ms - MIN_GAIN_MS:
                 top_plan, top_ms, top_groups = current, current_ms, groups
                 self.stats["kick_gains"] = self.stats.get("kick_gains", 0) + 1
