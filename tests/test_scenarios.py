@@ -1,0 +1,116 @@
+"""Cost scenarios (``planner.scenarios``): re-pricing checked against figures computed here by
+hand and against the simulator's own sums; regret and the robust choice against brute force."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import planner
+from planner.scenarios import (PUBLISHED_BUSBW, PUBLISHED_COMPUTE_SCALE, Judged, ScenarioError, judge, layout,
+                               reprice, robust_plan)
+from tests.chain import chain_problem
+
+
+def _with_layout(problem, ranks, per_node):
+    meta = {**(problem.meta or {}), "layout": {l.pg: {"ranks": ranks, "ranks_per_node": per_node}
+                                               for l in problem.links}}
+    links = tuple(l.model_copy(update={"group_size": ranks}) for l in problem.links)
+    return problem.model_copy(update={"meta": meta, "links": links}).with_fingerprint()
+
+
+@pytest.fixture
+def chain():
+    return chain_problem(60)
+
+
+def test_published_comm_prices_cross_node_groups_at_the_published_bus_bandwidth(chain):
+    p = _with_layout(chain, 64, 8)
+    (link,) = reprice(p, "published-comm").links
+    (base,) = p.links
+    gib = 1 << 30
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        factor = (2 if kind == "all_reduce" else 1) * 63 / 64
+        by_hand = base.time_ms(kind, 0) + factor * gib / (PUBLISHED_BUSBW["whole_nodes"][kind] * 1e9) * 1e3
+        assert link.time_ms(kind, gib) == pytest.approx(by_hand, rel=1e-9)
+    one_per_node = reprice(_with_layout(chain, 8, 1), "published-comm").links[0]
+    assert one_per_node.time_ms("all_gather", gib) == pytest.approx(
+        base.time_ms("all_gather", 0) + 7 / 8 * gib / 48e9 * 1e3, rel=1e-9)
+    inside = _with_layout(chain, 8, 8)
+    assert reprice(inside, "published-comm").links == inside.links  # one node: the model stays
+
+
+def test_published_mfu_scales_the_compute_and_nothing_else(chain):
+    slow = reprice(chain, "published-mfu")
+    assert slow.links == chain.links
+    for a, b in zip(chain.nodes, slow.nodes):
+        scale = PUBLISHED_COMPUTE_SCALE if a.kind in ("compute", "other") else 1.0
+        assert b.est_ms == pytest.approx(a.est_ms * scale) and (a.name, a.deps) == (b.name, b.deps)
+    assert planner.simulate(slow).step_ms > planner.simulate(chain).step_ms
+
+
+def test_the_layout_comes_from_meta_or_torchs_description(chain):
+    link = chain.links[0].model_copy(update={"hardware": "dp: torch hopper NCCL model, 64 ranks on 8 node(s), 8 per node"})
+    p = chain.model_copy(update={"links": (link,)})
+    assert layout(p, link) == (64, 8)
+    with pytest.raises(ScenarioError, match="layout"):
+        layout(chain.model_copy(update={"links": (link.model_copy(update={"hardware": "IB"}),)}), link.model_copy(
+            update={"hardware": "IB"}))
+
+
+def test_regret_and_the_robust_choice_match_brute_force():
+    steps = {"a": {"x": 10.0, "y": 30.0}, "b": {"x": 12.0, "y": 20.0}, "c": {"x": 15.0, "y": 19.0}}
+    best = {"x": 10.0, "y": 19.0}
+    j = Judged(["x", "y"], steps, best)
+    worst = {c: max(steps[c][s] / best[s] - 1 for s in best) for c in steps}
+    assert {c: j.worst_regret(c) for c in steps} == pytest.approx(worst)
+    assert j.robust_choice() == min(worst, key=worst.get) == "b"
+
+
+@pytest.fixture(scope="module")
+def fsdp2():
+    from fxglue.pipeline import prepare
+
+    return prepare("llama3-8b-fsdp-2", preset="h100-8nodes")
+
+
+def test_robust_plan_is_verified_and_no_worse_than_any_candidate(fsdp2):
+    r = robust_plan(fsdp2.problem, ["torch", "published"], time_limit_s=8, hint=fsdp2.greedy)
+    assert planner.verify(fsdp2.problem, r.plan) == []
+    j = r.judged
+    assert set(j.steps) >= {"unbucketed", "step under torch", "step under published", "robust"}
+    for s in j.scenarios:
+        assert min(j.regret(c, s) for c in j.steps) == 0  # regret is against the best judged
+        assert j.steps["robust"][s] == pytest.approx(
+            planner.simulate(reprice(fsdp2.problem, s), r.plan.model_copy(
+                update={"problem_fingerprint": reprice(fsdp2.problem, s).fingerprint})).step_ms)
+    assert j.worst_regret("robust") <= min(j.worst_regret(c) for c in j.steps if c != "robust") + 1e-12
+    # the extracted problem records its layout, so re-pricing needs no description to parse
+    assert fsdp2.problem.meta["layout"] == {"0": {"ranks": 64, "ranks_per_node": 8}}
+
+
+def test_judge_reprices_each_plan_on_its_problem(fsdp2):
+    j = judge(fsdp2.problem, {"greedy": fsdp2.greedy, "unbucketed": None}, ["torch"])
+    assert j.steps["unbucketed"]["torch"] == planner.simulate(fsdp2.problem).step_ms
+
+
+@pytest.mark.parametrize("flags", [["--robust", "torch,nope"], ["--robust", "torch,torch"],
+                                   ["--robust", "torch", "--positions", "free"]])
+def test_solve_robust_refuses_bad_flags_in_one_line(tmp_path, flags, chain):
+    path = tmp_path / "problem.json"
+    planner.save(chain, path)
+    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve", str(path), "-o", str(tmp_path / "p.json"),
+                        *flags], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_solve_robust_on_an_alpha_beta_problem_says_it_has_no_layout(tmp_path, chain):
+    path = tmp_path / "problem.json"
+    planner.save(chain, path)
+    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve", str(path), "-o", str(tmp_path / "p.json"),
+                        "--robust", "torch,published-comm", "--time-limit", "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "layout" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "p.json").exists()
