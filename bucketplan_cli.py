@@ -62,9 +62,30 @@ def _preset(args):
     try:
         preset = get_preset(args.preset, ranks=args.ranks, tp=args.tp)
         ranks, per_node = _collective_ranks(getattr(args, "collective_ranks", None))
+        preset = _compute_rates(preset, args)
         return with_measurements(preset, getattr(args, "collectives", None), ranks=ranks, ranks_per_node=per_node)
     except ValueError as e:  # planner.measured.MeasuredError and BadFileError are ValueErrors
         raise CLIError(str(e)) from None
+
+
+def _compute_rates(preset, args):
+    """--compute-tflops / --hbm-tbps: the roofline's rates instead of the preset's."""
+    from dataclasses import replace
+
+    rates = {}
+    for flag, field in (("compute_tflops", "bf16_tflops"), ("hbm_tbps", "hbm_tbps")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            _positive(value, "--" + flag.replace("_", "-"))
+            rates[field] = value
+    if not rates:
+        return preset
+    if getattr(args, "hardware", None):
+        raise CLIError("--compute-tflops / --hbm-tbps with --hardware: give the rates in the hardware file")
+    what = ", ".join(f"{k} {v:g}" for k, v in rates.items())
+    hardware = replace(preset.hardware, name=f"{preset.hardware.name}; {what}", **rates)
+    tag = "-".join(f"{k.split('_')[0]}{v:g}" for k, v in rates.items())
+    return replace(preset, hardware=hardware, name=f"{preset.name}+{tag}", description=f"{preset.description}; {what}")
 
 
 def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:
@@ -949,6 +970,11 @@ def _add_cluster_options(s) -> None:
                    help="measured collective times that replace the preset's model for the groups they cover: "
                         "nccl-tests output (all_gather_perf, reduce_scatter_perf, all_reduce_perf) or a CSV "
                         "kind,group,ranks_per_node,bytes,ms (docs/commands.md)")
+    s.add_argument("--compute-tflops", type=float,
+                   help="bf16/fp16 rate of the compute roofline in TFLOP/s instead of the preset's (800: ~60%% MFU "
+                        "on H100; published Llama-3-8B training runs at 33-43%%, i.e. 330-420)")
+    s.add_argument("--hbm-tbps", type=float, help="memory bandwidth of the compute roofline in TB/s instead of the "
+                                                  "preset's (3.0)")
     s.add_argument("--collective-ranks", metavar="N[/PER_NODE]",
                    help="ranks (and ranks per node) of nccl-tests files whose header lists no ranks")
 

@@ -32,7 +32,8 @@ Spec::
     workloads = ["llama3-8b-fsdp-2", "llama3-8b-ddp-2"]
     presets = ["h100-1node"]           # default: the command line's default cluster
     ranks = [8]                        # optional world sizes
-    # also: tp, pre_bucketing, apply (apply the step/count plan to the traced graph), layers
+    # also: tp, pre_bucketing, apply (apply the step/count plan to the traced graph), layers,
+    # collectives = ["all_gather_perf.txt"] (measured times, planner.measured; relative to the spec)
 
     [[case]]
     model = "my_model.py:build"        # or hf_config = "config.json", or hf = "org/model"
@@ -130,6 +131,7 @@ class Case:
     layers: int | None = None
     pre_bucketing: bool = False
     apply: bool = False
+    collectives: tuple[str, ...] = ()  # measured collective files (planner.measured), resolved against the spec
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,8 @@ class Spec:
 
 _TOP = {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic", "case"}
 _SOURCES = ("workloads", "model", "hf_config", "hf", "problems")
-_CASE = set(_SOURCES) | {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "objectives",
+_CASE = set(_SOURCES) | {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "collectives",
+                         "objectives",
                          "time_limit_s", "workers_per_task", "seed", "deterministic"}
 
 
@@ -229,7 +232,8 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
     settings = _settings(where, table, defaults[1])
     common = dict(objectives=objectives, settings=settings)
     if source == "problems":
-        extra = sorted(set(table) & {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply"})
+        extra = sorted(set(table) & {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply",
+                                     "collectives"})
         if extra:
             raise SpecError(f"{where}: {extra[0]}: does not apply to problem files (they are extracted already)")
         files = _problem_files(where, _typed(where, "problems", table["problems"], "list:str"), root)
@@ -241,6 +245,11 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
     layers = _typed(where, "layers", table["layers"], "posint") if "layers" in table else None
     pre = _typed(where, "pre_bucketing", table["pre_bucketing"], "bool") if "pre_bucketing" in table else False
     apply = _typed(where, "apply", table["apply"], "bool") if "apply" in table else False
+    collectives = tuple(str(root / c) if not os.path.isabs(c) else c for c in
+                        _typed(where, "collectives", table["collectives"], "list:str")) if "collectives" in table else ()
+    for c in collectives:
+        if not os.path.isfile(c):
+            raise SpecError(f"{where}: collectives: no such file {c}")
     if source == "workloads":
         if layers is not None or "parallel" in table:
             raise SpecError(f"{where}: {'layers' if layers is not None else 'parallel'}: built-in workloads carry "
@@ -259,7 +268,7 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
                 resolved = str(root / name) if path_like and (root / name.split(":")[0]).exists() else name
                 out.append(Case(key=key, source="workload" if source == "workloads" else source, name=resolved,
                                 preset=preset, ranks=r, tp=tp, parallel=parallel, layers=layers, pre_bucketing=pre,
-                                apply=apply, **common))
+                                apply=apply, collectives=collectives, **common))
     return out
 
 
