@@ -199,11 +199,14 @@ def prepare(
     max_bucket_memory_gb: float = 2.0,
     progress=None,
     greedy: bool = True,
+    estimator: Estimator | None = None,
 ) -> Prepared:
     """The one way from a workload to a problem: trace (a name, at the preset's world size and
     TP degree), schedule with torch's overlap scheduler, extract the problem, and record torch's
     greedy plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2,
-    the α-β ``hardware`` (the ``ab-ib8`` figures)."""
+    the α-β ``hardware`` (the ``ab-ib8`` figures). ``estimator``: the cost model itself, instead
+    of the preset's (the preset then only sizes the trace); it prices torch's scheduler and the
+    problem alike."""
     say = progress or (lambda msg: None)
     preset = resolve_preset(preset)
     timings: dict[str, float] = {}
@@ -215,7 +218,7 @@ def prepare(
         timings["trace_s"] = traced.trace_s
     else:
         traced = workload
-    estimator = estimator_for(traced, hardware, preset)
+    estimator = estimator or estimator_for(traced, hardware, preset)
     say("scheduling with torch's overlap scheduler")
     t0 = time.perf_counter()
     inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode)
@@ -317,6 +320,7 @@ def run_pipeline(
     progress=None,
     solve_kwargs: dict | None = None,
     repair_kwargs: dict | None = None,
+    estimator: Estimator | None = None,
 ) -> PipelineResult:
     """``prepare``, then plan and apply.
 
@@ -330,7 +334,7 @@ def run_pipeline(
     # torch's greedy search only where the planner starts from it (minutes on a 405B-shaped graph)
     prepared = prepare(workload, preset=preset, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
                        hardware=hardware, max_bucket_memory_gb=max_bucket_memory_gb, progress=progress,
-                       greedy=entry is not None and entry.needs_greedy)
+                       greedy=entry is not None and entry.needs_greedy, estimator=estimator)
     traced, inputs, problem = prepared.traced, prepared.inputs, prepared.problem
     before = count_collectives(traced.gm)
     timings = dict(prepared.timings)

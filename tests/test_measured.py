@@ -215,3 +215,19 @@ def test_compute_tflops_reprices_the_compute_bound_nodes_only(tmp_path, fsdp_mea
     assert all(a <= b <= 2 * a * (1 + 1e-9) for a, b in pairs)
     assert sum(b == pytest.approx(2 * a, rel=1e-9) for a, b in pairs if a > 0) >= 10
     assert "bf16_tflops 400" in slow.meta["hardware"]
+
+
+def test_prepare_takes_a_cost_model_that_prices_scheduler_and_problem_alike():
+    """An α-β estimator handed to prepare (no private call): the problem's links are its, and
+    torch's scheduler estimated every collective by the same link."""
+    from fxglue.estimator import Estimator
+    from fxglue.pipeline import prepare
+    from fxglue.presets import Hardware, LinkSpec
+
+    hw = Hardware(links={"dp": LinkSpec(33.0, 77.0, "made-up link"), "tp": LinkSpec(5.0, 200.0, "NVLink 4")})
+    p = prepare("llama3-8b-fsdp-2", preset="h100-8nodes", estimator=Estimator(hw), greedy=False)
+    (link,) = p.problem.links
+    assert (link.latency_ms, link.bandwidth_gbps) == (0.033, 77.0)
+    for c in p.problem.collectives:
+        factor = (link.group_size - 1) / link.group_size
+        assert c.est_ms == pytest.approx(0.033 + factor * c.wire_bytes / 77e6, rel=1e-9)
