@@ -468,17 +468,6 @@ def _scenario_list(text: str, flag: str) -> list[str]:
     return names
 
 
-def _scenario_table(judged, names=None) -> list[str]:
-    """Markdown: each plan's step and regret under each scenario, the worst regret last."""
-    names = names or list(judged.steps)
-    head = ["plan"] + [f"{s} step_ms | {s} regret" for s in judged.scenarios] + ["worst regret"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * (1 + 2 * len(judged.scenarios) + 1)]
-    for n in names:
-        cells = [n] + [f"{judged.steps[n][s]:.3f} | {judged.regret(n, s):.2%}" for s in judged.scenarios]
-        lines.append("| " + " | ".join(cells + [f"{judged.worst_regret(n):.2%}"]) + " |")
-    return lines
-
-
 def _robust_and_report(args) -> int:
     """``solve --robust A,B``: the least worst-case regret across the scenarios (planner.scenarios)."""
     import planner
@@ -499,7 +488,7 @@ def _robust_and_report(args) -> int:
     for s in scenarios:
         print(f"scenario {s}: {SCENARIOS.get(s, 'measured collectives file')}")
     print()
-    print("\n".join(_scenario_table(result.judged)))
+    print("\n".join(result.judged.markdown()))
     print(f"\nregret: a plan's step over the least step any plan here reaches under that scenario, minus 1. "
           f"Steps simulated (planner.simulate) on each scenario's re-priced problem.")
     print(f"wall                {result.wall_s:.1f}s"

@@ -319,13 +319,7 @@ def scenario_tables(rows: list[WorkloadRow], scenarios: list[str]) -> list[str]:
     for row in rows:
         judged = judge_each({p.planner: (p.problem, p.plan) for p in row.plans
                              if p.plan is not None or p.planner == "unbucketed"}, scenarios)
-        lines += [f"**{row.name}** ({row.preset})", ""]
-        head = ["planner"] + [x for s in scenarios for x in (f"{s} step_ms", f"{s} regret")] + ["worst regret"]
-        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        for name in judged.steps:
-            cells = [name] + [x for s in scenarios for x in (f"{judged.steps[name][s]:.3f}",
-                                                              f"{judged.regret(name, s):.2%}")]
-            lines.append("| " + " | ".join(cells + [f"{judged.worst_regret(name):.2%}"]) + " |")
+        lines += [f"**{row.name}** ({row.preset})", "", *judged.markdown("planner")]
         lines.append("")
     lines.append("regret: the step over the least step of any row of that workload under that scenario, minus 1; "
                  "each plan simulated (planner.simulate) on its own problem re-priced by the scenario. The plans "

@@ -136,6 +136,16 @@ class Judged:
     def robust_choice(self) -> str:
         return min(self.steps, key=lambda c: (self.worst_regret(c), c))
 
+    def markdown(self, first: str = "plan") -> list[str]:
+        """A table: each candidate's step and regret under each scenario, the worst regret last."""
+        head = [first] + [x for s in self.scenarios for x in (f"{s} step_ms", f"{s} regret")] + ["worst regret"]
+        lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name in self.steps:
+            cells = [name] + [x for s in self.scenarios for x in (f"{self.steps[name][s]:.3f}",
+                                                                   f"{self.regret(name, s):.2%}")]
+            lines.append("| " + " | ".join(cells + [f"{self.worst_regret(name):.2%}"]) + " |")
+        return lines
+
 
 def judge(problem: Problem, plans: dict[str, Plan | None], scenarios: list[str]) -> Judged:
     """Every plan of ``problem`` (None: unbucketed) simulated under every scenario."""

@@ -114,3 +114,28 @@ def test_solve_robust_on_an_alpha_beta_problem_says_it_has_no_layout(tmp_path, c
                         "--robust", "torch,published-comm", "--time-limit", "2"], capture_output=True, text=True)
     assert r.returncode == 2 and "layout" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+def test_compare_writes_each_rows_step_and_regret_per_scenario(tmp_path, chain, capsys):
+    import bucketplan_cli
+
+    path = tmp_path / "problem.json"
+    planner.save(chain, path)
+    out = tmp_path / "cmp"
+    assert bucketplan_cli.main(["compare", str(path), "-o", str(out), "--time-limit", "1", "-q",
+                                "--scenarios", "torch,published-mfu"]) == 0
+    text = (out / "scenarios.md").read_text()
+    assert text in capsys.readouterr().out
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert rows
+    for cells in rows:
+        assert float(cells[1]) > 0 and float(cells[2].rstrip("%")) >= 0
+    assert min(float(cells[2].rstrip("%")) for cells in rows) == 0  # the best row has no regret
+    # each row's step under `torch` is the main table's step for that planner
+    import json
+
+    main = {r["planner"]: r["step_ms"] for r in json.loads((out / "compare.json").read_text())}
+    matched = [cells for cells in rows if cells[0].lstrip("| ") in main]
+    assert len(matched) == len(rows)
+    for cells in matched:
+        assert float(cells[1]) == pytest.approx(main[cells[0].lstrip("| ")], abs=1e-3)
