@@ -317,8 +317,9 @@ def scenario_tables(rows: list[WorkloadRow], scenarios: list[str]) -> list[str]:
     lines = ["Scenarios: " + "; ".join(f"`{s}`: {SCENARIOS.get(s, 'measured collectives file')}" for s in scenarios),
              ""]
     for row in rows:
-        judged = judge_each({p.planner: (p.problem, p.plan) for p in row.plans
-                             if p.plan is not None or p.planner == "unbucketed"}, scenarios)
+        unbucketed = {"unbucketed": (row.problem, None)} if row.problem is not None else {}
+        judged = judge_each({**unbucketed, **{p.planner: (p.problem, p.plan) for p in row.plans
+                                              if p.plan is not None}}, scenarios)
         lines += [f"**{row.name}** ({row.preset})", "", *judged.markdown("planner")]
         lines.append("")
     lines.append("regret: the step over the least step of any row of that workload under that scenario, minus 1; "
