@@ -965,7 +965,7 @@ def _add_cluster_options(s) -> None:
     s.add_argument("--hbm-tbps", type=float, help="memory bandwidth of the compute roofline in TB/s instead of the "
                                                   "preset's (3.0)")
     s.add_argument("--collective-ranks", metavar="N[/PER_NODE]",
-                   help="ranks (and ranks per node) of nccl-tests files whose header lists no ranks")
+                   help="ranks and ranks per node of nccl-tests files whose header lists no ranks (e.g. 64/8)")
 
 
 def _add_pipeline_options(s) -> None:

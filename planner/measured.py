@@ -160,9 +160,9 @@ def parse_nccl_tests(text: str, path: str, *, ranks: int | None = None,
         if ranks % n_hosts:
             raise MeasuredError(f"{path}: {ranks} ranks on {n_hosts} hosts is not the same number on each")
         ranks_per_node = ranks_per_node or ranks // n_hosts
-    if ranks is None:
-        raise MeasuredError(f"{path}: no '#  Rank N Group G Pid P on HOST' lines to count the ranks; "
-                            "give them (--collective-ranks N[/PER_NODE])")
+    if ranks is None or ranks_per_node is None:
+        raise MeasuredError(f"{path}: no '#  Rank N Group G Pid P on HOST' lines to count the ranks and hosts; "
+                            "give them (--collective-ranks N/PER_NODE)")
     return Series(kind, _series_points(rows, path, kind), f"nccl-tests {Path(path).name}", ranks=ranks,
                   ranks_per_node=min(ranks, ranks_per_node or ranks))
 

@@ -74,8 +74,9 @@ def test_a_log_without_rank_lines_takes_the_ranks_given(tmp_path):
     path.write_text(text)
     (s,) = read_series(path, ranks=8, ranks_per_node=1)
     assert (s.ranks, s.ranks_per_node) == (8, 1)
-    with pytest.raises(MeasuredError, match="no '#  Rank"):
-        read_series(path)
+    for given in ({}, {"ranks": 8}):  # the layout is never guessed
+        with pytest.raises(MeasuredError, match="no '#  Rank"):
+            read_series(path, **given)
 
 
 def test_the_table_goes_through_every_point_flat_below_and_along_the_last_segment_above():
