@@ -463,6 +463,13 @@ def _scenario_list(text: str, flag: str) -> list[str]:
         if name not in SCENARIOS and not Path(name).is_file():
             raise CLIError(f"{flag}: unknown scenario {name!r}; choose from {', '.join(SCENARIOS)} or give a "
                            "measured collectives file")
+        if name not in SCENARIOS:  # a bad file is refused now, not after minutes of search
+            from planner.measured import Measured
+
+            try:
+                Measured.read([name])
+            except ValueError as e:
+                raise CLIError(f"{flag}: {e}") from None
     if len(set(names)) != len(names) or not names:
         raise CLIError(f"{flag} {text!r}: give distinct scenarios, e.g. torch,published")
     return names

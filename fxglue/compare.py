@@ -312,19 +312,23 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
 def scenario_tables(rows: list[WorkloadRow], scenarios: list[str]) -> list[str]:
     """Markdown lines: per workload, each row's plan re-priced under each scenario, with its regret
     (``planner.scenarios``); the same plans as the main table, nothing searched again."""
-    from planner.scenarios import SCENARIOS, judge_each
+    from planner.scenarios import SCENARIOS, ScenarioError, judge_each
 
     lines = ["Scenarios: " + "; ".join(f"`{s}`: {SCENARIOS.get(s, 'measured collectives file')}" for s in scenarios),
              ""]
     for row in rows:
         unbucketed = {"unbucketed": (row.problem, None)} if row.problem is not None else {}
-        judged = judge_each({**unbucketed, **{p.planner: (p.problem, p.plan) for p in row.plans
-                                              if p.plan is not None}}, scenarios)
+        try:
+            judged = judge_each({**unbucketed, **{p.planner: (p.problem, p.plan) for p in row.plans
+                                                  if p.plan is not None}}, scenarios)
+        except ScenarioError as e:  # an α-β problem has no layout to re-price by: the run keeps its rows
+            lines += [f"**{row.name}** ({row.preset}): not re-priced ({e})", ""]
+            continue
         lines += [f"**{row.name}** ({row.preset})", "", *judged.markdown("planner")]
         lines.append("")
     lines.append("regret: the step over the least step of any row of that workload under that scenario, minus 1; "
                  "each plan simulated (planner.simulate) on its own problem re-priced by the scenario. The plans "
-                 "were searched under the first cluster's model; `bucketplan solve --robust` searches across "
+                 "were searched under the cluster's own model; `bucketplan solve --robust` searches across "
                  "scenarios.")
     return lines
 

@@ -97,10 +97,12 @@ def test_judge_reprices_each_plan_on_its_problem(fsdp2):
 
 
 @pytest.mark.parametrize("flags", [["--robust", "torch,nope"], ["--robust", "torch,torch"],
-                                   ["--robust", "torch", "--positions", "free"]])
+                                   ["--robust", "torch", "--positions", "free"], ["--robust", "torch,BAD"]])
 def test_solve_robust_refuses_bad_flags_in_one_line(tmp_path, flags, chain):
     path = tmp_path / "problem.json"
     planner.save(chain, path)
+    (tmp_path / "bad.csv").write_text("kind,group\n")
+    flags = [f.replace("BAD", str(tmp_path / "bad.csv")) for f in flags]
     r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve", str(path), "-o", str(tmp_path / "p.json"),
                         *flags], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
@@ -125,6 +127,10 @@ def test_compare_writes_each_rows_step_and_regret_per_scenario(tmp_path, chain, 
     assert bucketplan_cli.main(["compare", str(path), "-o", str(out), "--time-limit", "1", "-q",
                                 "--scenarios", "torch,published-mfu"]) == 0
     text = (out / "scenarios.md").read_text()
+    # a problem priced by α-β links has no layout to re-price its collectives by: said, the run kept
+    assert bucketplan_cli.main(["compare", str(path), "-o", str(tmp_path / "ab"), "--time-limit", "1", "-q",
+                                "--scenarios", "torch,published-comm"]) == 0
+    assert "not re-priced" in (tmp_path / "ab" / "scenarios.md").read_text()
     assert text in capsys.readouterr().out
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and "---" not in line][1:]
     assert rows
