@@ -89,13 +89,13 @@ def _compute_rates(preset, args):
 
 
 def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:
-    """--collective-ranks N[/PER_NODE]."""
+    """--collective-ranks N/PER_NODE."""
     if text is None:
         return None, None
     n, _, per = text.partition("/")
-    if not n.isdigit() or int(n) < 1 or (per and (not per.isdigit() or int(per) < 1)):
-        raise CLIError(f"--collective-ranks {text!r}: give N or N/PER_NODE, positive integers (e.g. 64/8)")
-    return int(n), int(per) if per else None
+    if not n.isdigit() or int(n) < 1 or not per.isdigit() or int(per) < 1:
+        raise CLIError(f"--collective-ranks {text!r}: give N/PER_NODE, positive integers (e.g. 64/8)")
+    return int(n), int(per)
 
 
 def _measured_notes(preset, problem) -> None:
@@ -486,11 +486,15 @@ def _robust_and_report(args) -> int:
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     say = _progress(args.quiet)
+    from planner.solver import PlanMismatchError
+
     try:
         result = robust_plan(problem, scenarios, time_limit_s=args.time_limit, hint=hint, seed=args.seed,
                              progress=say)
     except ScenarioError as e:
         raise CLIError(f"{args.problem}: {e}") from None
+    except PlanMismatchError as e:
+        raise CLIError(f"{args.hint}: {e}") from None
     planner.save(result.plan, args.output)
     for s in scenarios:
         print(f"scenario {s}: {SCENARIOS.get(s, 'measured collectives file')}")

@@ -15,10 +15,11 @@ Two formats, told apart by their first line:
   taken. The collective comes from the ``Collective test starting: NAME`` line, else from the
   file name, else from the rows (``redop none``: all_gather; count times type size equals size:
   all_reduce; else reduce_scatter). The ranks and their layout come from the ``#  Rank  N Group
-  G Pid P on HOST`` lines (ranks per node = ranks / hosts), or from ``ranks`` / ``ranks_per_node``
-  given by the caller where the header lacks them.
+  G Pid P on HOST`` lines (ranks per node = ranks / hosts), or, in a file without them, from
+  ``ranks`` and ``ranks_per_node`` given by the caller.
 - **CSV** with the header ``kind,group,ranks_per_node,bytes,ms``: ``group`` is a group size (an
-  integer) or a process-group name of the graph; ``bytes`` the full tensor.
+  integer) or ``pg:NAME``, a process-group name of the graph (names are often digits);
+  ``bytes`` the full tensor.
 
 A graph's group takes a measurement of the same name, else one of the same size and ranks per
 node (a data-parallel group with one rank per node is not one spanning whole nodes). Below the
@@ -152,14 +153,11 @@ def parse_nccl_tests(text: str, path: str, *, ranks: int | None = None,
     if kind is None:
         raise MeasuredError(f"{path}: cannot tell which collective it measures (no 'Collective test starting' line, "
                             "no kind in the file name, rows disagree); name the file e.g. all_gather_perf.txt")
-    if hosts:
+    if hosts:  # the header says: given ranks only fill in files without one
         n_hosts = len(set(hosts.values()))
-        if ranks is not None and ranks != len(hosts):
-            raise MeasuredError(f"{path}: its header lists {len(hosts)} ranks, but {ranks} were given")
-        ranks = len(hosts)
-        if ranks % n_hosts:
-            raise MeasuredError(f"{path}: {ranks} ranks on {n_hosts} hosts is not the same number on each")
-        ranks_per_node = ranks_per_node or ranks // n_hosts
+        if len(hosts) % n_hosts:
+            raise MeasuredError(f"{path}: {len(hosts)} ranks on {n_hosts} hosts is not the same number on each")
+        ranks, ranks_per_node = len(hosts), len(hosts) // n_hosts
     if ranks is None or ranks_per_node is None:
         raise MeasuredError(f"{path}: no '#  Rank N Group G Pid P on HOST' lines to count the ranks and hosts; "
                             "give them (--collective-ranks N/PER_NODE)")
@@ -188,7 +186,10 @@ def parse_csv(text: str, path: str) -> list[Series]:
         per_node = _number(per_node, where, "ranks_per_node", int)
         if per_node < 1:
             raise MeasuredError(f"{where}: ranks_per_node must be at least 1")
+        # process-group names are often digits too ("0"): a name is written pg:NAME, a bare integer is a size
         size = int(group) if group.isdigit() else None
+        if group.startswith("pg:") and group[3:]:
+            group = group[3:]
         if size is not None and size < 1:
             raise MeasuredError(f"{where}: group size must be at least 1")
         key = (kind, size, None if size is not None else group, min(per_node, size or per_node))

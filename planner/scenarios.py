@@ -110,6 +110,9 @@ def reprice(problem: Problem, scenario: str) -> Problem:
 
         measured = Measured.read([scenario])
         update["links"] = tuple(measured.link(link, layout(problem, link)[1]) for link in problem.links)
+        if not measured.used:
+            raise ScenarioError(f"{scenario}: no measurement matches a group of this problem (group sizes and "
+                                "ranks per node differ)")
     meta = {**(problem.meta or {}), "scenario": scenario}
     return problem.model_copy(update={**update, "meta": meta}).with_fingerprint()
 
@@ -196,7 +199,15 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
     from planner.simulator import replay_index, step_ms
     from planner.solver import solve
 
+    from planner.arguments import check_fingerprint
+    from planner.verifier import verify
+
     say = progress or (lambda msg: None)
+    if hint is not None:
+        check_fingerprint(problem, hint)  # a plan of another problem: PlanMismatchError, before any search
+        if verify(problem, hint):  # torch's greedy can break rule 9: neither a start nor a yardstick
+            say(f"the hint ({hint.planner}) breaks a rule: left out")
+            hint = None
     t0 = time.perf_counter()
     share = time_limit_s / (len(scenarios) + 1)
     priced = {s: reprice(problem, s) for s in scenarios}
@@ -210,10 +221,7 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
                   hint=rebound(hint, p) if hint is not None else None)
         wall_hit |= bool(r.stats.get("wall_limit_hit"))
         candidates[f"step under {s}"] = rebound(r.plan, problem)
-    from planner.verifier import verify
-
-    # a hint that breaks a rule (torch's greedy can: rule 9) is judged, but never a start
-    starts = {n: c for n, c in candidates.items() if c is not None and not verify(problem, c)}
+    starts = {n: c for n, c in candidates.items() if c is not None}  # each verified (solve's, or the hint above)
     judged = judge(problem, candidates, scenarios)
     indexes = {s: replay_index(p) for s, p in priced.items()}
 

@@ -232,3 +232,21 @@ def test_prepare_takes_a_cost_model_that_prices_scheduler_and_problem_alike():
     for c in p.problem.collectives:
         factor = (link.group_size - 1) / link.group_size
         assert c.est_ms == pytest.approx(0.033 + factor * c.wire_bytes / 77e6, rel=1e-9)
+
+
+def test_a_csv_names_a_group_as_pg_name_and_a_bare_integer_is_a_size(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("kind,group,ranks_per_node,bytes,ms\nall_gather,pg:0,8,1024,0.1\nall_gather,pg:0,8,2048,0.2\n"
+                    "reduce_scatter,64,8,1024,0.3\nreduce_scatter,64,8,2048,0.4\n")
+    m = Measured.read([path])
+    base = planner.Link(pg="0", group_size=16, latency_ms=0.02, bandwidth_gbps=50.0)
+    link = m.link(base, 8)  # "0" by name whatever its size; reduce_scatter's 64 ranks are not this group's 16
+    assert link.time_ms("all_gather", 2048) == 0.2
+    assert link.time_ms("reduce_scatter", 2048) == base.time_ms("reduce_scatter", 2048)
+
+
+def test_the_header_says_how_many_ranks_and_a_contradicting_flag_is_not_taken(tmp_path):
+    text, _ = nccl_log("all_gather", ranks=16, per_node=8)
+    (tmp_path / "ag.txt").write_text(text)
+    (s,) = read_series(tmp_path / "ag.txt", ranks=64, ranks_per_node=1)
+    assert (s.ranks, s.ranks_per_node) == (16, 8)

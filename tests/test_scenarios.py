@@ -145,3 +145,19 @@ def test_compare_writes_each_rows_step_and_regret_per_scenario(tmp_path, chain, 
     assert len(matched) == len(rows)
     for cells in matched:
         assert float(cells[1]) == pytest.approx(main[cells[0].lstrip("| ")], abs=1e-3)
+
+
+def test_robust_refuses_a_hint_of_another_problem(chain):
+    from planner.arguments import PlanMismatchError
+    from tests.chain import empty_plan
+
+    other = chain_problem(70)
+    with pytest.raises(PlanMismatchError):
+        robust_plan(chain, ["torch"], time_limit_s=2, hint=empty_plan(other))
+
+
+def test_a_measured_scenario_that_matches_no_group_is_refused(tmp_path, chain):
+    path = tmp_path / "m.csv"
+    path.write_text("kind,group,ranks_per_node,bytes,ms\nall_gather,512,8,1024,0.1\n")
+    with pytest.raises(ScenarioError, match="no measurement matches"):
+        reprice(_with_layout(chain, 64, 8), str(path))
