@@ -250,3 +250,21 @@ def test_the_header_says_how_many_ranks_and_a_contradicting_flag_is_not_taken(tm
     (tmp_path / "ag.txt").write_text(text)
     (s,) = read_series(tmp_path / "ag.txt", ranks=64, ranks_per_node=1)
     assert (s.ranks, s.ranks_per_node) == (16, 8)
+
+
+def test_torchs_override_size_is_turned_back_into_the_full_tensor(fsdp_measured):
+    """torch's scheduler passes sizes as input plus output bytes (fxglue.costs.torch_bytes); the
+    measured curve is in full-tensor bytes, so the estimator converts before looking up."""
+    from fxglue.costs import torch_bytes
+    from fxglue.estimator import collective_kind, wire_bytes
+
+    prepared, _, _ = fsdp_measured
+    est = prepared.estimator
+    (link,) = prepared.problem.links
+    starts = [n for n in prepared.inputs.gm.graph.nodes if collective_kind(n)]
+    assert starts
+    for n in starts[:6]:
+        kind, wire = collective_kind(n), wire_bytes(n)
+        for full in (wire, 3 * wire):  # the member itself, and a bucket three times its size
+            given = torch_bytes(kind, full, link.group_size)
+            assert est.collective_ms(n, override_size=given) == pytest.approx(link.time_ms(kind, full), rel=1e-3)
