@@ -464,10 +464,10 @@ def _scenario_list(text: str, flag: str) -> list[str]:
             raise CLIError(f"{flag}: unknown scenario {name!r}; choose from {', '.join(SCENARIOS)} or give a "
                            "measured collectives file")
         if name not in SCENARIOS:  # a bad file is refused now, not after minutes of search
-            from planner.measured import Measured
+            from planner.scenarios import measured_series
 
             try:
-                Measured.read([name])
+                measured_series(name)  # parsed once: the re-pricing takes it from here
             except ValueError as e:
                 raise CLIError(f"{flag}: {e}") from None
     if len(set(names)) != len(names) or not names:
@@ -975,7 +975,7 @@ def _add_cluster_options(s) -> None:
                         "on H100; published Llama-3-8B training runs at 33-43%%, i.e. 330-420)")
     s.add_argument("--hbm-tbps", type=float, help="memory bandwidth of the compute roofline in TB/s instead of the "
                                                   "preset's (3.0)")
-    s.add_argument("--collective-ranks", metavar="N[/PER_NODE]",
+    s.add_argument("--collective-ranks", metavar="N/PER_NODE",
                    help="ranks and ranks per node of nccl-tests files whose header lists no ranks (e.g. 64/8)")
 
 

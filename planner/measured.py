@@ -94,15 +94,13 @@ def _kind_from(name: str) -> str | None:
     return None
 
 
-def _series_points(rows: list[tuple[int, float, str]], path: str, what: str) -> tuple[tuple[int, float], ...]:
+def _series_points(rows: list[tuple[int, float, str]], what: str) -> tuple[tuple[int, float], ...]:
     """Sorted, de-duplicated (bytes, ms); a size given twice with two times is refused."""
     by_size: dict[int, tuple[float, str]] = {}
     for b, ms, where in rows:
         if b in by_size and by_size[b][0] != ms:
             raise MeasuredError(f"{where}: {what} at {b} bytes measured twice ({by_size[b][1]} gave {by_size[b][0]} ms)")
         by_size[b] = (ms, where)
-    if not by_size:
-        raise MeasuredError(f"{path}: no measurements of {what}")
     return tuple((b, by_size[b][0]) for b in sorted(by_size))
 
 
@@ -161,7 +159,7 @@ def parse_nccl_tests(text: str, path: str, *, ranks: int | None = None,
     if ranks is None or ranks_per_node is None:
         raise MeasuredError(f"{path}: no '#  Rank N Group G Pid P on HOST' lines to count the ranks and hosts; "
                             "give them (--collective-ranks N/PER_NODE)")
-    return Series(kind, _series_points(rows, path, kind), f"nccl-tests {Path(path).name}", ranks=ranks,
+    return Series(kind, _series_points(rows, kind), f"nccl-tests {Path(path).name}", ranks=ranks,
                   ranks_per_node=min(ranks, ranks_per_node or ranks))
 
 
@@ -196,7 +194,7 @@ def parse_csv(text: str, path: str) -> list[Series]:
         groups.setdefault(key, []).append((_number(nbytes, where, "bytes", int), _number(ms, where, "ms"), where))
     if not groups:
         raise MeasuredError(f"{path}: no measurements after the header")
-    return [Series(kind, _series_points(rows, path, kind), f"{Path(path).name}", ranks=size, ranks_per_node=per_node,
+    return [Series(kind, _series_points(rows, kind), f"{Path(path).name}", ranks=size, ranks_per_node=per_node,
                    group=name) for (kind, size, name, per_node), rows in groups.items()]
 
 

@@ -22,6 +22,7 @@ minus 1. ``robust_choice`` picks the candidate with the least worst-case regret.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -108,13 +109,21 @@ def reprice(problem: Problem, scenario: str) -> Problem:
                                 "collectives file")
         from planner.measured import Measured
 
-        measured = Measured.read([scenario])
+        measured = Measured(list(measured_series(scenario)))  # fresh: ``used`` is per problem
         update["links"] = tuple(measured.link(link, layout(problem, link)[1]) for link in problem.links)
         if not measured.used:
             raise ScenarioError(f"{scenario}: no measurement matches a group of this problem (group sizes and "
                                 "ranks per node differ)")
     meta = {**(problem.meta or {}), "scenario": scenario}
     return problem.model_copy(update={**update, "meta": meta}).with_fingerprint()
+
+
+@functools.lru_cache(maxsize=16)
+def measured_series(path: str) -> tuple:
+    """A measured scenario file's series, parsed once (compare re-prices many problems by it)."""
+    from planner.measured import Measured
+
+    return tuple(Measured.read([path]).series)
 
 
 def rebound(plan: Plan, problem: Problem) -> Plan:
@@ -128,7 +137,11 @@ class Judged:
 
     scenarios: list[str]
     steps: dict[str, dict[str, float]]  # candidate -> scenario -> ms
-    best: dict[str, float]  # scenario -> least step of any candidate
+
+    @functools.cached_property
+    def best(self) -> dict[str, float]:
+        """Scenario -> the least step of any candidate."""
+        return {s: min(by[s] for by in self.steps.values()) for s in self.scenarios}
 
     def regret(self, candidate: str, scenario: str) -> float:
         return self.steps[candidate][scenario] / self.best[scenario] - 1
@@ -170,8 +183,7 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
                 priced[key] = reprice(problem, s)
             p = priced[key]
             steps[name][s] = step_ms(p, rebound(plan, p) if plan is not None else None)
-    least = {s: min(steps[c][s] for c in steps) for s in scenarios}
-    return Judged(list(scenarios), steps, least)
+    return Judged(list(scenarios), steps)
 
 
 @dataclass

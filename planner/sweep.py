@@ -147,9 +147,9 @@ class Spec:
 
 _TOP = {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic", "case"}
 _SOURCES = ("workloads", "model", "hf_config", "hf", "problems")
-_CASE = set(_SOURCES) | {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "collectives",
-                         "objectives",
-                         "time_limit_s", "workers_per_task", "seed", "deterministic"}
+# what shapes a traced case: none of it applies to problem files, extracted already
+_TRACE_KEYS = {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "collectives"}
+_CASE = set(_SOURCES) | _TRACE_KEYS | {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic"}
 
 
 def _typed(where: str, key: str, value, kind: str):
@@ -232,8 +232,7 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
     settings = _settings(where, table, defaults[1])
     common = dict(objectives=objectives, settings=settings)
     if source == "problems":
-        extra = sorted(set(table) & {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply",
-                                     "collectives"})
+        extra = sorted(set(table) & _TRACE_KEYS)
         if extra:
             raise SpecError(f"{where}: {extra[0]}: does not apply to problem files (they are extracted already)")
         files = _problem_files(where, _typed(where, "problems", table["problems"], "list:str"), root)

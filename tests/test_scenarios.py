@@ -63,7 +63,7 @@ def test_the_layout_comes_from_meta_or_torchs_description(chain):
 def test_regret_and_the_robust_choice_match_brute_force():
     steps = {"a": {"x": 10.0, "y": 30.0}, "b": {"x": 12.0, "y": 20.0}, "c": {"x": 15.0, "y": 19.0}}
     best = {"x": 10.0, "y": 19.0}
-    j = Judged(["x", "y"], steps, best)
+    j = Judged(["x", "y"], steps)
     worst = {c: max(steps[c][s] / best[s] - 1 for s in best) for c in steps}
     assert {c: j.worst_regret(c) for c in steps} == pytest.approx(worst)
     assert j.robust_choice() == min(worst, key=worst.get) == "b"
