@@ -200,10 +200,7 @@ def parse_csv(text: str, path: str) -> list[Series]:
 
 def read_series(path: str | Path, *, ranks: int | None = None, ranks_per_node: int | None = None) -> list[Series]:
     """Every series of one measurement file (nccl-tests output or CSV)."""
-    try:
-        text = read_regular_text(path, MAX_FILE_BYTES, "collectives file")
-    except UnicodeDecodeError:
-        raise MeasuredError(f"{path}: not a text file") from None
+    text = read_regular_text(path, MAX_FILE_BYTES, "collectives file")  # BadFileError: not a file, not UTF-8
     first = next((line for line in text.splitlines() if line.strip()), "")
     if first.replace(" ", "").lower().startswith("kind,"):
         return parse_csv(text, str(path))

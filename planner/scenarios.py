@@ -76,12 +76,11 @@ def _published_link(problem: Problem, link: Link) -> Link:
         return link  # inside one node: no published figure held here; the model stays
     rates = PUBLISHED_BUSBW["one_per_node" if per_node == 1 else
                            "whole_nodes_32_plus" if nodes >= 32 else "whole_nodes"]
-    factor = {k: (2 if k == "all_reduce" else 1) * (ranks - 1) / ranks for k in KINDS}
     far = 1 << 40
     table = {}
     for kind in KINDS:
         fixed = link.time_ms(kind, 0)
-        table[kind] = ((0, fixed), (far, fixed + factor[kind] * far / (rates[kind] * 1e6)))
+        table[kind] = ((0, fixed), (far, fixed + link.factor(kind) * far / (rates[kind] * 1e6)))
     return Link(pg=link.pg, group_size=link.group_size, table=table,
                 hardware=f"published nccl-tests bus bandwidth ({ranks} ranks, {per_node} per node): "
                          + ", ".join(f"{k} {rates[k]:g} GB/s" for k in KINDS) + "; fixed cost as the model")
