@@ -60,6 +60,13 @@ def append_row(path, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def rewrite_rows(path, rows: list[dict]) -> None:
+    """``rows`` as the whole of ``rows.jsonl``, written atomically (a row replaced or dropped)."""
+    from planner.io import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+
+
 def run_missing(out: Path, cases, run, case_key, row_key) -> list[dict]:
     """``out/rows.jsonl``'s rows, then ``run(case)`` for every case whose ``case_key(case)`` is no
     row's ``row_key(row)``, each row appended as it ends (a run resumes where it stopped)."""

@@ -23,8 +23,8 @@ OURS = ("cpsat (count)", "cpsat (step)", "cpsat (step, pre-bucketed)", "bucketpl
 DEFAULT, GREEDY, MANUAL = "torch default (pre-bucketing + greedy)", "torch greedy", "torch manual (a bucket per block)"
 
 
-def _best_within(rows: dict, peak_gb: float) -> dict | None:
-    within = [rows[k] for k in OURS if k in rows and rows[k]["peak_gb"] is not None and rows[k]["peak_gb"] <= peak_gb + 1e-3]
+def _best_within(rows: dict, peak_gb: float, ours=OURS) -> dict | None:
+    within = [rows[k] for k in ours if k in rows and rows[k]["peak_gb"] is not None and rows[k]["peak_gb"] <= peak_gb + 1e-3]
     return min(within, key=lambda r: r["step_ms"]) if within else None
 
 
@@ -43,7 +43,10 @@ def lines(folder: Path) -> list[str]:
         if OURS[3] not in rows:
             continue
         default = rows[DEFAULT]
-        best = _best_within(rows, max(default["peak_gb"], rows["unbucketed"]["peak_gb"]))
+        # the last of OURS is judged against torch manual only: it may be a plan on the graph's own
+        # order, priced as torch manual's problem is (the nodes torch's scheduler pins for overlap
+        # left uncharged), not as the rows on torch's schedule
+        best = _best_within(rows, max(default["peak_gb"], rows["unbucketed"]["peak_gb"]), OURS[:-1])
         ok = best is not None and best["step_ms"] <= min(rows[k]["step_ms"] for k in ("unbucketed", GREEDY, DEFAULT)) + 1e-6
         m = rows.get(MANUAL)
         bm = _best_within(rows, m["peak_gb"]) if m else None

@@ -1,15 +1,21 @@
-"""The positioned search again, within torch manual's peak, where a presets run's plans are all above it.
+"""The positioned search again, within torch manual's peak, where no plan of a presets run within it is as fast.
 
     python -m experiments.positioned_at_manual_peak experiments/results/presets_positions [--seconds 10]
 
 ``compare``'s positioned row is budgeted at torch default's peak (or the unbucketed schedule's).
-Where torch's manual per-block pass peaks lower, no plan of that row is judged against the
+Where torch's manual per-block pass peaks at another height, that row is not judged against the
 manual pass at equal memory (issue 26: "within torch manual's peak no slower than torch
-manual"). For each such case of the run -- the manual row's peak below that budget and no plan
-of ours within it as fast -- this runs ``planner.position_search`` on the committed problem
-(torch's schedule) within the manual pass's peak, from the committed plans on that problem, and
-appends the row ``bucketplan (step, free positions, manual's peak)`` to ``rows.jsonl`` (its plan
-saved beside the others). A rerun skips cases that have the row.
+manual"): lower (no plan of ours fits), or higher (the manual pass buys its speed with memory our
+row was not given). For each case of the run where no plan of ours within the manual row's peak
+is as fast as it, this runs ``planner.position_search`` within the manual pass's peak: on the
+committed problem (torch's schedule, from the committed plans on it) where its unbucketed schedule
+fits, and on the graph's own order (``fxglue.manual.fixed_order_problem``: torch's scheduler not
+run, so compute is not pulled forward under collectives and the peak is lower, as in torch's
+manual pass, which replaces the scheduler; priced as torch manual's problem is, the nodes
+torch's scheduler pins for overlap left uncharged, so the row is judged against torch manual
+only), and appends the faster as the row
+``bucketplan (step, free positions, manual's peak)`` to ``rows.jsonl`` (its plan, and its problem
+when it is the graph's order, saved beside the others). A rerun skips cases that have the row.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import append_row, git_revision, load_gz, read_rows, save_gz
-from experiments.positioned_acceptance import DEFAULT, MANUAL, OURS, _best_within
+from experiments.common import append_row, git_revision, load_gz, read_rows, rewrite_rows, save_gz
+from experiments.positioned_acceptance import DEFAULT, MANUAL, _best_within
 from fxglue.compare import _slug
 from planner.bounds import free_position_floor
+from planner.memory import peak_bytes
 from planner.position_search import position_search
 from planner.report import PlanRow, WorkloadRow, table_rows
 
@@ -38,37 +45,67 @@ def cases_to_run(rows: list[dict]) -> list[tuple[str, str, dict]]:
         manual, default = mine.get(MANUAL), mine.get(DEFAULT)
         if manual is None or default is None or LABEL in mine or manual["peak_gb"] is None:
             continue
-        budget = max(default["peak_gb"], mine["unbucketed"]["peak_gb"])
         best = _best_within(mine, manual["peak_gb"])
-        if manual["peak_gb"] < budget - 1e-3 and (best is None or best["step_ms"] > manual["step_ms"]):
+        if best is None or best["step_ms"] > manual["step_ms"]:
             out.append((w, p, mine))
     return out
 
 
-def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: float) -> dict:
+def graph_order_problem(workload: str, preset: str, max_bucket_memory_gb: float = 2.0) -> planner.Problem:
+    """The workload's problem in its graph's own order (torch's scheduler not run), priced as the
+    run priced it, with its blocks (for the per-block seed)."""
+    from fxglue.blocks import with_blocks
+    from fxglue.manual import fixed_order_problem
+    from fxglue.models.workloads import trace
+    from fxglue.pipeline import estimator_for, resolve_preset
+
+    p = resolve_preset(preset)
+    traced = trace(workload, world_size=p.world_size, tp=p.tp)
+    problem, _ = fixed_order_problem(traced, estimator_for(traced, preset=p), meta={"preset": p.name},
+                                     max_bucket_memory_gb=max_bucket_memory_gb)
+    return with_blocks(problem, traced, traced.gm)
+
+
+def _starts(tag: Path, problem: planner.Problem) -> list[planner.Plan]:
+    """The committed plans of the case that are plans of ``problem``."""
+    plans = [load_gz(f, planner.Plan) for f in sorted(tag.glob("*-plan.json.gz"))]
+    return [p for p in plans if p.problem_fingerprint == problem.fingerprint]
+
+
+def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: float, cap_gb: float = 2.0) -> dict:
+    """Half the seconds on torch's schedule (the committed problem, from the committed plans) when
+    its unbucketed schedule fits the budget, the rest (all of them otherwise) on the graph's own
+    order from the per-block seed; the faster plan is the row."""
     tag = folder / f"{workload}--{preset}"
-    problem = load_gz(tag / "problem.json.gz", planner.Problem)
-    starts = []
-    for f in sorted(tag.glob("*-plan.json.gz")):
-        plan = load_gz(f, planner.Plan)
-        if plan.problem_fingerprint == problem.fingerprint:
-            starts.append(plan)
     # the manual row's peak in bytes, as the run measured it (GB to 3 places: rounded down, so
     # the plan is never above what the table shows for the manual pass)
     budget = int(mine[MANUAL]["peak_gb"] * 1e9) - 500_000
     t0 = time.perf_counter()
-    result = position_search(problem, starts, peak_memory_bytes=budget, deadline=t0 + seconds)
+    scheduled = load_gz(tag / "problem.json.gz", planner.Problem)
+    results = []
+    if peak_bytes(scheduled, None) <= budget and cap_gb == 2.0:  # the run's cap: compare's default
+        found = position_search(scheduled, _starts(tag, scheduled), peak_memory_bytes=budget,
+                                deadline=time.perf_counter() + seconds / 2)
+        results.append((found, scheduled, "torch's schedule", "problem.json.gz"))
+    own = graph_order_problem(workload, preset, cap_gb)
+    found = position_search(own, [], peak_memory_bytes=budget, deadline=t0 + seconds)
+    results.append((found, own, "the graph's own order (torch's scheduler not run)", "problem-graph-order.json.gz"))
+    result, problem, where, problem_file = min(results, key=lambda r: r[0].step_ms)
     floor = free_position_floor(problem).floor_ms
     save_gz(result.plan, tag / f"{_slug(LABEL)}-plan.json.gz")
+    if problem is own:
+        save_gz(own, tag / problem_file)
     base = mine["unbucketed"]
     # the row as compare's table writes every row (table_rows: peak, floor distance, bound columns)
     plan_row = PlanRow(LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
                        (result.step_ms - floor) / result.step_ms,
-                       f"on torch's schedule, within torch manual's peak ({budget / 1e9:.3f} GB); local search, "
-                       f"best from {result.stats['best_from']}")
+                       f"on {where} ({problem_file}), within torch manual's peak ({budget / 1e9:.3f} GB)"
+                       + (f" and a bucket cap of {cap_gb:g} GB (torch manual's largest bucket; compare's rows: 2)"
+                          if cap_gb != 2.0 else "") + "; local "
+                       f"search, best from {result.stats['best_from']}")
     row = WorkloadRow(workload, base["nodes"], base["collectives_before"], [plan_row], floor_ms=base["floor_ms"],
                       preset=preset, problem=problem)
-    row.sims = {LABEL: planner.simulate(problem, result.plan), "unbucketed": planner.simulate(problem)}
+    row.sims = {LABEL: planner.simulate(problem, result.plan), "unbucketed": planner.simulate(scheduled)}
     (out,) = [r for r in table_rows([row]) if r["planner"] == LABEL]
     return {**out, "revision": git_revision(), "time_limit_s": seconds}
 
@@ -77,12 +114,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", type=Path, help="a presets run (rows.jsonl and the case folders)")
     ap.add_argument("--seconds", type=float, default=10.0, help="search seconds per case (default 10)")
+    ap.add_argument("--case", nargs=2, metavar=("WORKLOAD", "PRESET"),
+                    help="this case only, again (its earlier row of this label is replaced)")
+    ap.add_argument("--max-bucket-memory-gb", type=float, default=2.0,
+                    help="the bucket cap of the graph-order problem (default 2, compare's; torch's manual pass "
+                         "ignores it: one bucket per block)")
     args = ap.parse_args()
     rows_path = args.folder / "rows.jsonl"
-    todo = cases_to_run(read_rows(rows_path))
+    rows = read_rows(rows_path)
+    if args.case:
+        rows = [r for r in rows if not (r["planner"] == LABEL and [r["workload"], r["preset"]] == args.case)]
+        rewrite_rows(rows_path, rows)
+    todo = [c for c in cases_to_run(rows) if not args.case or list(c[:2]) == args.case]
     print(f"{len(todo)} case(s) to run")
     for w, p, mine in todo:
-        row = run_case(args.folder, w, p, mine, args.seconds)
+        row = run_case(args.folder, w, p, mine, args.seconds, args.max_bucket_memory_gb)
         append_row(rows_path, row)
         print(f"{w} @ {p}: {row['step_ms']} ms at {row['peak_gb']} GB (manual {mine[MANUAL]['step_ms']} ms at "
               f"{mine[MANUAL]['peak_gb']} GB)", flush=True)

@@ -1,5 +1,6 @@
 """The architecture as the package READMEs state it, checked on the source: no import circle,
-and every import points down (planner <- fxglue bridge <- fxglue.run; fxglue.models below the bridge)."""
+every import points down (planner <- fxglue bridge <- fxglue.run; fxglue.models below the bridge),
+and no function over 80 lines."""
 
 from __future__ import annotations
 
@@ -90,3 +91,13 @@ def test_no_two_modules_import_each_other_even_lazily():
     graph = _graph(module_level=False)
     pairs = sorted({tuple(sorted((a, b))) for a, deps in graph.items() for b in deps if a in graph.get(b, ())})
     assert not pairs, pairs
+
+
+MAX_FUNCTION_LINES = 80  # issue 26: "no function over 80 lines" (a longer one reads as several)
+
+
+def test_no_function_is_over_80_lines():
+    long = [f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+            for path in _modules().values() for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long

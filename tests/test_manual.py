@@ -155,3 +155,27 @@ def test_transformer_block_plans_match_torchtitan_layout():
             self.blocks = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
 
     assert transformer_block_plans(Tied()) == ["head", "blocks.a", "blocks.b"]
+
+
+def test_the_graph_order_problem_keeps_the_traced_order_and_a_positioned_plan_on_it_verifies():
+    """``fixed_order_problem`` on a fresh trace: torch's scheduler does not run, so the problem's
+    nodes are the traced graph's in the traced order (torch's schedule moves collectives: the
+    scheduled problem's order of the same nodes differs; it pins more, the nodes its overlap used
+    as hiding nodes), and the positioned search's plan on it is verified."""
+    from fxglue.manual import fixed_order_problem
+    from fxglue.models.workloads import trace
+    from fxglue.pipeline import estimator_for, prepare
+    from planner.position_search import position_search
+
+    traced = trace("llama3-8b-fsdp-2")
+    graph_order = [n.name for n in traced.gm.graph.nodes]
+    problem, forced = fixed_order_problem(traced, estimator_for(traced))
+    assert forced == 0
+    names = [n.name for n in problem.nodes]
+    rank = {name: i for i, name in enumerate(graph_order)}
+    assert names == sorted(names, key=rank.__getitem__)
+    scheduled = [n.name for n in prepare("llama3-8b-fsdp-2", greedy=False).problem.nodes]
+    assert set(names) < set(scheduled) and [n for n in scheduled if n in set(names)] != names
+    result = position_search(problem, [], peak_memory_bytes=None, deadline=float("inf"), max_evaluations=200,
+                             per_block=False)
+    assert not planner.verify(problem, result.plan, **planner.verifier.recorded_policy(result.plan))
