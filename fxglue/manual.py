@@ -243,7 +243,7 @@ def fixed_order_problem(traced, estimator: Estimator, *, bucket_mode=None, max_b
     only: ``fixed_order_inputs``), and the count of waits the replay brought forward. On a fresh
     trace this is the graph's own order, where compute runs as the model wrote it: a lower peak
     than torch's schedule, which pulls compute forward under collectives (hf-qwen3-8 @
-    h100-8nodes: 13.17 vs 14.27 GB unbucketed), so free positions can prefetch within a budget
+    h100-8nodes: 13.17 vs 14.04 GB unbucketed), so free positions can prefetch within a budget
     torch's schedule cannot meet. Priced as torch manual's problem is: only the nodes the replay
     pins cost time, not those torch's scheduler pins as hiding nodes (llama3-8b-fsdp-2: 49
     compute nodes, 31.9 ms, against 214 nodes, 45.8 ms, on torch's schedule), so its step times
