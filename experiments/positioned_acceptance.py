@@ -17,7 +17,8 @@ from pathlib import Path
 
 from experiments.common import read_rows
 
-# the last: a row experiments/positioned_at_manual_peak.py adds where torch manual peaks lower
+# the last: a row experiments/positioned_at_manual_peak.py adds where torch manual peaks at another height
+# (lower or higher) and no plan of ours within its peak was as fast
 OURS = ("cpsat (count)", "cpsat (step)", "cpsat (step, pre-bucketed)", "bucketplan (step, free positions)",
         "bucketplan (step, free positions, manual's peak)")
 DEFAULT, GREEDY, MANUAL = "torch default (pre-bucketing + greedy)", "torch greedy", "torch manual (a bucket per block)"

@@ -247,7 +247,10 @@ def fixed_order_problem(traced, estimator: Estimator, *, bucket_mode=None, max_b
     torch's schedule cannot meet. Priced as torch manual's problem is: only the nodes the replay
     pins cost time, not those torch's scheduler pins as hiding nodes (llama3-8b-fsdp-2: 49
     compute nodes, 31.9 ms, against 214 nodes, 45.8 ms, on torch's schedule), so its step times
-    compare with torch manual's row, not with rows on torch's schedule (issue 28)."""
+    compare with torch manual's row, not with rows on torch's schedule (issue 28).
+
+    ``bucket_mode`` None is the planner's default (the bucket keys and merge of every other
+    problem); torch manual's problem passes ``MANUAL_BUCKET_MODE`` (its custom-ops merge)."""
     from fxglue.extract import extract_problem
 
     collective_info, order, forced = fixed_order_inputs(traced, estimator, bucket_mode=bucket_mode)
