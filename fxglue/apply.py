@@ -15,7 +15,10 @@ members and anchors -- so it is realized directly:
    scheduler put it -- and the graph is stably sorted with those extra dependencies, behind
    torch's cycle check and ``graph.lint()``;
 5. the result is checked again on the graph: each fully hidden member's hiding nodes lie
-   between its bucket's start and wait.
+   between its bucket's start and wait;
+6. in a compile (``insert_overlap_deps``) that chain becomes inductor control dependencies, so the
+   generated code runs collectives, waits and matmuls in the plan's order (tests/test_compile.py
+   reads it back from the wrapper code).
 """
 
 from __future__ import annotations
@@ -279,8 +282,8 @@ def apply_plan(
         raise RuntimeError("apply_plan: the graph's order differs from the plan's final order (bug)")
     if keep_overlap:
         _check_hidden_kept(graph, plan, colls, replaced, by_name)
-    if insert_overlap_deps:  # keep that order through inductor, as torch does (after the check: this rewrites nodes)
-        _insert_overlap_deps(graph, extra, keep=set(moved))
+    if insert_overlap_deps:  # keep that order through inductor (after the check: this rewrites nodes)
+        _insert_overlap_deps(graph, extra)
 
 
 def _check_hidden_kept(graph: fx.Graph, plan: planner.Plan, colls: dict, replaced: dict, by_name: dict) -> None:
@@ -302,17 +305,16 @@ def _check_hidden_kept(graph: fx.Graph, plan: planner.Plan, colls: dict, replace
                                        "(bug: the verifier accepted this plan)")
 
 
-def _insert_overlap_deps(graph: fx.Graph, extra: dict, keep: set = frozenset()) -> None:
-    """torch's control dependencies for the final order, except between two collectives/waits --
-    unless the later one is a positioned start or wait (``keep``): a prefetch issued just before
-    another bucket's wait is held there only by that edge (torch's manual pass keeps it too)."""
+def _insert_overlap_deps(graph: fx.Graph, extra: dict) -> None:
+    """Control dependencies along the whole final order (``extra``: each pinned node after the one
+    before it), which hold it through inductor: its scheduler otherwise reorders (on test_compile's FSDP backward
+    graph it pulled a deferred reduce_scatter wait from after the 16th matmul to after the 2nd). torch's own
+    pass drops the edges between two collectives/waits ("handled by NCCL stream ordering"), which is
+    safe for it because its edges also tie each wait to its hiding compute; on a chain the dropped
+    edge is the only one holding a wait after the compute before it, and the order of starts in one
+    gap is the plan's issue order, which the simulator priced."""
     from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
-    from torch._inductor.fx_passes.overlap_preserving_bucketer import is_collective_or_wait
 
-    filtered = {n: OrderedSet(d for d in deps if n in keep or d in keep
-                              or not (is_collective_or_wait(n) and is_collective_or_wait(d)))
-                for n, deps in extra.items()}
-    filtered = {n: d for n, d in filtered.items() if d}
-    if filtered:
-        preserve_node_ordering(graph, filtered)
+    if extra:
+        preserve_node_ordering(graph, extra)
     graph.lint()

@@ -17,7 +17,7 @@ import torch
 import planner
 from fxglue.run.gloo import GlooWorld
 from planner.plan_dir import PLAN, PROBLEM, read_index, recorded_problems, solve_dir
-from tests.compile_steps import compiled_step
+from tests.compile_steps import compiled_step, compiled_step_with_orders
 
 pytestmark = pytest.mark.slow  # three compiles per style (forward and backward graphs each)
 
@@ -32,10 +32,28 @@ def world():
         yield w
 
 
-def _run(world, style, mode, tmp_path, **extra):
+def _run(world, style, mode, tmp_path, step=compiled_step, **extra):
     spec = {"style": style, "mode": mode, "plan_dir": str(tmp_path / "plans"), "cache_dir": str(tmp_path / "cache"),
             "layers": 1, **extra}  # one layer: inductor's C++ codegen dominates and grows with depth
-    return world.run(compiled_step, spec, timeout_s=900)
+    return world.run(step, spec, timeout_s=900)
+
+
+def _span(order: list[str], wait_at: int) -> int:
+    """Events between the wait at ``order[wait_at]`` and its start (``compile_steps._token_sequence``)."""
+    number = order[wait_at][1:]
+    start = next(i for i, t in enumerate(order) if not t.startswith(("W", "mm")) and t[2:] == number)
+    return wait_at - start - 1
+
+
+def _assert_code_keeps_the_order(used: list[dict]) -> None:
+    """Inductor's generated code runs collectives, waits and matmuls in the order the pass left in
+    the post-grad graph (which ``apply_plan`` checked against the plan's final order); without the
+    chain's control dependencies it did not (a deferred reduce_scatter wait moved up 14 matmuls)."""
+    for r in used:
+        assert len(r["code_orders"]) == len(r["graph_orders"]) == len(r["events"]), r["events"]
+        for graph, code, e in zip(r["graph_orders"], r["code_orders"], r["events"]):
+            assert "mm" in graph and any(t[0] in "AR" for t in graph), (e, graph)  # something to keep in order
+            assert code == graph, f"{e['kind']} graph: inductor's order {' '.join(code)} != planned {' '.join(graph)}"
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -84,7 +102,8 @@ def test_record_solve_use_applies_the_plan_and_keeps_the_numbers(world, style, t
         assert not planner.verify(problem, plan)
         planned[problem.fingerprint] = planner.collectives_after(problem, plan)
 
-    used = _run(world, style, "use", tmp_path)
+    used = _run(world, style, "use", tmp_path, step=compiled_step_with_orders)
+    _assert_code_keeps_the_order(used)
     for r in used:
         assert r["warnings"] == []
         assert r["events"] and {e["outcome"] for e in r["events"]} == {"planned"}
@@ -136,7 +155,8 @@ def test_a_stale_or_corrupt_plan_falls_back_with_one_warning(world, tmp_path):
 def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
     """solve-dir --positions free on the recorded FSDP graphs: plans that name where buckets start
     and wait, applied by ``use`` in a compile with inductor's caches on; the compiled graphs hold
-    the planned number of collectives and the step's numbers are those of the unbucketed compile."""
+    the planned number of collectives in the planned order (inductor's generated code read back),
+    and the step's numbers are those of the unbucketed compile."""
     plain = _run(world, "fsdp", "unbucketed", tmp_path)
     _run(world, "fsdp", "record", tmp_path)
     plan_dir = tmp_path / "plans"
@@ -149,8 +169,11 @@ def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
         positioned += sum(1 for b in plan.buckets if b.issue_before or b.wait_before)
         planned[problem.fingerprint] = planner.collectives_after(problem, plan)
     assert positioned, "no plan names a position"
-    used = _run(world, "fsdp", "use", tmp_path)
+    used = _run(world, "fsdp", "use", tmp_path, step=compiled_step_with_orders)
+    _assert_code_keeps_the_order(used)
     for rank, r in enumerate(used):
+        spans = [_span(g, i) for g in r["graph_orders"] for i, t in enumerate(g) if t.startswith("W")]
+        assert max(spans) >= 2, f"no start has two events before its wait: {r['graph_orders']}"
         assert r["warnings"] == [] and {e["outcome"] for e in r["events"]} == {"planned"}
         for e in r["events"]:
             assert e["collectives_after"] == planned[e["fingerprint"]], e
