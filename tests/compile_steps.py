@@ -139,7 +139,8 @@ _CODE_EVENT = re.compile(r"^\s*(?:(buf\d+) = )?(?:torch\.ops\._c10d_functional\.
 def code_order(code: str) -> list[str]:
     """The same sequence in inductor's generated wrapper code (one call per line, in the order the
     kernels run): ``bufN = ...all_gather_into_tensor.default(...)``, ``..._out.default(..., out=bufN)``,
-    ``...wait_tensor.default(bufN)``, ``extern_kernels.mm(..., out=bufN)``."""
+    ``..._c10d_functional.all_reduce_.default(bufN, ...)`` (in place), ``...wait_tensor.default(bufN)``,
+    ``extern_kernels.mm(..., out=bufN)``."""
     events = []
     for line in code.splitlines():
         m = _CODE_EVENT.match(line)
@@ -151,7 +152,9 @@ def code_order(code: str) -> list[str]:
         elif collective:
             kind = next(v for k, v in _KINDS.items() if collective.startswith(k))
             out = re.search(r"out=(buf\d+)", args)
-            events.append((kind, [out.group(1) if out else assigned]))
+            # an in-place collective (``all_reduce_.default(buf5, 'sum', '1')``) works on its first argument
+            first = args.split(",")[0].strip()
+            events.append((kind, [out.group(1) if out else assigned or first]))
         elif extern in _MATMULS:
             events.append(("mm", []))
     return _token_sequence(events)
