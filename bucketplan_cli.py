@@ -115,14 +115,19 @@ def _workload(args, *, required: bool = True):
     from fxglue.models.custom import factory_workload, hf_config_workload
     from fxglue.models.workloads import WorkloadError
 
-    given = [x for x in (args.workload, args.model, args.hf_config, args.hf) if x]
+    given = [x for x in (args.workload, args.model, args.hf_config, args.hf, args.graph) if x]
     if len(given) > 1:
-        raise CLIError("give one workload: a built-in name, --model, --hf-config or --hf")
+        raise CLIError("give one workload: a built-in name, --model, --hf-config, --hf or --graph")
+    if args.group and not args.graph:
+        raise CLIError("--group names the process groups of a --graph file; give --graph FILE")
     if not given:
         if required:
-            raise CLIError("no workload: give a built-in name (`bucketplan workloads`), --model, --hf-config or --hf")
+            raise CLIError("no workload: give a built-in name (`bucketplan workloads`), --model, --hf-config, --hf "
+                           "or --graph")
         return None
     try:
+        if args.graph:
+            return _graph_file(args)
         if args.model:
             return factory_workload(args.model, args.parallel, args.layers)
         if args.hf_config or args.hf:
@@ -134,12 +139,27 @@ def _workload(args, *, required: bool = True):
     return args.workload
 
 
+def _graph_file(args):
+    """--graph FILE with its --group flags (checked here; the file is loaded when it is traced)."""
+    from fxglue.graph_file import GraphFile, parse_group
+
+    if not Path(args.graph).is_file():
+        raise CLIError(f"--graph {args.graph}: no such file")
+    if args.layers is not None:
+        raise CLIError("--layers applies to --model, --hf-config and --hf (a --graph file carries its depth)")
+    groups = tuple(parse_group(g) for g in args.group) if args.group else None
+    names = [g.name for g in groups or ()]
+    if len(set(names)) != len(names):
+        raise CLIError(f"--group {next(n for n in names if names.count(n) > 1)!r} is given twice")
+    return GraphFile(args.graph, groups)
+
+
 def _extract_tiny(args) -> int:
     """Each gloo rank's problem at tiny shapes, as `check` extracts it, for `check --plan`."""
     from fxglue.run.gloo import check_workload
     from fxglue.models.workloads import WorkloadError
 
-    if args.hf_config or args.hf:
+    if args.hf_config or args.hf or args.graph:
         raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
     _workload(args)
     ranks = args.ranks or 2
@@ -167,6 +187,18 @@ def _extract_tiny(args) -> int:
     return 0
 
 
+def _save_graph(workload, preset, path: str, say):
+    """The workload traced and written to ``path`` as a graph file; the traced step, to plan."""
+    from fxglue.graph_file import save_graph
+    from fxglue.pipeline import trace_for
+
+    _output_file(path, "--save-graph")
+    traced = trace_for(workload, preset, say)
+    save_graph(traced, path)
+    say(f"wrote {path}")
+    return traced
+
+
 def cmd_extract(args) -> int:
     import planner
     from fxglue.pipeline import run_pipeline
@@ -177,8 +209,11 @@ def cmd_extract(args) -> int:
     say = _progress(args.quiet)
     out = Path(args.output)
     preset = _preset(args)
+    workload = _workload(args)
     try:
-        result = run_pipeline(_workload(args), planner_="greedy", preset=preset, pre_bucketing=args.pre_bucketing,
+        if args.save_graph:
+            workload = _save_graph(workload, preset, args.save_graph, say)
+        result = run_pipeline(workload, planner_="greedy", preset=preset, pre_bucketing=args.pre_bucketing,
                               bucket_mode=args.bucket_mode, hardware=_hardware(args), apply=False,
                               max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
     except WorkloadError as e:
@@ -692,6 +727,9 @@ def cmd_check(args) -> int:
     from fxglue.models.workloads import WorkloadError
 
     say = _progress(args.quiet)
+    if args.graph:
+        raise CLIError("check runs built-in workloads and --model factories for real on gloo; a --graph file "
+                       "holds no module to run (extract, solve and apply plan it)")
     if args.hf_config or args.hf:
         raise CLIError("check runs built-in workloads and --model factories; for --hf-config/--hf use a built-in "
                        "hf-... workload of the same architecture (tiny shapes) or a --model factory")
@@ -791,6 +829,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config / --hf)")
     _add_model_options(s)
     s.add_argument("-o", "--output", required=True, help="output directory")
+    s.add_argument("--save-graph", metavar="FILE.py", help="also write the traced step (before torch's scheduler) "
+                   "as a graph file in torch's repro format, which --graph reads back to the same problem")
     s.add_argument("--tiny", action="store_true", help="each gloo rank's problem at the tiny shapes `check` runs "
                    "(OUT/rank<R>/problem.json and greedy-plan.json; --ranks: how many, default 2), to solve and "
                    "check with `check --plan OUT`")
@@ -956,6 +996,13 @@ def _add_model_options(s) -> None:
                    help="how --model / --hf-config / --hf is parallelized (default fsdp)")
     s.add_argument("--layers", type=int, help="decoder layers of --hf-config / --hf (default: the config's "
                    "num_hidden_layers), or factory(groups, layers=N) (default: the factory's own)")
+    s.add_argument("--graph", metavar="FILE.py", help="an FX graph in torch's repro format (a Repro module and "
+                   "load_args, as torch's save_graph_repro, the minifier and `extract --save-graph` write it): "
+                   "a whole step, a forward or a backward graph, traced on fake CPU tensors")
+    s.add_argument("--group", action="append", metavar="NAME=SIZE[@RANKS_PER_NODE][:dp|tp]",
+                   help="a process group of the --graph file (repeat for each; default: the file's get_pg_config() "
+                        "or setup_fake_process_groups); groups are data-parallel unless marked tp, ranks per node "
+                        "default to the preset's layout")
 
 
 def _add_cluster_options(s) -> None:

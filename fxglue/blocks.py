@@ -173,15 +173,26 @@ def block_of_collectives(gm: fx.GraphModule, param_names: list[str],
     return out
 
 
+def block_source(traced) -> tuple[list[str], list[list[str] | str]]:
+    """The traced step's parameter names (placeholder order) and its transformer blocks: those a
+    graph file recorded (``fxglue.graph_file.save_graph``), else from the workload's module,
+    rebuilt once for both. Raises when neither is there."""
+    meta = traced.meta or {}
+    if "saved_parameters" in meta and "saved_blocks" in meta:
+        return list(meta["saved_parameters"]), list(meta["saved_blocks"])
+    if "graph_file" in meta:
+        raise ValueError("the graph file records no parameter names and blocks")
+    module = _module_of(traced)
+    return parameter_names(traced, module), transformer_block_plans(module)
+
+
 def with_blocks(problem: planner.Problem, traced, gm: fx.GraphModule, *, merged: bool = False) -> planner.Problem:
     """``problem`` with each collective's block and phase recorded (``Collective.module`` /
     ``phase``), as torchtitan's per-block buckets name them; unchanged (``meta.blocks`` says why)
     when the workload's module cannot be rebuilt or has no ModuleList of blocks. ``merged``: see
     ``block_of_collectives``."""
     try:
-        module = _module_of(traced)  # rebuilt once, for both
-        names = parameter_names(traced, module)
-        plans = transformer_block_plans(module)
+        names, plans = block_source(traced)
     except Exception as e:  # a factory or graph without a rebuildable module: blocks are optional
         return problem.model_copy(update={"meta": {**problem.meta, "blocks": f"none: {type(e).__name__}: {e}"}})
     labels = block_of_collectives(gm, names, plans, merged=merged)

@@ -25,6 +25,7 @@ from fxglue.cpu_compat import cpu_compat
 from fxglue import planners
 from fxglue.estimator import Estimator, Hardware, Preset, get_preset
 from fxglue.extract import extract_problem
+from fxglue.graph_file import GraphFile
 from fxglue.greedy import TORCH_BUCKETER_DEFAULTS, greedy_plan
 from fxglue.models.workloads import TracedWorkload, Workload, trace
 
@@ -84,14 +85,17 @@ def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool =
 def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None, preset: Preset | None = None) -> Estimator:
     """The estimator for a traced workload (see ``preset_estimator``)."""
     groups = traced.groups
-    return preset_estimator(preset, tp_group=groups.tp, tp_size=groups.tp_size if groups.tp else 1, hardware=hardware)
+    return preset_estimator(preset, tp_group=groups.tp, tp_size=groups.tp_size if groups.tp else 1, hardware=hardware,
+                            ranks_per_node=traced.meta.get("group_ranks_per_node"))
 
 
 def preset_estimator(preset: Preset | str | None, *, tp_group: str | None = None, tp_size: int = 1,
-                     hardware: Hardware | None = None) -> Estimator:
+                     hardware: Hardware | None = None, ranks_per_node: dict[str, int] | None = None) -> Estimator:
     """The preset's cost model for a layout with TP innermost: a TP group fills a node first, the
     data-parallel groups stride across nodes; or the α-β ``hardware`` links (the ``ab-ib8``
-    preset) when no NCCL preset is given. Groups other than ``tp_group`` are data-parallel."""
+    preset) when no NCCL preset is given. Groups other than ``tp_group`` are data-parallel.
+    ``ranks_per_node`` (role -> ranks of such a group on one node): a layout a graph file's
+    groups state (``fxglue.graph_file``), instead of the preset's for that role."""
     preset = resolve_preset(preset)
     roles = {tp_group: "tp"} if tp_group else {}
     measured = preset.measured if preset else None
@@ -99,7 +103,7 @@ def preset_estimator(preset: Preset | str | None, *, tp_group: str | None = None
         return Estimator(hardware or (preset.hardware if preset else None), roles, measured=measured)
     per_node = preset.ranks_per_node
     tp = tp_size if tp_group else 1
-    layout = {"tp": min(tp, per_node), "dp": max(1, per_node // tp)}
+    layout = {"tp": min(tp, per_node), "dp": max(1, per_node // tp), **(ranks_per_node or {})}
     return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu, measured=measured)
 
 
@@ -189,8 +193,25 @@ def resolve_preset(preset: Preset | str | None) -> Preset | None:
     return get_preset(preset)
 
 
+def trace_for(workload: str | Workload | GraphFile | TracedWorkload, preset: Preset | None = None,
+              progress=None) -> TracedWorkload:
+    """The traced step of a workload: a name or ``Workload`` traced at the preset's world size
+    and TP degree (8 ranks, TP 2 without one), a graph file loaded with its own groups, a traced
+    workload as it is."""
+    say = progress or (lambda msg: None)
+    if isinstance(workload, GraphFile):
+        say(f"loading {workload.path}")
+        return workload.load()
+    if not isinstance(workload, (str, Workload)):
+        return workload
+    world, tp = (preset.world_size, preset.tp) if preset else (8, 2)
+    label = workload if isinstance(workload, str) else workload.name
+    say(f"tracing {label} ({world} ranks{f', TP {tp}' if tp > 1 else ''})")
+    return trace(workload, world_size=world, tp=tp)
+
+
 def prepare(
-    workload: str | Workload | TracedWorkload,
+    workload: str | Workload | GraphFile | TracedWorkload,
     *,
     preset: Preset | str | None = None,
     pre_bucketing: bool = False,
@@ -201,23 +222,18 @@ def prepare(
     greedy: bool = True,
     estimator: Estimator | None = None,
 ) -> Prepared:
-    """The one way from a workload to a problem: trace (a name, at the preset's world size and
-    TP degree), schedule with torch's overlap scheduler, extract the problem, and record torch's
-    greedy plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2,
+    """The one way from a workload to a problem: trace (``trace_for``: a name at the preset's
+    world size and TP degree, a graph file loaded), schedule with torch's overlap scheduler,
+    extract the problem, and record torch's greedy plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2,
     the α-β ``hardware`` (the ``ab-ib8`` figures). ``estimator``: the cost model itself, instead
     of the preset's (the preset then only sizes the trace); it prices torch's scheduler and the
     problem alike."""
     say = progress or (lambda msg: None)
     preset = resolve_preset(preset)
     timings: dict[str, float] = {}
-    if isinstance(workload, (str, Workload)):
-        world, tp = (preset.world_size, preset.tp) if preset else (8, 2)
-        label = workload if isinstance(workload, str) else workload.name
-        say(f"tracing {label} ({world} ranks{f', TP {tp}' if tp > 1 else ''})")
-        traced = trace(workload, world_size=world, tp=tp)
+    traced = trace_for(workload, preset, say)
+    if traced is not workload:
         timings["trace_s"] = traced.trace_s
-    else:
-        traced = workload
     estimator = estimator or estimator_for(traced, hardware, preset)
     say("scheduling with torch's overlap scheduler")
     t0 = time.perf_counter()
@@ -307,7 +323,7 @@ def _make_plan(entry: planners.Planner, prepared: Prepared, timings: dict[str, f
 
 
 def run_pipeline(
-    workload: str | Workload | TracedWorkload,
+    workload: str | Workload | GraphFile | TracedWorkload,
     *,
     planner_: str | planner.Plan | os.PathLike = "greedy",
     preset: Preset | str | None = None,
