@@ -36,7 +36,7 @@ Spec::
     # collectives = ["all_gather_perf.txt"] (measured times, planner.measured; relative to the spec)
 
     [[case]]
-    model = "my_model.py:build"        # or hf_config = "config.json", or hf = "org/model"
+    model = "my_model.py:build"        # or hf_config = "config.json", hf = "org/model", graph = "step.py"
     parallel = "fsdp"
     layers = 4
 
@@ -120,7 +120,7 @@ class Case:
     """One problem of the sweep: what to extract (or which file to read) and how to solve it."""
 
     key: str  # the folder under DIR/cases, unique in the spec
-    source: str  # "workload", "model", "hf_config", "hf" or "problem"
+    source: str  # "workload", "model", "hf_config", "hf", "graph" or "problem"
     name: str  # the workload name, factory spec, config path, model id or problem file
     objectives: tuple[str, ...]
     settings: Settings
@@ -146,7 +146,7 @@ class Spec:
 # -- the spec ---------------------------------------------------------------------------------
 
 _TOP = {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic", "case"}
-_SOURCES = ("workloads", "model", "hf_config", "hf", "problems")
+_SOURCES = ("workloads", "model", "hf_config", "hf", "graph", "problems")
 # what shapes a traced case: none of it applies to problem files, extracted already
 _TRACE_KEYS = {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "collectives"}
 _CASE = set(_SOURCES) | _TRACE_KEYS | {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic"}
@@ -249,21 +249,30 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
     for c in collectives:
         if not os.path.isfile(c):
             raise SpecError(f"{where}: collectives: no such file {c}")
-    if source == "workloads":
+    if source == "graph":
+        extra = sorted(set(table) & {"ranks", "tp", "parallel", "layers"})
+        if extra:
+            raise SpecError(f"{where}: {extra[0]}: a graph file carries its groups, depth and parallelism "
+                            "(its get_pg_config() sizes the groups)")
+        names = (_typed(where, source, table[source], "str"),)
+    elif source == "workloads":
         if layers is not None or "parallel" in table:
             raise SpecError(f"{where}: {'layers' if layers is not None else 'parallel'}: built-in workloads carry "
                             "their depth and parallelism in the name")
         names = _typed(where, "workloads", table["workloads"], "list:str")
     else:
         names = (_typed(where, source, table[source], "str"),)
+    if source == "graph" and not (root / names[0]).is_file() and not os.path.isfile(names[0]):
+        raise SpecError(f"{where}: graph: no such file {names[0]}")
     out = []
     for name in names:
-        label = name if source == "workloads" else f"{source}-{Path(name).stem if source != 'hf' else name}-{parallel}"
+        label = (name if source == "workloads" else f"graph-{Path(name).stem}" if source == "graph"
+                 else f"{source}-{Path(name).stem if source != 'hf' else name}-{parallel}")
         for preset in presets:
             for r in ranks:
                 key = _slug(label + (f"@{layers}" if layers else "") + (f"--{preset}" if preset else "")
                             + (f"@{r}" if r else "") + (f"-tp{tp}" if tp else "") + ("-pre" if pre else ""))
-                path_like = source in ("model", "hf_config") and not os.path.isabs(name.split(":")[0])
+                path_like = source in ("model", "hf_config", "graph") and not os.path.isabs(name.split(":")[0])
                 resolved = str(root / name) if path_like and (root / name.split(":")[0]).exists() else name
                 out.append(Case(key=key, source="workload" if source == "workloads" else source, name=resolved,
                                 preset=preset, ranks=r, tp=tp, parallel=parallel, layers=layers, pre_bucketing=pre,

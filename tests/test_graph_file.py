@@ -179,15 +179,19 @@ def test_a_graph_file_that_cannot_be_planned_is_one_line_exit_2(tmp_path, capsys
     assert not out.exists()
 
 
+_ONE_GATHER = (
+    "import torch\nclass Repro(torch.nn.Module):\n    def forward(self, a, w):\n"
+    "        ag = torch.ops._c10d_functional.all_gather_into_tensor.default(a, 4, 'mystery')\n"
+    "        x = torch.ops._c10d_functional.wait_tensor.default(ag)\n"
+    "        return (torch.ops.aten.mm.default(x, w),)\n"
+    "def load_args(reader):\n    reader.tensor(reader.storage(None, 64), (4, 4))\n"
+    "    reader.tensor(reader.storage(None, 64), (4, 4))\n")
+_GROUPED = _ONE_GATHER + "def get_pg_config():\n    return {'mystery': 4}\n"
+
+
 def test_a_graph_with_groups_from_flags_plans_and_check_refuses_it(tmp_path, capsys):
     path = tmp_path / "g.py"
-    path.write_text(
-        "import torch\nclass Repro(torch.nn.Module):\n    def forward(self, a, w):\n"
-        "        ag = torch.ops._c10d_functional.all_gather_into_tensor.default(a, 4, 'mystery')\n"
-        "        x = torch.ops._c10d_functional.wait_tensor.default(ag)\n"
-        "        return (torch.ops.aten.mm.default(x, w),)\n"
-        "def load_args(reader):\n    reader.tensor(reader.storage(None, 64), (4, 4))\n"
-        "    reader.tensor(reader.storage(None, 64), (4, 4))\n")
+    path.write_text(_ONE_GATHER)
     code, out, err = _run(["extract", "--graph", str(path), "--group", "mystery=4@1", "-o", str(tmp_path / "o"), "-q"],
                           capsys)
     assert code == 0, err
@@ -201,3 +205,16 @@ def test_a_graph_with_groups_from_flags_plans_and_check_refuses_it(tmp_path, cap
     assert code == 2 and "a --graph file holds no module to run" in err
     code, _, err = _run(["extract", "llama3-8b-fsdp-2", "--group", "x=2", "-o", str(tmp_path / "p")], capsys)
     assert code == 2 and "--group names the process groups of a --graph file" in err
+
+
+def test_a_sweep_case_plans_a_graph_file(tmp_path, capsys):
+    (tmp_path / "g.py").write_text(_GROUPED)
+    (tmp_path / "spec.toml").write_text('[[case]]\ngraph = "g.py"\nobjectives = ["step"]\ntime_limit_s = 2\n')
+    code, _, err = _run(["sweep", str(tmp_path / "spec.toml"), "-o", str(tmp_path / "out"), "--sequential", "-q"],
+                        capsys)
+    assert code == 0, err
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "graph-g" in results
+    (tmp_path / "bad.toml").write_text('[[case]]\ngraph = "g.py"\nranks = [8]\n')
+    code, _, err = _run(["sweep", str(tmp_path / "bad.toml"), "-o", str(tmp_path / "bad"), "--sequential"], capsys)
+    assert code == 2 and "ranks: a graph file carries its groups" in err and len(err.strip().splitlines()) == 1

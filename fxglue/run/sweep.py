@@ -69,6 +69,10 @@ def resolve(case: Case):
             workload = case.name
         elif case.source == "model":
             workload = factory_workload(case.name, case.parallel, case.layers)
+        elif case.source == "graph":  # loaded when traced; its groups are the file's own
+            from fxglue.graph_file import GraphFile
+
+            workload = GraphFile(case.name)
         else:
             workload = hf_config_workload(case.name if case.source == "hf_config" else None,
                                           model_id=case.name if case.source == "hf" else None,
