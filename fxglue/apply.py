@@ -14,8 +14,9 @@ members and anchors -- so it is realized directly:
    anchor's place, each merged wait at its wait anchor's place, everything else where the
    scheduler put it -- and the graph is stably sorted with those extra dependencies, behind
    torch's cycle check and ``graph.lint()``;
-5. the result is checked again on the graph: each fully hidden member's hiding nodes lie
-   between its bucket's start and wait;
+5. the result is checked again on the graph: each fully hidden collective's hiding nodes lie
+   between its bucket's start and wait (a dtype conversion folded into a bucket's copy, at that
+   bucket's start);
 6. in a compile (``insert_overlap_deps``) that chain becomes inductor control dependencies, so the
    generated code runs collectives, waits and matmuls in the plan's order (tests/test_compile.py
    reads it back from the wrapper code).
@@ -74,6 +75,8 @@ def _final_pinned_order(problem: planner.Problem, plan: planner.Plan) -> list[tu
                 dropped.add(m)
             if m != bucket.wait:
                 dropped.add(colls[m].wait)
+            if len(bucket.members) > 1:  # folded into the bucket's copy-in, at its start
+                dropped.update(colls[m].folded)
     order = []
     for n in problem.nodes:
         order += [(colls[plan.buckets[b].wait].wait, b, "wait") for b in waits_before.get(n.name, [])]
@@ -161,6 +164,8 @@ def _check_contracted_graph_acyclic(graph: fx.Graph, problem: planner.Problem, p
         for m in bucket.members:
             rep[m] = f"<start of bucket {b}>"
             rep[colls[m].wait] = f"<wait of bucket {b}>"
+            for f in colls[m].folded:  # the merge does the conversion in the bucket's copy-in
+                rep[f] = f"<start of bucket {b}>"
     nodes = list(graph.nodes)
     key = {n: rep.get(n.name, n.name) for n in nodes}
     succ: dict[str, set[str]] = {}
@@ -287,22 +292,24 @@ def apply_plan(
 
 
 def _check_hidden_kept(graph: fx.Graph, plan: planner.Plan, colls: dict, replaced: dict, by_name: dict) -> None:
-    """Final order on the real graph: each fully hidden member's hiding nodes lie between its
-    bucket's merged start and wait (the verifier promised it; a failure is our bug)."""
+    """Final order on the real graph: each fully hidden collective's hiding nodes lie between its
+    bucket's merged start and wait, a folded conversion judged at the start of the bucket it went
+    into, as torch maps it (the verifier promised it; a failure is our bug)."""
     index = {n: i for i, n in enumerate(graph.nodes)}
-    for b, bucket in enumerate(plan.buckets):
-        if len(bucket.members) < 2:
+    bucket_of = {m: b for b, bucket in enumerate(plan.buckets) if len(bucket.members) > 1 for m in bucket.members}
+    start_of = {m: replaced[plan.buckets[b].start] for m, b in bucket_of.items()}
+    wait_of = {m: replaced[colls[plan.buckets[b].wait].wait] for m, b in bucket_of.items()}
+    moved = {f: start_of[m] for m in bucket_of for f in colls[m].folded}
+    for c in colls.values():
+        if c.status != "hidden":
             continue
-        s = index[replaced[bucket.start]]
-        w = index[replaced[colls[bucket.wait].wait]]
-        for m in bucket.members:
-            c = colls[m]
-            if c.status != "hidden":
-                continue
-            for h in c.hiding:
-                if not s < index[by_name[h]] < w:
-                    raise RuntimeError(f"apply_plan: bucket {b}: hiding node {h} of {m} ended outside the bucket "
-                                       "(bug: the verifier accepted this plan)")
+        s = index[start_of.get(c.name) or by_name[c.name]]
+        w = index[wait_of.get(c.name) or by_name[c.wait]]
+        for h in c.hiding:
+            if not s < index[moved.get(h) or by_name[h]] < w:
+                where = f"bucket {bucket_of[c.name]}: " if c.name in bucket_of else ""
+                raise RuntimeError(f"apply_plan: {where}hiding node {h} of {c.name} ended outside its start and wait "
+                                   "(bug: the verifier accepted this plan)")
 
 
 def _insert_overlap_deps(graph: fx.Graph, extra: dict) -> None:

@@ -122,18 +122,21 @@ def bin_packing_bound(sizes: list[int], cap: int, deadline: float | None = None)
 def fixed_limits(problem: Problem) -> dict[str, tuple[int, int]]:
     """Per collective (start name): (position of the last fixed predecessor of its start, position
     of the first fixed consumer of its wait). Whatever a plan does, its final start lies after the
-    first and its final wait before the second (rule 9): fixed nodes never move."""
+    first and its final wait before the second (rule 9): fixed nodes never move. A folded
+    conversion moves with the start it feeds (``planner.positions``): its own inputs bound it."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     succ: dict[int, list[int]] = {}
     for i, n in enumerate(problem.nodes):
         for d in n.deps:
             succ.setdefault(d, []).append(i)
+    moving = {index[f] for c in problem.collectives for f in c.folded}
     out = {}
     for c in problem.collectives:
-        s_lo = max((pos[d] for d in problem.nodes[index[c.name]].deps
-                    if problem.nodes[d].kind not in ("start", "wait")), default=-1)
-        w_hi = min((pos[t] for t in succ.get(index[c.wait], []) if problem.nodes[t].kind != "start"),
+        inputs = [d for d in problem.nodes[index[c.name]].deps if d not in moving]
+        inputs += [e for d in problem.nodes[index[c.name]].deps if d in moving for e in problem.nodes[d].deps]
+        s_lo = max((pos[d] for d in inputs if problem.nodes[d].kind not in ("start", "wait")), default=-1)
+        w_hi = min((pos[t] for t in succ.get(index[c.wait], []) if problem.nodes[t].kind != "start" and t not in moving),
                    default=problem.n_scheduled + 1)
         out[c.name] = (s_lo, w_hi)
     return out
@@ -153,19 +156,21 @@ def merge_intervals(problem: Problem, protect_partly: bool = False) -> dict[str,
     collective's bucket starts at a position in the open interval (s_lo, s_hi) and is waited in
     (w_lo, w_hi) (rule 9: after the last fixed predecessor of the start, before the first fixed
     consumer of the wait; rule 7: a protected collective starts before its first hiding node and
-    is waited after its last); ``alone``: its start, wait or folded conversion hides a fully
-    hidden collective, so it is never merged (rule 4)."""
+    is waited after its last, of those that do not move); ``alone``: its start or wait hides a
+    fully hidden collective, so it is never merged (rule 4). A folded conversion moves with its
+    bucket's start (``planner.positions``), so it bounds nothing here."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     limits = fixed_limits(problem)
     protected_hiders = {h for c in problem.collectives if c.status == "hidden" for h in c.hiding}
+    folded = {f for c in problem.collectives for f in c.folded}
     out = {}
     for c in problem.collectives:
         s_lo, w_hi = limits[c.name]
         is_protected = c.status == "hidden" or (protect_partly and c.status == "partly")
-        hp = sorted(pos[index[h]] for h in c.hiding) if is_protected else []
+        hp = sorted(pos[index[h]] for h in c.hiding if h not in folded) if is_protected else []
         out[c.name] = (s_lo, hp[0] if hp else w_hi, hp[-1] if hp else s_lo, w_hi,
-                       any(n in protected_hiders for n in c.merge_replaces))
+                       any(n in protected_hiders for n in (c.name, c.wait)))
     return out
 
 

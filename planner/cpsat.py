@@ -98,23 +98,32 @@ class _Coll:
     size: int
     protected: bool  # its overlap must be kept (fully hidden; under protect_partly also partly)
     hiders: tuple[int, ...]  # positions of hiding nodes
-    hider: bool  # its start, wait or folded conversion hides a protected collective (rule 4): stays alone
+    hider: bool  # its start or wait hides a protected collective (rule 4): stays alone
     s_lo: int = -1  # FS > s_lo
     s_hi: int = 1 << 60  # FS < s_hi
     w_lo: int = -1  # FW > w_lo
     w_hi: int = 1 << 60  # FW < w_hi
     wait_preds_of_start: list[int] = field(default_factory=list)  # j: wait_j -> start_i
+    # a protected collective's hiders that move (planner.positions: a conversion folded into the
+    # bucket of collective m runs at its merged start): (m, scheduled position)
+    moving_hiders: list[tuple[int, int]] = field(default_factory=list)
+    # the waits its own folded conversions depend on: (j, the conversion's position): wait_j ->
+    # conversion, wherever the conversion runs
+    folded_wait_preds: list[tuple[int, int]] = field(default_factory=list)
 
 
 def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     nodes = problem.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     pos = [n.pos for n in nodes]
-    # rule 4: a collective whose start, wait or folded conversion hides a protected collective (fully hidden; under
+    # rule 4: a collective whose start or wait hides a protected collective (fully hidden; under
     # protect_partly also partly hidden) stays alone -- merging would erase or move that hider
     protected_hiders = {h for c in problem.collectives
                         if c.status == "hidden" or (protect_partly and c.status == "partly") for h in c.hiding}
     wait_owner = {c.wait: k for k, c in enumerate(problem.collectives)}
+    # a folded conversion moves with its collective's bucket (planner.positions): it is neither a
+    # fixed predecessor of that start, nor a fixed successor of a wait, nor a fixed hider
+    folder = {index[f]: k for k, c in enumerate(problem.collectives) for f in c.folded}
     succ: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         for d in n.deps:
@@ -123,16 +132,24 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     for k, c in enumerate(problem.collectives):
         build_tick()
         protected = c.status == "hidden" or (protect_partly and c.status == "partly")
-        hp = tuple(sorted(pos[index[h]] for h in c.hiding))
+        hp = tuple(sorted(pos[index[h]] for h in c.hiding if index[h] not in folder))
         cc = _Coll(k, c.name, (c.kind, c.pg, c.key), c.pg, c.start_pos, c.wait_pos, c.size_bytes, protected, hp,
-                   any(n in protected_hiders for n in c.merge_replaces))
+                   any(n in protected_hiders for n in (c.name, c.wait)))
+        if protected:
+            cc.moving_hiders = [(folder[index[h]], pos[index[h]]) for h in c.hiding if index[h] in folder]
         for d in nodes[index[c.name]].deps:  # immediate pinned predecessors of the start
-            if nodes[d].kind == "wait" and nodes[d].name in wait_owner:
+            if d in folder:  # its own folded conversion: that conversion's inputs bound the start
+                for e in nodes[d].deps:
+                    if nodes[e].kind == "wait" and nodes[e].name in wait_owner:
+                        cc.folded_wait_preds.append((wait_owner[nodes[e].name], pos[d]))
+                    elif nodes[e].kind != "start":
+                        cc.s_lo = max(cc.s_lo, pos[e])
+            elif nodes[d].kind == "wait" and nodes[d].name in wait_owner:
                 cc.wait_preds_of_start.append(wait_owner[nodes[d].name])
             elif nodes[d].kind != "start":
                 cc.s_lo = max(cc.s_lo, pos[d])
         for s in succ.get(index[c.wait], []):  # immediate pinned successors of the wait
-            if nodes[s].kind != "start":
+            if nodes[s].kind != "start" and s not in folder:
                 cc.w_hi = min(cc.w_hi, pos[s])
         if protected and hp:  # rule 7
             cc.s_hi = min(cc.s_hi, hp[0])
@@ -289,8 +306,10 @@ def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap
                       + _members_wait_with_their_bucket(m, v)),
         "rule3_cap": _members_fit_the_cap(m, v, colls, cap),
         "rule9_order": _final_order_keeps_dependencies(m, v, colls),
-        "rule8_stream": _no_new_stream_blocking(m, v, colls),
     }
+    greater, by_pg = _Greater(m), _anchor_arrays_by_pg(v, colls)
+    counts["rule8_stream"] = _no_new_stream_blocking(m, v, colls, by_pg, greater)
+    counts["folded_conversions"] = _folded_conversions_run_at_their_bucket(m, v, colls, by_pg, greater)
     if memory_budget_bytes is not None:
         moved = {c.name: (buffers_of(problem, c).out_bytes if c.kind == "all_gather" else buffers_of(problem, c).in_bytes)
                  for c in problem.collectives}
@@ -403,44 +422,53 @@ def _anchor_arrays_by_pg(v: _Variables, colls: list[_Coll]) -> dict[str, tuple]:
     return by_pg
 
 
-def _no_new_stream_blocking(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
+def _no_new_stream_blocking(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], by_pg: dict,
+                            greater: _Greater) -> int:
     """Rule 8 (FIFO stream): no bucket newly blocks a protected collective during its hiding nodes."""
     # For every hiding node h of a protected collective c and every possible bucket anchor a on
     # c's group: if a anchors a bucket without c that is issued before c and waited after h (A),
     # or issued after c and waited before h (B), some member of that bucket must have made the
     # same situation originally.
-    greater = _Greater(m)
-    by_pg = _anchor_arrays_by_pg(v, colls)
     n = 0
     for c in colls:
         if not c.protected:
             continue
-        fs_dom = v.s_dom[c.idx]
-        anchors, a_s, bw_min, bw_max = by_pg[c.pg]
         for ph in c.hiders:
-            build_tick()
-            maybe_a = (a_s < fs_dom[-1]) & (bw_max > ph)
-            maybe_b = (a_s > fs_dom[0]) & (bw_min < ph)
-            for k in np.flatnonzero(maybe_a | maybe_b):
-                a = anchors[k]
-                if a.idx == c.idx:
-                    continue
-                if maybe_a[k]:
-                    n += _not_newly_open_across_hider(m, v, colls, c, a, ph, greater)
-                if maybe_b[k]:
-                    n += _not_newly_waited_before_hider(m, v, colls, c, a, ph, greater)
+            n += _stream_at_hider(m, v, colls, c, ph, ph, by_pg, greater)
+    return n
+
+
+def _stream_at_hider(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], c: _Coll, ph: int, ph0: int,
+                     by_pg: dict, greater: _Greater, unless: list = ()) -> int:
+    """Rule 8 at one hiding node of protected ``c``, which runs at ``ph`` and was scheduled at
+    ``ph0`` (they differ for a folded conversion that moves), unless a literal of ``unless`` holds."""
+    build_tick()
+    fs_dom = v.s_dom[c.idx]
+    anchors, a_s, bw_min, bw_max = by_pg[c.pg]
+    maybe_a = (a_s < fs_dom[-1]) & (bw_max > ph)
+    maybe_b = (a_s > fs_dom[0]) & (bw_min < ph)
+    n = 0
+    for k in np.flatnonzero(maybe_a | maybe_b):
+        a = anchors[k]
+        if a.idx == c.idx:
+            continue
+        if maybe_a[k]:
+            n += _not_newly_open_across_hider(m, v, colls, c, a, ph, greater, ph0, unless)
+        if maybe_b[k]:
+            n += _not_newly_waited_before_hider(m, v, colls, c, a, ph, greater, ph0, unless)
     return n
 
 
 def _not_newly_open_across_hider(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], c: _Coll, a: _Coll,
-                                 ph: int, greater: _Greater) -> int:
-    """Rule 8 (A): a's bucket is not newly issued before c and waited after hiding node ``ph``."""
+                                 ph: int, greater: _Greater, ph0: int, unless: list) -> int:
+    """Rule 8 (A): a's bucket is not newly issued before c and waited after hiding node ``ph``
+    (scheduled at ``ph0``)."""
     x = v.x
-    old = [j for j in [a.idx] + v.joiners[a.idx] if colls[j].s < c.s and ph < colls[j].w]
+    old = [j for j in [a.idx] + v.joiners[a.idx] if colls[j].s < c.s and ph0 < colls[j].w]
     if a.idx in old:
         return 0
     in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
-    lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
+    lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old] + list(unless)
     if a.s >= v.s_dom[c.idx][0]:
         lits.append(~greater(f"FS{c.idx}", v.fs[c.idx], a.s))
     if v.bw_dom[a.idx][0] <= ph:
@@ -450,20 +478,68 @@ def _not_newly_open_across_hider(m: cp_model.CpModel, v: _Variables, colls: list
 
 
 def _not_newly_waited_before_hider(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], c: _Coll,
-                                   a: _Coll, ph: int, greater: _Greater) -> int:
-    """Rule 8 (B): a's bucket is not newly issued after c and waited before hiding node ``ph``."""
+                                   a: _Coll, ph: int, greater: _Greater, ph0: int, unless: list) -> int:
+    """Rule 8 (B): a's bucket is not newly issued after c and waited before hiding node ``ph``
+    (scheduled at ``ph0``)."""
     x = v.x
-    old = [j for j in [a.idx] + v.joiners[a.idx] if c.s < colls[j].s and colls[j].w < ph]
+    old = [j for j in [a.idx] + v.joiners[a.idx] if c.s < colls[j].s and colls[j].w < ph0]
     if a.idx in old:
         return 0
     in_c = [x[c.idx, a.idx]] if (c.idx, a.idx) in x else []
-    lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old]
+    lits = [~x[a.idx, a.idx]] + in_c + [x[j, a.idx] for j in old] + list(unless)
     if a.s <= v.s_dom[c.idx][-1]:
         lits.append(greater(f"FS{c.idx}", v.fs[c.idx], a.s - 1))
     if v.bw_dom[a.idx][-1] >= ph:
         lits.append(greater(f"BW{a.idx}", v.bw[a.idx], ph - 1))
     m.add_bool_or(lits)
     return 1
+
+
+def _folded_conversions_run_at_their_bucket(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], by_pg: dict,
+                                            greater: _Greater) -> int:
+    """Rules 7, 8 and 9 at a folded conversion, which runs where its collective's bucket starts
+    (``planner.positions``): the waits it depends on come before it, and a protected collective
+    it hides is in flight there, with no bucket newly blocking the stream around it."""
+    places = _FoldedPlaces(m, v, colls)
+    n = 0
+    for c in colls:
+        for j, pf in c.folded_wait_preds:  # rule 9: wait_j -> the conversion -> c's start
+            for cond, q in places(c.idx, pf):
+                m.add(v.fw[j] < q).only_enforce_if(cond)
+                n += 1
+        for owner, pf in c.moving_hiders:  # rules 7 and 8 for c, at its hider's place
+            for cond, q in places(owner, pf):
+                m.add(v.fs[c.idx] < q).only_enforce_if(cond)
+                m.add(v.fw[c.idx] > q).only_enforce_if(cond)
+                n += 2 + _stream_at_hider(m, v, colls, c, q, pf, by_pg, greater, [~lit for lit in cond])
+    return n
+
+
+class _FoldedPlaces:
+    """Where a collective's folded conversion runs, case by case: ``(literals, position)`` pairs
+    whose literals (a conjunction) hold in exactly one case. Alone: at its own position. Joining
+    anchor ``a``: just before a's start (``pos - FOLD_OFFSET``: on integer positions, a constraint
+    against it reads as one against a's start, as no wait or other start sits there). Joined by
+    others: just before its own start."""
+
+    def __init__(self, m: cp_model.CpModel, v: _Variables, colls: list[_Coll]):
+        self.m, self.v, self.colls = m, v, colls
+        self.joined: dict[int, cp_model.IntVar] = {}
+        self.anchors = _by_first(v.x)
+
+    def __call__(self, i: int, own: int) -> list[tuple[list, int]]:
+        x, joiners = self.v.x, self.v.joiners[i]
+        out = []
+        if joiners:
+            if i not in self.joined:
+                joined = self.m.new_bool_var(f"joined[{self.colls[i].name}]")
+                self.m.add_max_equality(joined, [x[j, i] for j in joiners])
+                self.joined[i] = joined
+            out += [([x[i, i], ~self.joined[i]], own), ([self.joined[i]], self.colls[i].s)]
+        else:
+            out.append(([x[i, i]], own))
+        out += [([x[i, a]], self.colls[a].s) for a in self.anchors[i] if a != i]
+        return out
 
 
 def _extra_memory_within_budget(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], budget: int,

@@ -19,7 +19,11 @@ Final positions are numbers on the scale of ``Node.pos`` (torch's scheduled orde
 The named node is a place in torch's order, not an event that moves: naming a member's own start
 means "where that start was scheduled". Several starts before one node are issued in plan order
 (the order of ``plan.buckets``); nothing depends on the order of several waits at one place.
-Every pinned node that is not a start or wait of a collective keeps its own position.
+Every pinned node that is not a start or wait of a collective keeps its own position, but one:
+the dtype conversion feeding an all_gather that torch's merge folds into the bucket's copy
+(``Collective.folded``). When its all_gather joins a bucket of two or more, the conversion runs
+as that bucket's copy-in, just before the merged start (``pos - FOLD_OFFSET``), and whatever it
+hid is judged there (``folded_positions``); a collective left alone keeps its conversion.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ from planner.problem import Bucket, Collective, Plan, Problem
 # (0, 1) so a positioned event stays after every node scheduled before the named one.
 WAIT_OFFSET = 0.5
 START_OFFSET = 0.25
+# a folded conversion runs right before its bucket's merged start: after a wait or another start
+# placed before the same node (offsets 0.5, 0.25), and ahead of the start it feeds
+FOLD_OFFSET = 0.125
 
 
 def is_positioned(bucket: Bucket) -> bool:
@@ -72,6 +79,19 @@ def final_positions(problem: Problem, plan: Plan | None) -> dict[str, tuple[floa
     for c in problem.collectives:
         out.setdefault(c.name, (c.start_pos, c.wait_pos))
     return out
+
+
+def folded_positions(problem: Problem, plan: Plan | None,
+                     final: dict[str, tuple[float, float]] | None = None) -> dict[str, float]:
+    """Per folded conversion that moves (its all_gather is in a bucket of two or more members):
+    its final position, just before that bucket's merged start. ``final``: ``final_positions``
+    of the same plan, when the caller has it. Every other pinned node keeps ``Node.pos``."""
+    if plan is None or not any(c.folded for c in problem.collectives):
+        return {}
+    colls = {c.name: c for c in problem.collectives}
+    final = final if final is not None else final_positions(problem, plan)
+    return {f: final[m][0] - FOLD_OFFSET for bucket in plan.buckets if len(bucket.members) > 1
+            for m in bucket.members for f in colls[m].folded}
 
 
 def place_of(fpos: float) -> int:

@@ -188,19 +188,14 @@ class Collective(_Frozen):
     status: Status
     # torch's merge of an all_gather erases the dtype conversion that feeds it (when it is that
     # conversion's only user) and does the conversion in the bucket's copy instead; a pinned node
-    # that goes so is listed here, because it may hide another collective (rule 4)
+    # that goes so is listed here, because it may hide another collective: it then runs, and hides,
+    # at the bucket's merged start (planner.positions.folded_positions)
     folded: tuple[str, ...] = Field(default=(), description="pinned nodes torch's merge erases when this joins a bucket")
     fsdp: bool = False
     # the transformer block (torchtitan's bucket plan entry) whose parameters it moves, and in which
     # phase; None where it moves no single block's parameters or the workload has no blocks
     module: str | None = Field(default=None, description="block whose parameters it moves")
     phase: Literal["forward", "backward"] | None = None
-
-    @property
-    def merge_replaces(self) -> tuple[str, ...]:
-        """The pinned nodes that stop existing where they were when this collective joins a
-        bucket: its start and wait (erased, or replaced by the bucket's) and what it folds."""
-        return (self.name, self.wait, *self.folded)
 
 
 class Node(_Frozen):
@@ -299,6 +294,28 @@ class Problem(_Frozen):
     def with_fingerprint(self) -> "Problem":
         return self.model_copy(update={"fingerprint": self.content_fingerprint()})
 
+    def _check_folded(self, names: dict[str, int]) -> None:
+        """A folded node is the direct input of its all_gather's start and nothing else's, folded
+        once: torch folds the conversion whose only user is the all_gather
+        (``has_mergeable_all_gather_convert_dtype``), and planners move it with that start."""
+        folded_by: dict[str, str] = {}
+        for i, c in enumerate(self.collectives):
+            where = f"collectives[{i}] ({c.name})"
+            for f in c.folded:
+                if f not in names:
+                    raise ValueError(f"{where}: folded node {f!r} is not among nodes")
+                if self.nodes[names[f]].kind in ("start", "wait") or names[f] not in self.nodes[names[c.name]].deps:
+                    raise ValueError(f"{where}: folded node {f!r} is not a direct input of its start")
+                if f in folded_by:
+                    raise ValueError(f"{where}: folded node {f!r} is folded by {folded_by[f]} too")
+                folded_by[f] = c.name
+        for i, n in enumerate(self.nodes):
+            bad = [self.nodes[d].name for d in n.deps if self.nodes[d].name in folded_by
+                   and folded_by[self.nodes[d].name] != n.name]
+            if bad:
+                raise ValueError(f"nodes[{i}] ({n.name}): depends on {bad[0]!r}, a conversion folded into "
+                                 f"{folded_by[bad[0]]}, which only that start may use")
+
     @model_validator(mode="after")
     def _check(self):
         names: dict[str, int] = {}
@@ -325,9 +342,6 @@ class Problem(_Frozen):
                     raise ValueError(f"{where}: node {ref!r} is not a {kind} at position {pos}")
             if c.wait_pos <= c.start_pos:
                 raise ValueError(f"{where}: wait is scheduled before its start")
-            for f in c.folded:
-                if f not in names:
-                    raise ValueError(f"{where}: folded node {f!r} is not among nodes")
             for h in c.hiding:
                 if h not in names:
                     raise ValueError(f"{where}: hiding node {h!r} is not among nodes")
@@ -348,6 +362,7 @@ class Problem(_Frozen):
             if bad:
                 raise ValueError(f"nodes[{i}] ({n.name}): depends on collective start {bad[0]!r}, "
                                  "which only its wait may use")
+        self._check_folded(names)
         # positions index torch's scheduled order of n_scheduled nodes (the pinned ones are a
         # subset): a position at or past it is a corrupt file, and the bounds and polish take
         # n_scheduled + 1 as "past every position" (a fixed limit before a wait otherwise)

@@ -18,13 +18,16 @@ The model (see ``planner/README.md`` for the assumptions):
 - with ``problem.bucketing`` set, what torch's merge adds runs on the compute stream too: every
   collective issued costs ``launch_ms`` at its start, a merged bucket's input copy runs right
   before it is issued and an all_gather bucket's output copy right after its wait (see
-  ``planner.problem.BucketingCost``). Without it merging is free, as in earlier problems.
+  ``planner.problem.BucketingCost``). Without it merging is free, as in earlier problems;
+- a dtype conversion torch's merge folds into a bucket's copy (``Collective.folded``) runs, for
+  its ``est_ms``, right before that bucket is issued instead of at its own position.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -120,6 +123,7 @@ class ReplayIndex:
     compute_before: dict[int, float]  # at every pinned node's position and at n_scheduled
     compute_ms: float  # the whole graph's
     compute_nodes: tuple[tuple[int, str, float, float], ...]  # (pos, name, begin before delays, est_ms)
+    folded: dict[str, tuple[tuple[str, int, float], ...]]  # collective -> (node, pos, est_ms) it folds
     prices: dict[tuple[str, ...], "_Price"] = field(default_factory=dict, compare=False)  # by members, as met
 
 
@@ -168,10 +172,75 @@ def replay_index(problem: Problem) -> ReplayIndex:
             nodes.append((node.pos, node.name, acc, node.est_ms))
             acc += node.est_ms
     before[problem.n_scheduled] = acc
+    by_name = {n.name: n for n in problem.nodes}
     return ReplayIndex(colls={c.name: c for c in problem.collectives},
                        links={c.pg: problem.link(c.pg) for c in problem.collectives},
                        node_pos={n.name: n.pos for n in problem.nodes}, compute_before=before, compute_ms=acc,
-                       compute_nodes=tuple(nodes))
+                       compute_nodes=tuple(nodes),
+                       folded={c.name: tuple((f, by_name[f].pos, by_name[f].est_ms) for f in c.folded)
+                               for c in problem.collectives if c.folded})
+
+
+@dataclass(frozen=True)
+class _Folds:
+    """The folded conversions that move in one plan (their all_gather is in a bucket of two or
+    more): per bucket, (node, est_ms) of those it runs before it is issued; their scheduled
+    positions in order with the running sum of their est_ms, so the compute scheduled before a
+    position can leave out the ones that moved away (``before``)."""
+
+    at: dict[int, tuple] = field(default_factory=dict)
+    positions: tuple[int, ...] = ()
+    sums: tuple[float, ...] = ()
+    names: frozenset[str] = frozenset()
+
+    def before(self, place: int) -> float:
+        """The est_ms of moved conversions scheduled before ``place``."""
+        k = bisect_left(self.positions, place) if self.positions else 0
+        return self.sums[k - 1] if k else 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return self.sums[-1] if self.sums else 0.0
+
+
+class _GraphRuns:
+    """The graph's own compute runs of a recorded replay, in order; nothing when not recording."""
+
+    def __init__(self, index: ReplayIndex, folds: _Folds, record: bool):
+        self.pending = iter(index.compute_nodes) if record else iter(())
+        self.next = next(self.pending, None)
+        self.folds = folds
+        self.runs: list[ComputeRun] = []
+
+    def until(self, upto: float | None, delay: float) -> None:
+        """Record the nodes scheduled before ``upto`` (None: all), ``delay`` later than scheduled;
+        a moved folded conversion runs at its bucket's start instead."""
+        while self.next is not None and (upto is None or self.next[0] < upto):
+            at, name, begin, ms = self.next
+            if ms > 0 and name not in self.folds.names:
+                begin += delay - self.folds.before(at)
+                self.runs.append(ComputeRun(name, begin, begin + ms, "compute"))
+            self.next = next(self.pending, None)
+
+
+def _folded_moves(index: ReplayIndex, buckets: list) -> _Folds:
+    if not index.folded:
+        return _Folds()
+    per_bucket: dict[int, tuple] = {}
+    moved = []
+    for b, (members, _, _) in enumerate(buckets):
+        if len(members) > 1:
+            here = [f for m in members for f in index.folded.get(m, ())]
+            if here:
+                per_bucket[b] = tuple((f, ms) for f, _, ms in here)
+                moved += [(pos, ms) for _, pos, ms in here]
+    moved.sort()
+    acc, sums = 0.0, []
+    for _, ms in moved:
+        acc += ms
+        sums.append(acc)
+    return _Folds(per_bucket, tuple(p for p, _ in moved), tuple(sums),
+                  frozenset(f for runs in per_bucket.values() for f, _ in runs))
 
 
 def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
@@ -204,6 +273,9 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
     # starts and waits of the members themselves do nothing, and compute runs between them.
     # Events at one position are of one type (positions.py); starts there go in plan order.
     buckets = _buckets(problem, plan, index)
+    # a folded conversion that moves runs before its bucket's start, on the compute stream, and
+    # no longer where it was scheduled: positions after it have that much less compute before them
+    folds = _folded_moves(index, buckets)
     events = sorted([(start, b, 0) for b, (_, start, _) in enumerate(buckets)]
                     + [(wait, b, 1) for b, (_, _, wait) in enumerate(buckets)])
     delay = 0.0  # on the compute stream besides the graph's compute: stalls, launches, copies
@@ -212,10 +284,9 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
     issued: dict[int, dict] = {}  # in flight: issued, not yet waited
     done: dict[int, BucketRun] = {}
     issue_order: list[int] = []
-    compute: list[ComputeRun] = []
+    graph_runs = _GraphRuns(index, folds, record)
+    compute = graph_runs.runs
     overhead_ms = last_end = 0.0
-    pending = iter(index.compute_nodes) if record else iter(())
-    next_compute = next(pending, None)
 
     def overhead(clock: float, what: str, bucket: tuple, ms: float) -> None:
         nonlocal delay
@@ -226,15 +297,15 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
             delay += ms
 
     for pos, b, is_wait in events:
-        while next_compute is not None and next_compute[0] < pos:  # only when recording
-            _, name, begin, ms = next_compute
-            if ms > 0:
-                compute.append(ComputeRun(name, begin + delay, begin + delay + ms, "compute"))
-            next_compute = next(pending, None)
-        here = index.compute_before[place_of(pos)]
+        graph_runs.until(pos, delay)
+        here = index.compute_before[place_of(pos)] - folds.before(place_of(pos))
         if not is_wait:
             members = buckets[b][0]
             price = _price(problem, index, members)
+            for name, ms in folds.at.get(b, ()):  # its folded conversions, as the first part of its copy-in
+                if record and ms > 0:
+                    compute.append(ComputeRun(name, here + delay, here + delay + ms, "compute"))
+                delay += ms
             before = delay
             overhead(here + delay, "launch", members, price.launch_ms)
             overhead(here + delay, "copy-in", members, price.copy_in_ms)
@@ -262,13 +333,13 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
             delay += blocked
             overhead(here + delay, "copy-out", run["members"], copy_out_ms)
             overhead_ms += copy_out_ms
-    for _, name, begin, ms in ([next_compute] if next_compute is not None else []) + list(pending):
-        if ms > 0:
-            compute.append(ComputeRun(name, begin + delay, begin + delay + ms, "compute"))
+    graph_runs.until(None, delay)
     if issued:  # cannot happen for a valid problem: every collective has a wait
         raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
 
-    return Simulation(step_ms=max(index.compute_ms + delay, last_end), compute_ms=index.compute_ms,
+    # the moved conversions ran inside ``delay``: the graph's own compute leaves them out
+    compute_end = index.compute_ms - folds.total_ms + delay
+    return Simulation(step_ms=max(compute_end, last_end), compute_ms=index.compute_ms,
                       exposed_ms_by_pg=exposed, buckets=tuple(done[b] for b in issue_order) if record else (),
                       compute=tuple(compute), overhead_ms=overhead_ms)
 

@@ -262,9 +262,10 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
 
 def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a: int, members: list[int],
                   magnitude: int, reach: BucketReach, least: dict[tuple, Callable[[int], float]],
-                  pieces: dict[tuple, list]):
+                  pieces: dict[tuple, list], folded_ns: cp_model.LinearExprT = 0):
     """(launch, copy_in, copy_out, duration) in ns of the bucket ``a`` may anchor: 0 when it
-    anchors nothing; copies only when something joins it (torch merges nothing alone)."""
+    anchors nothing; copies only when something joins it (torch merges nothing alone), the
+    copy-in with the folded conversions it runs (``folded_ns``, ``_folded_terms``)."""
     x, colls, cost = handle.x, handle.colls, problem.bucketing
     ca = problem.collectives[colls[a].idx]
     link = problem.link(ca.pg)
@@ -288,7 +289,7 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
         # an α-β link is a line: its fixed part once, each member's bytes (exact up to ns)
         fixed = link.fixed_ms(ca.kind)
         dur = _ns(fixed) * x[a, a] + sum(_ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members)
-        return launch, copy_in, copy_out, dur
+        return launch, copy_in + folded_ns, copy_out, dur
     # a table link: a concave minorant of its curve at the bucket's bytes, which never exceed
     # what a bucket issued at a's start can hold (``bounds.bucket_reach``)
     hi = min(sum(wires.values()), reach.anchored[ca.name])  # the reach is never below a's own bytes
@@ -313,7 +314,60 @@ def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a:
         m.add(scale * dur >= per_unit * units - scale * x[a, a])
     if (ca.pg, ca.kind) in pieces:  # the exact curve, where the minorant above is not
         _add_exact_duration(m, dur, pieces[ca.pg, ca.kind], x[a, a], units, wires[a], hi, ca.name)
-    return launch, copy_in, copy_out, dur
+    return launch, copy_in + folded_ns, copy_out, dur
+
+
+def _bucket_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, anchors: list[int],
+                  members: dict[int, list[int]], magnitude: int, reach: BucketReach, least: dict, pieces: dict):
+    """Per anchor its ``_anchor_terms``, and what folded conversions leave behind when they move
+    into a bucket's copy-in (``_folded_terms``)."""
+    terms = {}
+    folded_in, away = _folded_terms(m, handle, problem, members)
+    for a in anchors:
+        build_tick()  # a build that passes its deadline stops here too (planner.cpsat.build_guard)
+        terms[a] = _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces,
+                                 folded_in.get(a, 0))
+    return terms, away
+
+
+class _MovedAway:
+    """The ns each folded conversion's own position loses when its collective is merged (an
+    expression of the model's variables), taken in position order by the walk over events."""
+
+    def __init__(self, moved: list[tuple[int, cp_model.LinearExprT]]):
+        self.moved, self.k = sorted(moved, key=lambda t: t[0]), 0
+
+    def take(self, pos: int | None) -> cp_model.LinearExprT:
+        """What moved away from the positions before ``pos`` (None: all) not taken yet."""
+        out: cp_model.LinearExprT = 0
+        while self.k < len(self.moved) and (pos is None or self.moved[self.k][0] < pos):
+            out = out + self.moved[self.k][1]
+            self.k += 1
+        return out
+
+
+def _folded_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, members: dict[int, list[int]]):
+    """A folded conversion runs, when its collective is merged, as part of its bucket's copy-in
+    and not at its own position (``planner.simulator``): per anchor, the ns its members' moved
+    conversions add to the copy-in; and the ns their own positions lose (``_MovedAway``)."""
+    x, colls = handle.x, handle.colls
+    by_name = {n.name: n for n in problem.nodes}
+    adds: dict[int, cp_model.LinearExprT] = {}
+    away = []
+    for c in colls:
+        folded = problem.collectives[c.idx].folded
+        ns = sum(_ns(by_name[f].est_ms) for f in folded)
+        if not ns:
+            continue
+        joiners = [j for j in members.get(c.idx, []) if j != c.idx]
+        joined = m.new_bool_var(f"joined_ns[{c.name}]") if joiners else 0
+        if joiners:
+            m.add_max_equality(joined, [x[j, c.idx] for j in joiners])
+        merged = (1 - x[c.idx, c.idx]) + joined  # joins another, or is joined (0 or 1)
+        for a in {a for (i, a) in x if i == c.idx}:
+            adds[a] = adds.get(a, 0) + ns * (x[c.idx, a] if a != c.idx else joined)
+        away += [(by_name[f].pos, _ns(by_name[f].est_ms) * merged) for f in folded]
+    return adds, _MovedAway(away)
 
 
 def chord_cut(lines: list[tuple[int, int]], lo: int, hi: int) -> tuple[int, int] | None:
@@ -396,10 +450,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     magnitude = min(MAGNITUDE_LOG2_MOST, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
     least = per_byte_floors(problem)  # per table, computed once
     pieces = _pieces_by_key(problem, handle, members, anchors, reach) if exact else {}
-    terms = {}
-    for a in anchors:
-        build_tick()  # a build that passes its deadline stops here too (planner.cpsat.build_guard)
-        terms[a] = _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces)
+    terms, away = _bucket_terms(m, handle, problem, anchors, members, magnitude, reach, least, pieces)
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
@@ -412,7 +463,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     for pos, what, ref in events:
         build_tick()
         here = compute_before(pos)
-        gap = here - prev_compute
+        gap = here - prev_compute - away.take(pos)  # a conversion that moved is not run where it was
         prev_compute = here
         n_events += 1
         if what == "s":
@@ -446,7 +497,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
             clock_at_wait[pos] = t
             q_prev = t
     redundant = _latest_wait_cuts(m, handle, anchors, ends, clock_at_wait)
-    final = q_prev + (total - prev_compute)
+    final = q_prev + (total - prev_compute) - away.take(None)
     floor_ns = max(0, _ns(floor_ms) - n_events)  # minus the rounding of one ns per event
     m.add(final >= floor_ns)
     m.minimize(final)

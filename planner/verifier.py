@@ -8,7 +8,9 @@ modelling bug in a planner shows up here as a named violation.
 The final state of a plan: a bucket's merged start sits at its start anchor's start
 position, its merged wait at its wait anchor's wait position, or each just before the pinned node
 the bucket names (``planner.positions``, the one definition of positions, read by the simulator
-too); a collective in no bucket is a bucket of its own; every other node keeps its position.
+too); a collective in no bucket is a bucket of its own; a dtype conversion torch's merge folds
+into a bucket's copy runs just before that bucket's merged start (``folded_positions``); every
+other node keeps its position.
 
 ``check`` reads as the list of rules: one function per rule, ``_rule_<number>_<name>``, each
 returning its violations; rules 2 to 10 read one ``_FinalState`` derived once.
@@ -22,7 +24,7 @@ from dataclasses import dataclass, field
 
 import planner.arguments as arguments
 from planner.memory import memory_timeline, rule10_extra
-from planner.positions import bucket_positions, unknown_positions
+from planner.positions import bucket_positions, folded_positions, unknown_positions
 from planner.problem import Collective, Plan, Problem
 
 RULES = {
@@ -192,11 +194,16 @@ class _FinalState:
     plan: Plan
     colls: dict[str, Collective]  # name -> collective
     node_pos: dict[str, int]  # pinned node name -> its scheduled position
+    folded_at: dict[str, float]  # folded conversion that moves -> its final position (planner.positions)
     start_of: dict[str, float]  # collective -> position of its bucket's merged start (planner.positions)
     wait_of: dict[str, float]  # collective -> position of its bucket's merged wait
     group: dict[str, int]  # collective -> bucket id
     members_of: tuple[tuple[str, ...], ...]  # bucket id -> members
     protected: frozenset[str]  # the statuses rules 4, 7 and 8 protect under the policy
+
+    def at(self, node: str) -> float:
+        """A pinned node's final position, where it is not a start or wait of a collective."""
+        return self.folded_at.get(node, self.node_pos[node])
 
     @property
     def n_plan(self) -> int:
@@ -224,8 +231,9 @@ def _final_state(problem: Problem, plan: Plan, protect_partly: bool) -> _FinalSt
             members_of.append((c.name,))
             start_of[c.name] = c.start_pos
             wait_of[c.name] = c.wait_pos
+    final = {c: (start_of[c], wait_of[c]) for c in start_of}
     return _FinalState(problem=problem, plan=plan, colls=colls, node_pos=node_pos,
-                       start_of=start_of, wait_of=wait_of, group=group, members_of=tuple(members_of),
+                       folded_at=folded_positions(problem, plan, final), start_of=start_of, wait_of=wait_of, group=group, members_of=tuple(members_of),
                        protected=frozenset({"hidden", "partly"} if protect_partly else {"hidden"}))
 
 
@@ -282,13 +290,14 @@ def _rule_3_byte_cap(s: _FinalState) -> list[Violation]:
 
 
 def _rule_4_hider_never_merges(s: _FinalState) -> list[Violation]:
-    """A collective whose start or wait, or the dtype conversion a merge folds into the bucket's
-    copy (``Collective.folded``), is a hiding node of a protected collective (fully hidden; under
-    protect_partly also partly hidden) stays alone (torch, for its start and wait and fully hidden
-    ones: "nyi: bucketing collective used for overlap"; for a folded conversion torch merges and
-    the hider is gone). Why: merging it erases those nodes or replaces them by the bucket's
-    (elsewhere, when it is not the anchor), while rules 7 and 8 judge every hiding node at its
-    scheduled position; the violation names both the hider and what it hides."""
+    """A collective whose start or wait is a hiding node of a protected collective (fully hidden;
+    under protect_partly also partly hidden) stays alone (torch, for fully hidden ones: "nyi:
+    bucketing collective used for overlap"). Why: merging it erases those nodes or replaces them
+    by the bucket's (elsewhere, when it is not the anchor), while rules 7 and 8 judge every hiding
+    node at its final position; the violation names both the hider and what it hides. The dtype
+    conversion a merge folds into the bucket's copy (``Collective.folded``) is no such case: it
+    still runs, as the copy-in at the merged start, and rules 7 and 8 judge it there (torch maps
+    the erased conversion to the bucket's start or copy-in node in the same way)."""
     hidden_by: dict[str, list[str]] = {}  # hiding node -> the protected collectives it hides
     for c in s.problem.collectives:
         if c.status in s.protected:
@@ -297,13 +306,13 @@ def _rule_4_hider_never_merges(s: _FinalState) -> list[Violation]:
     out = []
     for b, bucket in enumerate(s.plan.buckets):
         if len(bucket.members) > 1:
-            hides = {m: list(dict.fromkeys(x for n in s.colls[m].merge_replaces for x in hidden_by.get(n, [])))
+            hides = {m: list(dict.fromkeys(x for n in (m, s.colls[m].wait) for x in hidden_by.get(n, [])))
                      for m in bucket.members}
             hiders = [m for m in bucket.members if hides[m]]
             if hiders:
                 what = "; ".join(f"{m} hides {', '.join(hides[m])}" for m in hiders)
                 out.append(Violation(4, b, tuple(hiders),
-                                     f"{hiders} hide another collective (start, wait or folded conversion is a hiding node): {what}"))
+                                     f"{hiders} hide another collective (start or wait is a hiding node): {what}"))
     return out
 
 
@@ -326,19 +335,26 @@ def _rule_6_no_dependent_members(s: _FinalState) -> list[Violation]:
 
 
 def _rule_7_hiding_kept(s: _FinalState) -> list[Violation]:
-    """Every protected (fully hidden; under protect_partly also partly hidden) member keeps its
-    hiding nodes strictly between its bucket's merged start and merged wait."""
+    """Every protected (fully hidden; under protect_partly also partly hidden) collective keeps its
+    hiding nodes strictly between its bucket's merged start and merged wait. A collective left
+    alone can break this too: a folded conversion that hid it moves with another bucket; the
+    violation is then that bucket's."""
+    folder = {f: c.name for c in s.problem.collectives for f in c.folded}
     out = []
-    for b, bucket in enumerate(s.plan.buckets):
-        for m in bucket.members:
+    for g, members in enumerate(s.members_of):
+        for m in members:
             c = s.colls[m]
             if c.status not in s.protected:
                 continue
             lo, hi = s.start_of[m], s.wait_of[m]
-            outside = [h for h in c.hiding if not lo < s.node_pos[h] < hi]
+            outside = [h for h in c.hiding if not lo < s.at(h) < hi]
             if outside:
-                out.append(Violation(7, b, (m,), f"hiding node(s) {outside} of {m} are not between the "
-                                                 f"bucket's start (pos {lo}) and wait (pos {hi})"))
+                moved = [h for h in outside if h in s.folded_at]
+                where = g if g < s.n_plan else next((s.group[folder[h]] for h in moved), None)
+                note = "; ".join(f"{h} runs as the copy-in of {folder[h]}'s bucket at pos {s.at(h)}" for h in moved)
+                out.append(Violation(7, where, (m,), f"hiding node(s) {outside} of {m} are not between the "
+                                                     f"bucket's start (pos {lo}) and wait (pos {hi})"
+                                                     + (f" ({note})" if note else "")))
     return out
 
 
@@ -366,7 +382,8 @@ def _new_stream_situations(s: _FinalState) -> Iterator[tuple[Collective, str, in
     """``(c, h, g, situation)`` for every hiding node ``h`` of a hidden or partly hidden collective
     ``c`` and every other bucket ``g`` on ``c``'s group that, in the final state, is issued before
     ``c`` and waited after ``h`` ("A") or issued after ``c`` and waited before ``h`` ("B"), where
-    no member of ``g`` made the same situation at the original positions."""
+    no member of ``g`` made the same situation at the original positions (of ``c``, the member
+    and ``h``: a folded conversion is judged where it runs, compared with where it was)."""
     by_pg: dict[str, list[int]] = {}
     for g, ms in enumerate(s.members_of):
         for pg in dict.fromkeys(s.colls[m].pg for m in ms):  # a mixed bucket (rule 2) is on each group
@@ -390,7 +407,7 @@ def _new_stream_situations(s: _FinalState) -> Iterator[tuple[Collective, str, in
         gc, sc = s.group[c.name], s.start_of[c.name]
         starts, order, longest, shortest = by_start[c.pg]
         for h in c.hiding:
-            ph = s.node_pos[h]
+            ph, ph0 = s.at(h), s.node_pos[h]  # final and scheduled (a folded conversion moves)
             in_a = order[bisect_right(starts, ph - longest):bisect_left(starts, sc)]
             in_b = order[bisect_right(starts, sc):bisect_left(starts, ph - shortest)]
             for g in sorted(in_a + in_b):
@@ -399,10 +416,10 @@ def _new_stream_situations(s: _FinalState) -> Iterator[tuple[Collective, str, in
                 ms = s.members_of[g]
                 sg, wg = s.start_of[ms[0]], s.wait_of[ms[0]]
                 if sg < sc and ph < wg:
-                    if not any(colls[x].start_pos < c.start_pos and ph < colls[x].wait_pos for x in ms):
+                    if not any(colls[x].start_pos < c.start_pos and ph0 < colls[x].wait_pos for x in ms):
                         yield c, h, g, "A"
                 elif sc < sg and wg < ph:
-                    if not any(c.start_pos < colls[x].start_pos and colls[x].wait_pos < ph for x in ms):
+                    if not any(c.start_pos < colls[x].start_pos and colls[x].wait_pos < ph0 for x in ms):
                         yield c, h, g, "B"
 
 
@@ -427,16 +444,17 @@ def _rule_9_schedule_acyclic(s: _FinalState) -> list[Violation]:
     return out
 
 
-def _final_position(node, s: _FinalState, wait_owner: dict[str, str]) -> int:
+def _final_position(node, s: _FinalState, wait_owner: dict[str, str]) -> float:
     """A pinned node's final position: a start or wait of a collective moves to its bucket's merged
-    start or wait; every other node keeps its own."""
+    start or wait, a folded conversion to just before its bucket's merged start; every other node
+    keeps its own."""
     if node.kind == "start" and node.name in s.start_of:
         return s.start_of[node.name]
     if node.kind == "wait":
         c = wait_owner.get(node.name)
         if c is not None:
             return s.wait_of[c]
-    return node.pos
+    return s.at(node.name)
 
 
 def _rule_10_memory_budget(s: _FinalState, budget: int) -> list[Violation]:
@@ -478,16 +496,17 @@ def _quality(s: _FinalState, broken: set[tuple[str, str]]) -> Quality:
     still exists, between c's final start and wait, and not broken by a new stream situation
     (rule 8). A hiding node that is the start or wait of a member of a merged bucket no longer
     exists: torch's merge erases it, or replaces it by the bucket's own (rule 4 forbids this for
-    protected collectives; under the default policy partly hidden ones can lose a hider so)."""
+    protected collectives; under the default policy partly hidden ones can lose a hider so). A
+    folded conversion still runs, at its bucket's copy-in, and is judged there."""
     q = Quality(collectives_before=len(s.problem.collectives), collectives_after=len(s.members_of),
                 buckets=sum(1 for bucket in s.plan.buckets if len(bucket.members) > 1))
     gone = {n for bucket in s.plan.buckets if len(bucket.members) > 1
-            for m in bucket.members for n in s.colls[m].merge_replaces}
+            for m in bucket.members for n in (m, s.colls[m].wait)}
     for c in s.problem.collectives:
         if c.status == "exposed" or not c.hiding:
             continue
         kept = sum(1 for h in c.hiding
-                   if h not in gone and s.start_of[c.name] < s.node_pos[h] < s.wait_of[c.name]
+                   if h not in gone and s.start_of[c.name] < s.at(h) < s.wait_of[c.name]
                    and (c.name, h) not in broken)
         if c.status == "hidden":
             q.hidden_relations += len(c.hiding)

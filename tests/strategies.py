@@ -143,8 +143,56 @@ def two_gathers(wires: tuple[int, int], sizes: tuple[int, int], link: planner.Li
                            ).with_fingerprint()
 
 
+def folded_pair(link: planner.Link, conversion_ms: float = 2.0) -> planner.Problem:
+    """ag_a (hidden by mm_0, waited), then a conversion (``conversion_ms``) that ag_b folds,
+    ag_b, mm_1, ag_b's wait: merging the two at ag_a's start moves the conversion up to there."""
+    N = planner.Node
+    nodes = (N(name="ag_a", kind="start", pos=0, est_ms=0.0),
+             N(name="mm_0", kind="compute", pos=1, est_ms=1.0),
+             N(name="w_a", kind="wait", pos=2, est_ms=0.0, deps=(0,)),
+             N(name="conv", kind="compute", pos=3, est_ms=conversion_ms),
+             N(name="ag_b", kind="start", pos=4, est_ms=0.0, deps=(3,)),
+             N(name="mm_1", kind="compute", pos=5, est_ms=3.0),
+             N(name="w_b", kind="wait", pos=6, est_ms=0.0, deps=(4,)))
+    common = dict(kind="all_gather", pg="0", key="all_gather/0/bfloat16", dtype="bfloat16", size_bytes=1 << 20,
+                  wire_bytes=1 << 20, est_ms=0.0)
+    colls = (planner.Collective(name="ag_a", wait="w_a", exposed_ms=0.0, start_pos=0, wait_pos=2, hiding=("mm_0",),
+                                status="hidden", **common),
+             planner.Collective(name="ag_b", wait="w_b", exposed_ms=0.0, start_pos=4, wait_pos=6, hiding=("mm_1",),
+                                status="hidden", folded=("conv",), **common))
+    return planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=7, collectives=colls,
+                           nodes=nodes, links=(link,),
+                           timelines=(planner.Timeline(pg="0", nodes=tuple(range(7)), types="scwcscw"),)
+                           ).with_fingerprint()
+
+
 def merged(problem: planner.Problem) -> planner.Plan:
     """Every collective of ``problem`` in one bucket, anchored at the first."""
     names = tuple(c.name for c in problem.collectives)
     return planner.Plan(problem_fingerprint=problem.fingerprint, planner="test", created="2026-01-01T00:00:00+00:00",
                         buckets=(planner.Bucket(members=names, start=names[0], wait=names[0]),))
+
+
+@st.composite
+def folded_conversions(draw, p: planner.Problem) -> planner.Problem:
+    """``p`` with dtype conversions a merge folds away (``Collective.folded``): a compute node
+    scheduled before a start, another collective's hider where one can be, becomes that start's
+    input and nothing else's (the shape torch folds). It then moves with the start."""
+    kinds = {n.name: n.kind for n in p.nodes}
+    nodes, colls = list(p.nodes), list(p.collectives)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    taken: set[str] = set()
+    for k, c in enumerate(colls):
+        before = [n.name for n in nodes if n.kind == "compute" and n.pos < c.start_pos and n.name not in taken]
+        hiders = [h for o in colls for h in o.hiding if kinds[h] == "compute" and h in before and o is not c]
+        if not before or not (hiders or draw(st.booleans())):  # a hider that can fold always does
+            continue
+        f = draw(st.sampled_from(hiders or before))
+        taken.add(f)
+        colls[k] = c.model_copy(update={"folded": (f,)})
+        fi = index[f]
+        for i, n in enumerate(nodes):
+            deps = tuple(sorted(set(n.deps) | {fi})) if n.name == c.name else tuple(d for d in n.deps if d != fi)
+            nodes[i] = n.model_copy(update={"deps": deps})
+    fields = {k: getattr(p, k) for k in type(p).model_fields if k not in ("collectives", "nodes", "fingerprint")}
+    return planner.Problem(**fields, nodes=tuple(nodes), collectives=tuple(colls)).with_fingerprint()

@@ -14,7 +14,7 @@ import planner
 from planner.cpsat import build_model
 from planner.solver import solve
 from planner.step import NS_PER_MS, PIECE_TOLERANCE_NS, _fix, add_step_objective
-from tests.strategies import merged, plans, problems, two_gathers
+from tests.strategies import folded_conversions, folded_pair, merged, plans, problems, two_gathers
 from tests.brute import feasible_plans
 
 
@@ -46,6 +46,8 @@ def _model_value_ms(problem: planner.Problem, plan: planner.Plan, exact: bool = 
 @given(st.data(), st.booleans())
 def test_model_with_a_plan_fixed_is_the_simulated_step(data, tables):
     problem = data.draw(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",), costs=True))
+    if data.draw(st.booleans()):  # conversions that run at their bucket's copy-in when merged
+        problem = data.draw(folded_conversions(problem))
     if not tables:
         problem = _alpha_beta(problem)
     plan = data.draw(plans(problem))
@@ -64,8 +66,11 @@ def test_model_with_a_plan_fixed_is_the_simulated_step(data, tables):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(max_collectives=4, max_compute=3, max_pgs=2, dtypes=("bfloat16",), costs=True), st.booleans())
-def test_step_search_finds_the_brute_force_optimum_and_its_bound_holds(problem, tables):
+@given(st.data(), st.booleans())
+def test_step_search_finds_the_brute_force_optimum_and_its_bound_holds(data, tables):
+    problem = data.draw(problems(max_collectives=4, max_compute=3, max_pgs=2, dtypes=("bfloat16",), costs=True))
+    if data.draw(st.booleans()):  # conversions that run at their bucket's copy-in when merged
+        problem = data.draw(folded_conversions(problem))
     if not tables:
         problem = _alpha_beta(problem)
     best = _brute_force_step(problem)
@@ -204,3 +209,25 @@ def test_pieces_stay_under_a_falling_curve_with_rounded_bytes_and_past_its_zero(
     for b0, b1, lines in duration_pieces(to_zero, "all_gather", 4096, 6400, 0):
         for b in range(b0, b1 + 1, 8):
             assert min(c + s * b for c, s in lines) <= to_zero.time_ms("all_gather", b) * NS_PER_MS + 1e-6
+
+
+def test_a_folded_conversion_is_priced_at_its_buckets_copy_in():
+    # ag_b folds a 2 ms conversion scheduled after ag_a's wait. Merged at ag_a's start, the
+    # conversion runs first (0-2 ms), then the bucket (d ms) is issued while mm_0 and mm_1 run
+    # (2-6 ms): the step is 2 + d, by hand. Were the conversion left at its place (the bucket
+    # issued at 0), the step would be max(6, d) = d, 2 ms less. The simulator, the step model
+    # with this plan fixed, and the step search all price the move.
+    link = planner.Link(pg="0", group_size=8, latency_ms=0.05, bandwidth_gbps=0.3)
+    problem = folded_pair(link)
+    plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="test", created="t", buckets=(
+        planner.Bucket(members=("ag_a", "ag_b"), start="ag_a", wait="ag_b"),))
+    assert planner.verify(problem, plan) == []
+    d = link.time_ms("all_gather", 2 << 20)
+    assert d > 6  # the bucket outlasts the compute: where it is issued is the step
+    sim = planner.simulate(problem, plan)
+    assert abs(sim.step_ms - (2 + d)) < 1e-9
+    assert [r.name for r in sim.compute] == ["conv", "mm_0", "mm_1"]
+    model_ms, slack_ms = _model_value_ms(problem, plan)
+    assert abs(model_ms - sim.step_ms) <= slack_ms
+    result = solve(problem, objective="step", time_limit_s=10, workers=1)
+    assert abs(result.objective - _brute_force_step(problem)) < 1e-6

@@ -132,3 +132,74 @@ def test_looser_torch_restore_to_event_side_effect_yields_an_unrealizable_plan()
     rules = {v.rule for v in verify(p, plan)}
     assert plan.buckets, "torch's greedy merged something"
     assert 9 in rules, (plan.buckets, rules)
+
+
+def _convert_dtype_as_hiding_nodes():
+    """torch's ``test_can_bucket_with_convert_dtype_as_hiding_nodes``
+    (test/distributed/test_overlap_bucketing_unit.py), ported: ag1 hidden by the fp16 conversion
+    that feeds ag2; ag2 and ag3 (fp32, one key in ``custom_ops_multidtype``) hidden by mm."""
+    import copy
+
+    from tests.handmade import hide_by
+
+    def fn(a, b, c):
+        ag1 = ag(a)
+        b16 = torch.ops.prims.convert_element_type.default(b, torch.float16)
+        o1 = wait(ag1)
+        ag2, ag3 = ag(b16), ag(c)
+        mm = o1[:4] @ o1[:4]
+        return o1, wait(ag2), wait(ag3), mm
+
+    h = build(fn, [((4, 4), torch.float32)] * 3, {})
+    nodes = list(h.gm.graph.nodes)
+    conversion = next(n for n in nodes if n.target is torch.ops.prims.convert_element_type.default)
+    mm = next(n for n in nodes if n.target is torch.ops.aten.mm.default)
+    for label, hider in (("c0", conversion), ("c1", mm), ("c2", mm)):
+        hide_by(h, label, [hider], "hidden")
+    return h, conversion, copy
+
+
+def _all_gathers(graph) -> int:
+    return sum(1 for n in graph.nodes if n.op == "call_function" and "all_gather_into_tensor" in str(n.target))
+
+
+def test_torch_merges_a_gather_whose_folded_conversion_hides_and_a_positioned_plan_matches_its_count():
+    # torch's bucketer leaves 2 all_gathers (ag1 alone; ag2+ag3), as its unit test expects: its
+    # _pre_bucket copy replaces the conversion and its deps delay ag1's wait after that copy.
+    # We model the conversion as the bucket's copy-in at the merged start: anchored at ag2 or
+    # ag3 (after ag1's wait) ag1 loses its hider (rule 7), so the anchored optimum keeps 3; a
+    # bucket issued where the conversion was keeps every hiding relation, verifies under the
+    # overlap rules, applies, and leaves torch's count.
+    import torch._inductor.fx_passes.overlap_preserving_bucketer as opb
+    from fxglue.apply import apply_plan
+
+    import planner
+
+    h, conversion, copy = _convert_dtype_as_hiding_nodes()
+    theirs = copy.deepcopy(h.gm)
+    by_name = {n.name: n for n in theirs.graph.nodes}
+    info = {by_name[s.name]: copy.copy(i) for s, i in h.collective_info.items()}
+    for i in info.values():
+        i.start_node, i.wait_node = by_name[i.start_node.name], by_name[i.wait_node.name]
+        i.hiding_nodes = type(i.hiding_nodes)(by_name[n.name] for n in i.hiding_nodes)
+    with cpu_compat(Estimator()):
+        opb.OverlapPreservingBucketer(theirs.graph, info, type(h.scheduled)(theirs.graph.nodes),
+                                      bucket_mode="custom_ops_multidtype").bucket_collectives()
+    assert _all_gathers(theirs.graph) == 2
+
+    p = h.problem(bucket_mode="custom_ops_multidtype")
+    ag1, ag2, ag3 = (h.names[k] for k in ("c0", "c1", "c2"))
+    assert {c.name: c for c in p.collectives}[ag2].folded == (conversion.name,)
+    at_ag2 = plan_for(p, [([ag2, ag3], ag2, ag3)])
+    assert [(v.rule, v.collectives) for v in verify(p, at_ag2)] == [(7, (ag1,))]
+    result = planner.solve(p, time_limit_s=5, workers=1)
+    assert result.status == "OPTIMAL" and result.objective == 3
+    where_it_was = planner.Plan(problem_fingerprint=p.fingerprint, planner="hand", created="test", buckets=(
+        planner.Bucket(members=(ag2, ag3), start=ag2, wait=ag3, issue_before=conversion.name),))
+    report = planner.check(p, where_it_was)
+    assert report.feasible, report.violations
+    assert (report.quality.hidden_kept, report.quality.hidden_relations) == (3, 3)
+    with h.fake_mode:
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, where_it_was, problem=p,
+                   bucket_mode="custom_ops_multidtype")
+    assert _all_gathers(h.gm.graph) == 2

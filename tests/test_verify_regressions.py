@@ -12,7 +12,7 @@ import planner
 from planner.cpsat import plan_objective
 from planner.verifier import check, verify
 from tests.brute import feasible_plans
-from tests.strategies import problems
+from tests.strategies import folded_conversions, problems
 
 
 def _two_group_problem():
@@ -204,14 +204,9 @@ def _problems_with_collective_hiders(draw):
             update.update(status=status, exposed_ms=0.0 if status == "hidden" else c.est_ms / 2)
         if one_kind:
             update.update(kind="all_gather", key=f"all_gather/{c.pg}/{c.dtype}")
-        kinds = {n.name: n.kind for n in p.nodes}  # mostly another collective's compute hider
-        computes = [h for o in p.collectives for h in o.hiding if kinds[h] == "compute" and o is not c] or \
-            [n.name for n in p.nodes if n.kind == "compute"]
-        if computes and draw(st.booleans()):  # a conversion its merge folds away (Collective.folded)
-            update["folded"] = (draw(st.sampled_from(computes)),)
         colls.append(c.model_copy(update=update))
     fields = {k: getattr(p, k) for k in type(p).model_fields if k not in ("collectives", "fingerprint")}
-    return planner.Problem(**fields, collectives=tuple(colls)).with_fingerprint()
+    return draw(folded_conversions(planner.Problem(**fields, collectives=tuple(colls)).with_fingerprint()))
 
 
 @pytest.mark.parametrize("protect_partly", [True, False])
@@ -254,11 +249,14 @@ def _folded_conversion_graph(status: str):
 
 
 @pytest.mark.parametrize("mode", ["default", "custom_ops_multidtype"])
-def test_a_folded_conversion_hiding_a_collective_keeps_its_all_gather_alone(mode):
-    # torch's merge of c1 with c2 folds c1's input conversion into the bucket's copy and erases
-    # it, and that conversion is what hides c0 (torch merges anyway; its hider is gone). Extraction
-    # records the conversion; rule 4 keeps c1 alone, in the verifier and in the model alike, and
-    # the solved plan applies.
+def test_a_folded_conversion_hiding_a_collective_is_judged_at_its_buckets_start(mode):
+    # torch's merge of c1 with c2 folds c1's input conversion (which hides c0) into the bucket's
+    # copy and maps the erased node to the bucket's start (or copy-in): the conversion still runs
+    # there. Merged at c2's start, after c0's wait, c0 loses its hider (rule 7, applied nowhere);
+    # merged at c1's start, inside c0's interval, c0 stays hidden: the plan applies and on the
+    # graph the bucket's start lies between c0's start and wait.
+    import torch
+
     from fxglue.apply import PlanError, apply_plan
     from tests.handmade import plan_for
 
@@ -266,22 +264,32 @@ def test_a_folded_conversion_hiding_a_collective_keeps_its_all_gather_alone(mode
     p = h.problem(bucket_mode=mode)
     c0, c1, c2 = (h.names[k] for k in ("c0", "c1", "c2"))
     assert {c.name: c for c in p.collectives}[c1].folded == (conversion.name,)
-    merged = plan_for(p, [([c1, c2], c2, c2)])
-    violations = verify(p, merged)
-    assert [(v.rule, v.collectives) for v in violations] == [(4, (c1,))]
-    assert f"{c1} hides {c0}" in violations[0].message
+    late = plan_for(p, [([c1, c2], c2, c2)])
+    violations = verify(p, late)
+    assert [(v.rule, v.bucket, v.collectives) for v in violations] == [(7, 0, (c0,))]
+    assert "copy-in" in violations[0].message and conversion.name in violations[0].message
     with h.fake_mode, pytest.raises(PlanError):
-        apply_plan(h.gm.graph, h.collective_info, h.scheduled, merged, problem=p, bucket_mode=mode)
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, late, problem=p, bucket_mode=mode)
     result = planner.solve(p, time_limit_s=5, workers=1)
-    assert result.status == "OPTIMAL" and result.objective == 3 and verify(p, result.plan) == []
+    assert result.status == "OPTIMAL" and result.objective == 2 and verify(p, result.plan) == []
+    assert result.plan.buckets[0].start == c1  # the only start inside c0's interval
     with h.fake_mode:
         apply_plan(h.gm.graph, h.collective_info, h.scheduled, result.plan, problem=p, bucket_mode=mode)
+    order = list(h.gm.graph.nodes)
+    names = [n.name for n in order]
+    assert conversion.name not in names
+    ag = [i for i, n in enumerate(order) if "all_gather_into_tensor" in str(n.target)]
+    waits = [i for i, n in enumerate(order) if n.target is torch.ops._c10d_functional.wait_tensor.default]
+    ar = names.index(c0)
+    ar_wait = next(i for i in waits if order[i].args[0] is order[ar])
+    assert len(ag) == 1 and ar < ag[0] < ar_wait
 
 
 def test_a_folded_conversion_of_a_partly_hidden_one_applies_and_counts_as_lost():
-    # under the default policy a partly hidden collective may lose a hider: the merge applies
-    # (it crashed torch's cycle check inside apply_plan before the folded node was known) and
-    # the quality figures no longer count the relation; the stricter policy refuses the merge
+    # under the default policy a partly hidden collective may lose a hider: the merge at c2's
+    # start moves the conversion after c0's wait and applies (it crashed torch's cycle check
+    # inside apply_plan before the folded node was known); the quality figures no longer count
+    # the relation, and the stricter policy refuses the merge (rule 7)
     from fxglue.apply import apply_plan
     from tests.handmade import plan_for
 
@@ -292,7 +300,7 @@ def test_a_folded_conversion_of_a_partly_hidden_one_applies_and_counts_as_lost()
     report = check(p, merged)
     assert report.feasible, report.violations
     assert (report.quality.partly_relations, report.quality.partly_kept) == (1, 0)
-    assert [v.rule for v in verify(p, merged, protect_partly=True)] == [4]
+    assert [v.rule for v in verify(p, merged, protect_partly=True)] == [7]
     with h.fake_mode:
         apply_plan(h.gm.graph, h.collective_info, h.scheduled, merged, problem=p,
                    bucket_mode="custom_ops_multidtype")
