@@ -29,7 +29,7 @@ def test_builtin_workloads_follow_the_naming_scheme():
     for v in ("fsdp", "2d", "ddp"):
         for n in (2, 8, 32, 80):
             assert f"llama3-8b-{v}-{n}" in names
-    assert all(re.fullmatch(r"(llama3-8b-(fsdp|2d|ddp)|llama3-(70b|405b)-(fsdp|2d)|hf-[a-z0-9]+(-[a-z0-9]+)*)-\d+", n) for n in names), names
+    assert all(re.fullmatch(r"(llama3-8b-(fsdp|2d|ddp|fsdp-mp)|llama3-(70b|405b)-(fsdp|2d)|hf-[a-z0-9]+(-[a-z0-9]+)*)-\d+", n) for n in names), names
 
 
 @pytest.mark.parametrize("name", SMALL + _hf_small())

@@ -11,6 +11,8 @@ from fxglue.run.gloo import check_workload
     ("llama3-8b-fsdp-2", "greedy", None, 2),
     ("llama3-8b-ddp-2", "cpsat", None, 2),
     ("llama3-8b-2d-2", "greedy-repaired", "custom_ops", 4),
+    # mixed precision: fp32 shards, bf16 gathers; merges fold each conversion into the bucket's copy
+    ("llama3-8b-fsdp-mp-2", "cpsat", None, 2),
     # a Hugging Face model whose rotary inv_freq is a real buffer, not an input (it used to stop
     # fake tracing on every rank)
     pytest.param("hf-qwen3-2", "cpsat", None, 2, marks=pytest.mark.slow),

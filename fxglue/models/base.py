@@ -41,6 +41,9 @@ class Workload:
     build: Callable[[Groups], tuple[nn.Module, tuple[torch.Tensor, ...], Callable]]
     layers: int
     family: str = "llama3-8b"
+    # FSDP gathers each parameter in this dtype (mixed precision: fp32 shards, bf16 gathers and
+    # compute, as SimpleFSDP's and FSDP2's param_dtype); None: in the parameter's own dtype
+    gather_dtype: torch.dtype | None = None
 
 
 @dataclass

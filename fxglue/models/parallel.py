@@ -98,22 +98,24 @@ class _Regather:
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[torch.Tensor, torch.Tensor, int, str, int]] = {}
 
-    def record(self, full: torch.Tensor, shard: torch.Tensor, group_size: int, group_name: str, numel: int) -> None:
-        self._by_id[id(full)] = (full, shard, group_size, group_name, numel)
+    def record(self, full: torch.Tensor, shard: torch.Tensor, group_size: int, group_name: str, numel: int,
+               gather_dtype: torch.dtype | None = None) -> None:
+        self._by_id[id(full)] = (full, shard, group_size, group_name, numel, gather_dtype)
 
     def pack(self, t: torch.Tensor):
         root = t._base if t._base is not None else t
         entry = self._by_id.get(id(root))
         if entry is None or entry[0] is not root:
             return t
-        _, shard, group_size, group_name, _ = entry
-        return ("regather", shard, group_size, group_name, tuple(t.shape), tuple(t.stride()), t.storage_offset())
+        _, shard, group_size, group_name, _, gather_dtype = entry
+        return ("regather", shard, group_size, group_name, gather_dtype, tuple(t.shape), tuple(t.stride()),
+                t.storage_offset())
 
     @staticmethod
     def unpack(packed):
         if isinstance(packed, tuple) and packed and packed[0] == "regather":
-            _, shard, group_size, group_name, size, stride, offset = packed
-            full = all_gather(shard, group_size, group_name)
+            _, shard, group_size, group_name, gather_dtype, size, stride, offset = packed
+            full = all_gather(_in_gather_dtype(shard, gather_dtype), group_size, group_name)
             return full.as_strided(size, stride, offset)
         return packed
 
@@ -125,16 +127,18 @@ class _FSDPParam(nn.Module):
     """Parametrization: the stored tensor is a dim-0 shard; reading the attribute gathers it."""
 
     def __init__(self, full_shape: Sequence[int], group_size: int, group_name: str, registry: _Regather | None,
-                 rank: int = 0):
+                 rank: int = 0, gather_dtype: torch.dtype | None = None):
         super().__init__()
         self.rank = rank
+        self.gather_dtype = gather_dtype
         self.full_shape = tuple(full_shape)
         self.group_size = group_size
         self.group_name = group_name
         self.registry = registry
 
     def forward(self, shard: torch.Tensor) -> torch.Tensor:
-        gathered = _GatherShard.apply(shard, self.group_size, self.group_name)
+        # mixed precision: the conversion feeds the all_gather, as torch's merge expects to fold it
+        gathered = _GatherShard.apply(_in_gather_dtype(shard, self.gather_dtype), self.group_size, self.group_name)
         numel = math.prod(self.full_shape)
         if gathered.numel() != numel:  # dim 0 was padded to a multiple of the group size
             full = gathered.flatten()[:numel].view(self.full_shape)
@@ -143,11 +147,15 @@ class _FSDPParam(nn.Module):
         else:
             full = gathered
         if self.registry is not None:
-            self.registry.record(gathered, shard, self.group_size, self.group_name, numel)
+            self.registry.record(gathered, shard, self.group_size, self.group_name, numel, self.gather_dtype)
         return full
 
     def right_inverse(self, full: torch.Tensor) -> torch.Tensor:
         return shard_of(full, self.group_size, self.rank)
+
+
+def _in_gather_dtype(shard: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return shard if dtype is None or shard.dtype == dtype else shard.to(dtype)
 
 
 class _DDPParam(nn.Module):
@@ -194,7 +202,7 @@ class WrappedModule:
 
 
 def wrap(module: nn.Module, style: Style, group_size: int, group_name: str, rank: int = 0, *,
-         regather: bool = True) -> WrappedModule:
+         regather: bool = True, gather_dtype: torch.dtype | None = None) -> WrappedModule:
     """Wrap every parameter of ``module`` in place for ``style`` ("fsdp", "ddp" or "none").
 
     For FSDP the stored parameter becomes ``rank``'s dim-0 shard within the group (padded when
@@ -213,7 +221,7 @@ def wrap(module: nn.Module, style: Style, group_size: int, group_name: str, rank
         owner = module.get_submodule(owner_name) if owner_name else module
         full_names.append(name)
         if style == "fsdp":
-            p = _FSDPParam(param.shape, group_size, group_name, registry, rank)
+            p = _FSDPParam(param.shape, group_size, group_name, registry, rank, gather_dtype)
             parametrize.register_parametrization(owner, attr, p, unsafe=True)
             param_names.append(f"{owner_name + '.' if owner_name else ''}parametrizations.{attr}.original")
         elif style == "ddp":

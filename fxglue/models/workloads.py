@@ -5,7 +5,8 @@ name (``llama3-8b-fsdp-32``) and one way to be built. A workload is a module fac
 parallelism style; tracing happens under ``FakeTensorMode`` with torch's fake process group
 (rank 0 of 8), so shapes are real (Llama-3-8B) and no memory or GPU is needed.
 
-Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-70b-{fsdp,2d}-{2,8,80}``,
+Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-8b-fsdp-mp-{2,8,32}`` (fp32
+parameters gathered in bf16), ``llama3-70b-{fsdp,2d}-{2,8,80}``,
 ``llama3-405b-{fsdp,2d}-126`` and, with the
 ``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.models.hf_models``). The world size and TP degree
 are chosen when tracing (``trace(..., world_size, tp)``; the cluster presets of
@@ -32,6 +33,7 @@ LLAMA70B_LAYERS = (2, 8, 80)  # 80 is the real depth; 2 and 8 for quick runs
 LLAMA70B_VARIANTS = ("fsdp", "2d")  # a 70B model does not fit one GPU: no DDP
 LLAMA405B_LAYERS = (126,)  # the real depth only: the production-scale case of the sweep
 LLAMA405B_VARIANTS = ("fsdp", "2d")
+LLAMA_MP_LAYERS = (2, 8, 32)  # llama3-8b-fsdp-mp-*: mixed-precision FSDP
 
 
 
@@ -70,6 +72,13 @@ def _registry() -> dict[str, Workload]:
                     layers=layers,
                     family=family,
                 )
+    for layers in LLAMA_MP_LAYERS:  # mixed precision: fp32 shards, bf16 gathers and compute
+        name = f"llama3-8b-fsdp-mp-{layers}"
+        reg[name] = Workload(
+            name=name, description=f"Llama-3-8B-shaped decoder, {layers} layers, fp32 parameters gathered and "
+                                   f"computed in bf16, seq 4096; {what['fsdp']}",
+            style="fsdp", build=_llama_builder(LLAMA3_8B.with_(n_layers=layers, dtype=torch.float32), "fsdp"),
+            layers=layers, family="llama3-8b", gather_dtype=torch.bfloat16)
     try:
         from fxglue.models import hf_models
     except ImportError:  # the optional `models` extra is not installed
@@ -100,7 +109,8 @@ def small_variant(wl: Workload) -> Workload:
         from fxglue.models.llama import LLAMA_TINY
 
         return Workload(wl.name, wl.description + " (tiny shapes)", wl.style,
-                        _llama_builder(LLAMA_TINY.with_(n_layers=wl.layers), wl.style), wl.layers, wl.family)
+                        _llama_builder(LLAMA_TINY.with_(n_layers=wl.layers), wl.style), wl.layers, wl.family,
+                        wl.gather_dtype)
     from fxglue.models import hf_models
 
     return hf_models.small_variant(wl)
@@ -175,9 +185,14 @@ def _strip_detach(gm: fx.GraphModule) -> None:
 def prepare(wl: Workload, groups: Groups, dp_rank: int = 0):
     """Build and wrap the workload's module; returns (wrapped, step, inputs)."""
     module, inputs, loss_fn = wl.build(groups)
-    style = "ddp" if wl.style == "ddp" else "fsdp"
-    wrapped = parallel.wrap(module, style, groups.dp_size, groups.dp, rank=dp_rank)
+    wrapped = wrap_module(wl, module, groups, dp_rank)
     return wrapped, parallel.make_train_step(wrapped, loss_fn), inputs
+
+
+def wrap_module(wl: Workload, module, groups: Groups, dp_rank: int = 0) -> parallel.WrappedModule:
+    """The workload's module wrapped for its style (DDP, else FSDP), in rank ``dp_rank``."""
+    style = "ddp" if wl.style == "ddp" else "fsdp"
+    return parallel.wrap(module, style, groups.dp_size, groups.dp, rank=dp_rank, gather_dtype=wl.gather_dtype)
 
 
 def mutating_nodes(gm: fx.GraphModule) -> list[fx.Node]:

@@ -231,15 +231,14 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     from fxglue.apply import PlanError
     from fxglue.models import parallel
     from fxglue.pipeline import count_collectives
-    from fxglue.models.workloads import get_workload, mesh_groups, trace_step
+    from fxglue.models.workloads import get_workload, mesh_groups, trace_step, wrap_module
 
     wl = _rank_workload(spec)
     groups = mesh_groups(wl.style, world, tp_size=spec.get("tp_size", 1))
     dp_rank = rank // groups.tp_size
     torch.manual_seed(spec["seed"])  # identical full parameters on every rank
     module, inputs, loss_fn = wl.build(groups)
-    style = "ddp" if wl.style == "ddp" else "fsdp"
-    wrapped = parallel.wrap(module, style, groups.dp_size, groups.dp, rank=dp_rank)
+    wrapped = wrap_module(wl, module, groups, dp_rank)
     inputs = _rank_inputs(wl, groups, inputs, dp_rank, from_factory=bool(spec.get("model")))
     args = [p.detach() for p in parallel.stored_params(wrapped)] + list(inputs)
     step = parallel.make_train_step(wrapped, loss_fn)
