@@ -173,9 +173,15 @@ class ModelHandle:
     objective: str
     window: int | None
     stats: dict = field(default_factory=dict)
+    joined_vars: dict[int, cp_model.IntVar] = field(default_factory=dict)  # see ``joined``
 
     def anchors(self, i: int) -> list[int]:
         return [a for (j, a) in self.x if j == i]
+
+    def joined(self, i: int):
+        """``joined_var`` of ``i`` in this model (shared with the rules that made it)."""
+        return joined_var(self.model, self.x, [j for (j, a) in self.x if a == i and j != i], self.joined_vars, i,
+                          self.colls[i].name)
 
     def extract(self, solver: cp_model.CpSolver, *, planner: str = "cpsat", params: dict | None = None,
                 created: str = "") -> Plan:
@@ -226,6 +232,7 @@ class _Variables:
         for c in colls:
             by_key.setdefault(c.key, []).append(c)
         self.joiners: dict[int, list[int]] = {c.idx: [] for c in colls}
+        self.joined: dict[int, cp_model.IntVar] = {}  # joined_var's, once per collective
         # the first and last wait position of its key each collective's wait can take: the key's
         # waits strictly between w_lo and w_hi (a range, not the list of them: at 8,000
         # collectives of one key the lists alone held 30 million entries, quadratic in the key)
@@ -515,6 +522,17 @@ def _folded_conversions_run_at_their_bucket(m: cp_model.CpModel, v: _Variables, 
     return n
 
 
+def joined_var(m: cp_model.CpModel, x: dict, joiners: list[int], cache: dict, i: int, name: str):
+    """A literal true exactly when some collective of ``joiners`` joins ``i``'s bucket (0 when none
+    can): created once per model and ``i``, for every family that needs it."""
+    if not joiners:
+        return 0
+    if i not in cache:
+        cache[i] = m.new_bool_var(f"joined[{name}]")
+        m.add_max_equality(cache[i], [x[j, i] for j in joiners])
+    return cache[i]
+
+
 class _FoldedPlaces:
     """Where a collective's folded conversion runs, case by case: ``(literals, position)`` pairs
     whose literals (a conjunction) hold in exactly one case. Alone: at its own position. Joining
@@ -524,18 +542,14 @@ class _FoldedPlaces:
 
     def __init__(self, m: cp_model.CpModel, v: _Variables, colls: list[_Coll]):
         self.m, self.v, self.colls = m, v, colls
-        self.joined: dict[int, cp_model.IntVar] = {}
         self.anchors = _by_first(v.x)
 
     def __call__(self, i: int, own: int) -> list[tuple[list, int]]:
-        x, joiners = self.v.x, self.v.joiners[i]
+        x = self.v.x
         out = []
-        if joiners:
-            if i not in self.joined:
-                joined = self.m.new_bool_var(f"joined[{self.colls[i].name}]")
-                self.m.add_max_equality(joined, [x[j, i] for j in joiners])
-                self.joined[i] = joined
-            out += [([x[i, i], ~self.joined[i]], own), ([self.joined[i]], self.colls[i].s)]
+        joined = joined_var(self.m, x, self.v.joiners[i], self.v.joined, i, self.colls[i].name)
+        if self.v.joiners[i]:
+            out += [([x[i, i], ~joined], own), ([joined], self.colls[i].s)]
         else:
             out.append(([x[i, i]], own))
         out += [([x[i, a]], self.colls[a].s) for a in self.anchors[i] if a != i]
@@ -729,7 +743,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     _set_objective(m, v, colls, problem, objective, lower_bound if outside else None, max_count,
                    key_bounds if outside else None)
     stats = {"collectives": len(colls), "x_vars": len(v.x), "y_vars": len(v.y), **counts}
-    return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats)
+    return ModelHandle(problem, m, colls, v.x, v.y, v.fs, v.fw, v.bw, objective, window, stats, v.joined)
 
 
 def plan_objective(problem: Problem, plan: Plan, objective: str) -> float:

@@ -322,7 +322,7 @@ def _bucket_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, an
     """Per anchor its ``_anchor_terms``, and what folded conversions leave behind when they move
     into a bucket's copy-in (``_folded_terms``)."""
     terms = {}
-    folded_in, away = _folded_terms(m, handle, problem, members)
+    folded_in, away = _folded_terms(handle, problem)
     for a in anchors:
         build_tick()  # a build that passes its deadline stops here too (planner.cpsat.build_guard)
         terms[a] = _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces,
@@ -346,7 +346,7 @@ class _MovedAway:
         return out
 
 
-def _folded_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, members: dict[int, list[int]]):
+def _folded_terms(handle: ModelHandle, problem: Problem):
     """A folded conversion runs, when its collective is merged, as part of its bucket's copy-in
     and not at its own position (``planner.simulator``): per anchor, the ns its members' moved
     conversions add to the copy-in; and the ns their own positions lose (``_MovedAway``)."""
@@ -359,12 +359,9 @@ def _folded_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, me
         ns = sum(_ns(by_name[f].est_ms) for f in folded)
         if not ns:
             continue
-        joiners = [j for j in members.get(c.idx, []) if j != c.idx]
-        joined = m.new_bool_var(f"joined_ns[{c.name}]") if joiners else 0
-        if joiners:
-            m.add_max_equality(joined, [x[j, c.idx] for j in joiners])
+        joined = handle.joined(c.idx)
         merged = (1 - x[c.idx, c.idx]) + joined  # joins another, or is joined (0 or 1)
-        for a in {a for (i, a) in x if i == c.idx}:
+        for a in handle.anchors(c.idx):
             adds[a] = adds.get(a, 0) + ns * (x[c.idx, a] if a != c.idx else joined)
         away += [(by_name[f].pos, _ns(by_name[f].est_ms) * merged) for f in folded]
     return adds, _MovedAway(away)

@@ -138,8 +138,6 @@ def _convert_dtype_as_hiding_nodes():
     """torch's ``test_can_bucket_with_convert_dtype_as_hiding_nodes``
     (test/distributed/test_overlap_bucketing_unit.py), ported: ag1 hidden by the fp16 conversion
     that feeds ag2; ag2 and ag3 (fp32, one key in ``custom_ops_multidtype``) hidden by mm."""
-    import copy
-
     from tests.handmade import hide_by
 
     def fn(a, b, c):
@@ -156,7 +154,7 @@ def _convert_dtype_as_hiding_nodes():
     mm = next(n for n in nodes if n.target is torch.ops.aten.mm.default)
     for label, hider in (("c0", conversion), ("c1", mm), ("c2", mm)):
         hide_by(h, label, [hider], "hidden")
-    return h, conversion, copy
+    return h, conversion
 
 
 def _all_gathers(graph) -> int:
@@ -175,7 +173,9 @@ def test_torch_merges_a_gather_whose_folded_conversion_hides_and_a_positioned_pl
 
     import planner
 
-    h, conversion, copy = _convert_dtype_as_hiding_nodes()
+    import copy
+
+    h, conversion = _convert_dtype_as_hiding_nodes()
     theirs = copy.deepcopy(h.gm)
     by_name = {n.name: n for n in theirs.graph.nodes}
     info = {by_name[s.name]: copy.copy(i) for s, i in h.collective_info.items()}
