@@ -18,6 +18,8 @@ The presets and hardware figures, with their sources, are in ``fxglue.presets``.
 from __future__ import annotations
 
 import operator
+import types
+import weakref
 
 import torch
 import torch.fx as fx
@@ -66,6 +68,20 @@ def wire_bytes(n: fx.Node) -> int:
     return _nbytes(_val(n.args[0]))
 
 
+def fused_node_costs(graph: fx.Graph, hbm_tbps: float) -> dict[fx.Node, float]:
+    """ms per node of ``graph``'s fusion regions, by torch's own functions (``Estimator.fused_costs``)."""
+    import torch.utils._runtime_estimation as runtime_estimation
+    from torch._inductor.fx_passes.fusion_regions import build_fusion_regions, estimate_fused_node_costs
+
+    regions = build_fusion_regions(types.SimpleNamespace(graph=graph))  # it reads gm.graph only
+    original = runtime_estimation.get_gpu_dram_gbps
+    runtime_estimation.get_gpu_dram_gbps = lambda: hbm_tbps * 1e3  # GB/s: bytes / GB/s is ns
+    try:
+        return estimate_fused_node_costs(regions) if regions else {}
+    finally:
+        runtime_estimation.get_gpu_dram_gbps = original
+
+
 class Estimator:
     """``custom_runtime_estimation`` for torch's scheduler, plus the per-PG links it used.
 
@@ -75,16 +91,20 @@ class Estimator:
     α-β ``hardware.links``. ``measured`` (``planner.measured.Measured``): measured collective
     times replace the model for every group and kind they cover; then every collective, the
     scheduler's and the problem's alike, is priced by ``link(pg)``, one curve for both.
+    ``profile`` (``fxglue.profile.Profile``): the op times of a trace replace the roofline of the
+    nodes it timed (not of fused ones); its collectives come in through ``measured``.
     """
 
     def __init__(self, hardware: Hardware | None = None, roles: dict[str, str] | None = None, *,
-                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper", measured=None):
+                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper", measured=None, profile=None):
         self.hardware = hardware or Hardware()
         self.roles = dict(roles or {})
         self.ranks_per_node = dict(ranks_per_node) if ranks_per_node else None
         self.gpu = gpu
         self.measured = measured
+        self.profile = profile
         self._links: dict[str, Link] = {}
+        self._fused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def group_layout(self, pg: str) -> tuple[int, int]:
         """(group size, its ranks per node)."""
@@ -167,16 +187,42 @@ class Estimator:
         size = self.link(pg).group_size
         return override_size * size // (size + 1)
 
+    def fused_costs(self, graph: fx.Graph) -> dict[fx.Node, float]:
+        """What inductor's fusion makes of ``graph``'s memory-bound nodes: torch 2.13's own
+        ``fusion_regions.build_fusion_regions`` (connected fusible nodes within a run of them) and
+        ``estimate_fused_node_costs`` (a region's node pays only for the tensors that cross the
+        region's boundary: intermediates are never written to memory), at this hardware's HBM
+        bandwidth instead of the device's (torch asks triton for it). Computed the first time a
+        graph is seen, and kept: torch's scheduler asks first, before it reorders the graph, and
+        extraction, after, must price the same regions."""
+        got = self._fused.get(graph)
+        if got is None:
+            got = fused_node_costs(graph, self.hardware.hbm_tbps)
+            self._fused[graph] = got
+        return got
+
     def compute_ms(self, n: fx.Node) -> float:
-        """Roofline: max(FLOPs / peak, bytes touched / HBM bandwidth); views cost nothing."""
+        """Roofline: max(FLOPs / peak, bytes touched / HBM bandwidth), the bytes counted as torch's
+        roofline counts them (``get_num_bytes``: a broadcast dimension is read once); views cost
+        nothing (ours and torch's ``is_view_node``); a node inductor fuses with its neighbours pays
+        for its region's boundary only (``fused_costs``)."""
+        from torch._inductor.fx_passes.fusion_regions import is_view_node
+        from torch.utils._runtime_estimation import get_num_bytes
         from torch.utils.flop_counter import flop_registry
 
         # getitem picks one output of a multi-output node: no work of its own (it was charged
         # the bytes of the whole tuple it indexes: 8.3 ms of llama3-8b-fsdp-2's compute)
-        if n.op != "call_function" or n.target in _VIEW_TARGETS or n.target is operator.getitem:
+        if n.op != "call_function" or n.target in _VIEW_TARGETS or n.target is operator.getitem or is_view_node(n):
             return 0.0
         if n.target is torch.ops._c10d_functional.wait_tensor.default:
             return 0.0
+        fused = self.fused_costs(n.graph).get(n)
+        if fused is not None:
+            return fused
+        if self.profile is not None:
+            profiled = self.profile.op_ms(n)
+            if profiled is not None:
+                return profiled
         out = _val(n)
         flat_out, _ = tree_flatten(out)
         tensors_out = [x for x in flat_out if isinstance(x, torch.Tensor)]
@@ -185,7 +231,8 @@ class Estimator:
         args = tree_map(_val, n.args)
         kwargs = tree_map(_val, n.kwargs)
         flat_in, _ = tree_flatten((args, kwargs))
-        mem_s = (sum(map(_nbytes, flat_in)) + sum(map(_nbytes, tensors_out))) / (self.hardware.hbm_tbps * 1e12)
+        touched = sum(get_num_bytes(t) for t in (*flat_in, *tensors_out) if isinstance(t, torch.Tensor))
+        mem_s = touched / (self.hardware.hbm_tbps * 1e12)
         key = getattr(n.target, "overloadpacket", None)
         key = key if key in flop_registry else (n.target if n.target in flop_registry else None)
         comp_s = 0.0

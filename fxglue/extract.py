@@ -134,6 +134,31 @@ def _collective(s: fx.Node, info, pos: dict, mode, pinned: dict) -> planner.Coll
     )
 
 
+def _unpinned_compute(sched: list[fx.Node], pinned_idx: dict[fx.Node, int], estimator: Estimator) -> dict[int, float]:
+    """The compute of the unpinned nodes, per pinned node (``Node.unpinned_ms``): the estimates of
+    the unpinned nodes scheduled between the previous pinned node and this one, so the compute
+    stream runs every scheduled node where the schedule has it; what follows the last pinned node
+    is charged before it.
+
+    Why: a node that hides nothing is left out of the pinned nodes, but its kernel still takes
+    the compute stream's time. On torch's schedule of the built-in workloads every node with a
+    cost hides something (none is left), but on a replayed order (torch manual's problem, the
+    free-position search's) or a graph priced by another estimator, many are."""
+    carried: dict[int, float] = {}
+    pending = 0.0
+    for n in sched:
+        i = pinned_idx.get(n)
+        if i is None:
+            if n.op == "call_function":
+                pending += float(estimator(n) or 0.0)
+        else:
+            carried[i], pending = pending, 0.0
+    if pending and pinned_idx:
+        last = len(pinned_idx) - 1
+        carried[last] = carried.get(last, 0.0) + pending
+    return {i: ms for i, ms in carried.items() if ms}
+
+
 def memory_profile(graph: fx.Graph, sched: list[fx.Node], collective_info, pinned: list[fx.Node]) -> planner.MemoryProfile:
     """The graph's own memory over the schedule and each collective's buffers, as torch's
     estimator counts them (``memory_estimator.build_memory_profile``: a node's fresh storages are
@@ -226,13 +251,14 @@ def extract_problem(
         pinned_idx = {n: i for i, n in enumerate(pinned)}
         deps = _pinned_dependencies(sched, pinned_idx)
 
+        colls = [_collective(s, info, pos, mode, pinned_idx) for s, info in collective_info.items()]
+        unpinned = _unpinned_compute(sched, pinned_idx, estimator)
         nodes = []
         for i, n in enumerate(pinned):
             k = kind_of(n)
             est = 0.0 if k == "wait" else float(estimator(n) or 0.0)
-            nodes.append(planner.Node(name=n.name, kind=k, pos=pos[n], est_ms=est, deps=deps[i]))
-
-        colls = [_collective(s, info, pos, mode, pinned_idx) for s, info in collective_info.items()]
+            nodes.append(planner.Node(name=n.name, kind=k, pos=pos[n], est_ms=est, deps=deps[i],
+                                      unpinned_ms=unpinned.get(i, 0.0)))
         pgs = dict.fromkeys(c.pg for c in colls)
 
         timelines = []
@@ -247,7 +273,7 @@ def extract_problem(
                   if estimator.ranks_per_node is not None else {})
         memory = memory_profile(graph, sched, collective_info, pinned)
     problem = planner.Problem(
-        bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
+        schema_version=2 if unpinned else 1, bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
         collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
         bucketing=estimator.bucketing, memory=memory, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
               "extract_s": round(time.perf_counter() - t0, 4), **({"layout": layout} if layout else {}),

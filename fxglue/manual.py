@@ -140,8 +140,7 @@ class ManualInfo:
     buckets: list[ManualBucket]
     replay_forced_waits: int  # waits torch's FIFO bookkeeping had to bring forward (0 expected)
     merge_nodes: set[str] = field(default_factory=set)  # nodes torch's merges added (copies, views)
-    merge_nodes_pinned_ms: float = 0.0  # their estimates on the problem's compute stream
-    merge_nodes_free: bool = False  # whether the problem prices them at 0
+    merge_nodes_ms: float = 0.0  # their estimates on the problem's compute stream
     timings: dict[str, float] = field(default_factory=dict)
 
     def count(self, *, kind: str | None = None, phase: str | None = None, plan: int | None = None,
@@ -155,8 +154,7 @@ class ManualInfo:
                 "after": sum(self.collectives_after.values()),
                 "by_phase_kind": {"/".join(k): v for k, v in sorted(by.items())},
                 "replay_forced_waits": self.replay_forced_waits,
-                "merge_nodes_pinned_ms": round(self.merge_nodes_pinned_ms, 3),
-                "merge_nodes_free": self.merge_nodes_free, **self.timings}
+                "merge_nodes_ms": round(self.merge_nodes_ms, 3), **self.timings}
 
 
 @contextlib.contextmanager
@@ -244,10 +242,10 @@ def fixed_order_problem(traced, estimator: Estimator, *, bucket_mode=None, max_b
     trace this is the graph's own order, where compute runs as the model wrote it: a lower peak
     than torch's schedule, which pulls compute forward under collectives (hf-qwen3-8 @
     h100-8nodes: 13.17 vs 14.04 GB unbucketed), so free positions can prefetch within a budget
-    torch's schedule cannot meet. Priced as torch manual's problem is: only the nodes the replay
-    pins cost time, not those torch's scheduler pins as hiding nodes (llama3-8b-fsdp-2: 49
-    compute nodes, 31.9 ms, against 214 nodes, 45.8 ms, on torch's schedule), so its step times
-    compare with torch manual's row, not with rows on torch's schedule (issue 28).
+    torch's schedule cannot meet. Every node costs its time, pinned or not (``Node.unpinned_ms``):
+    the replay pins fewer nodes than torch's scheduler, which pins every hiding node, and before
+    problem version 2 the others cost nothing here (llama3-8b-fsdp-2: 31.9 ms of compute against
+    45.8 ms on torch's schedule).
 
     ``bucket_mode`` None is the planner's default (the bucket keys and merge of every other
     problem); torch manual's problem passes ``MANUAL_BUCKET_MODE`` (its custom-ops merge)."""
@@ -305,7 +303,7 @@ def fixed_order_inputs(traced, estimator: Estimator, *, bucket_mode=MANUAL_BUCKE
 
 def manual_bucketing_problem(traced, estimator: Estimator | None = None, *,
                              plans: list[list[str] | str] | None = None, phase_local: bool = True,
-                             max_bucket_memory_gb: float = 2.0, free_merge_nodes: bool = False,
+                             max_bucket_memory_gb: float = 2.0,
                              meta: dict | None = None) -> tuple[planner.Problem, ManualInfo]:
     """Torch's manual per-block bucketing on ``traced.gm`` (in place) and its ``Problem``.
 
@@ -313,12 +311,10 @@ def manual_bucketing_problem(traced, estimator: Estimator | None = None, *,
     was bucketed (``info.buckets``) and how many collectives there were before and after.
     ``traced`` must be freshly traced (not scheduled): the pass replaces torch's scheduler.
 
-    ``free_merge_nodes``: the nodes torch's merges add (``_pre_bucket_*`` copies, the ``split``
-    ``getitem``s and dtype views of custom_ops mode) are pinned, and so charged by the simulator,
-    only where torch's bookkeeping made them hiding nodes -- the same as in the pre-bucketed
-    default pipeline's problem. With ``True`` they cost 0, as merging is free for every plan
-    priced on a problem without ``problem.bucketing``. ``info.merge_nodes_pinned_ms`` says how
-    much they add either way.
+    The nodes torch's merges add (``_pre_bucket_*`` copies, the ``split`` ``getitem``s and dtype
+    views of custom_ops mode) run on the compute stream as every node does: pinned where torch's
+    bookkeeping made them hiding nodes, else in the unpinned compute of the next pinned node
+    (``Node.unpinned_ms``). ``info.merge_nodes_ms`` says how much they add.
     """
     from fxglue.pipeline import estimator_for
 
@@ -330,13 +326,8 @@ def manual_bucketing_problem(traced, estimator: Estimator | None = None, *,
         meta={"manual_bucketing": {"module_bucket_plans": info.module_bucket_plans, "phase_local": phase_local},
               **(meta or {})})
     info.timings["replay_and_extract_s"] = time.perf_counter() - t0
-    info.merge_nodes_pinned_ms = sum(n.est_ms for n in problem.nodes
-                                     if n.name in info.merge_nodes and n.kind in ("compute", "other"))
-    if free_merge_nodes:
-        problem = problem.model_copy(update={"nodes": tuple(
-            n.model_copy(update={"est_ms": 0.0}) if n.name in info.merge_nodes and n.kind in ("compute", "other")
-            else n for n in problem.nodes)}).with_fingerprint()
-        info.merge_nodes_free = True
+    with cpu_compat(estimator):
+        info.merge_nodes_ms = sum(estimator.compute_ms(n) for n in traced.gm.graph.nodes if n.name in info.merge_nodes)
     return problem, info
 
 

@@ -423,8 +423,7 @@ def _chain_floor(problem: Problem, reach: BucketReach | None, price: dict[str, f
     limits = fixed_limits(problem)
     order = sorted(problem.nodes, key=lambda n: n.pos)
     pos = np.array([n.pos for n in order])
-    work = np.concatenate([[0.0], np.cumsum([n.est_ms if n.kind in ("compute", "other") else 0.0
-                                              for n in order])])
+    work = np.concatenate([[0.0], np.cumsum([n.stream_ms for n in order])])
     end = int(pos[-1]) + 1 if len(pos) else 1
     cs = problem.collectives
     release = [limits[c.name][0] + 1 for c in cs]
@@ -490,7 +489,7 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     for (kind, pg, key), cs in _by_key(problem).items():  # buckets never mix keys: their floors add up
         by_count = _key_stream_floor(problem.link(pg), kind, sum(c.wire_bytes for c in cs), need[(kind, pg, key)])
         stream[pg] = stream.get(pg, 0.0) + max(by_count, sum(price[c.name] for c in cs))
-    compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
+    compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
     chain, cut = _chain_floor(problem, reach, price, deadline)
@@ -516,7 +515,7 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
         by_count = _key_stream_floor(problem.link(pg), kind, total, need)
         largest = _most_wire_within_cap(cs, problem.bucket_cap_bytes)
         stream[pg] = stream.get(pg, 0.0) + max(by_count, total * least[pg, kind](largest))
-    compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
+    compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
     return StepFloor(floor_ms=max([compute, *stream.values()]), compute_ms=compute, stream_ms=stream)

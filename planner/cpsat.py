@@ -661,11 +661,11 @@ class TimeTerms:
         wanted = sorted({c.start_pos for c in problem.collectives} | {c.wait_pos for c in problem.collectives})
         prefix, acc, k = {}, 0.0, 0
         for n in problem.nodes:
+            acc += n.unpinned_ms  # before what starts or waits at n
             while k < len(wanted) and wanted[k] <= n.pos:
                 prefix[wanted[k]] = int(round(acc * 1e3))
                 k += 1
-            if n.kind in ("compute", "other"):
-                acc += n.est_ms
+            acc += n.stream_ms - n.unpinned_ms
         for p in wanted[k:]:
             prefix[p] = int(round(acc * 1e3))
         return TimeTerms(lat, bw, prefix)

@@ -20,7 +20,7 @@ from typing import Collection, Iterator, TypeVar, Union
 
 from pydantic import BaseModel, ValidationError
 
-from planner.problem import PLAN_SCHEMA_VERSIONS, SCHEMA_VERSION, Plan, Problem
+from planner.problem import PLAN_SCHEMA_VERSIONS, PROBLEM_SCHEMA_VERSIONS, Plan, Problem
 
 MAX_FILE_BYTES = 2 * 1024**3  # an 80-layer problem is a few MB; anything near this is not ours
 
@@ -203,7 +203,7 @@ def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
     if "schema_version" not in data:
         raise SchemaError(f"{p}: schema_version: missing field")
     version = data["schema_version"]
-    readable = PLAN_SCHEMA_VERSIONS if model is Plan else (SCHEMA_VERSION,)
+    readable = PLAN_SCHEMA_VERSIONS if model is Plan else PROBLEM_SCHEMA_VERSIONS
     if type(version) is not int or version not in readable:  # true == 1 and 1.0 == 1 in Python
         raise SchemaError(f"{p}: schema_version: {version!r} is not supported "
                           f"(this bucketplan reads {what} version{'s' if len(readable) > 1 else ''} "

@@ -27,7 +27,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
-SCHEMA_VERSION = 1  # of a Problem
+# of a Problem: 2 added the compute of unpinned nodes (``Node.unpinned_ms``); a problem without
+# any is written as version 1, so every earlier problem reads, writes and fingerprints as before,
+# and a reader that knows only version 1 refuses the problems whose compute it would undercount
+PROBLEM_SCHEMA_VERSIONS = (1, 2)
+SCHEMA_VERSION = 1
 # of a Plan: 2 added a bucket's named positions (``Bucket.issue_before`` / ``wait_before``); a
 # plan that uses none of them is written as version 1, so every earlier plan reads and writes as
 # before, and a reader that knows no positions refuses only the plans that have them
@@ -206,6 +210,18 @@ class Node(_Frozen):
     pos: int = Field(ge=0)
     est_ms: float = _ms()
     deps: tuple[int, ...] = ()
+    # The compute of the unpinned nodes scheduled between the previous pinned node and this one
+    # (version 2): elementwise and reduction kernels that hide nothing still take the compute
+    # stream's time. It belongs to this place in the schedule, not to the node: it runs before
+    # whatever is issued or waited here (a bucket named at this node included), and stays here
+    # when this node is a start, wait or folded conversion that a plan moves or erases.
+    unpinned_ms: float = _ms(default=0.0, description="compute of the unpinned nodes scheduled just before it")
+
+    @property
+    def stream_ms(self) -> float:
+        """What the compute stream spends here: the unpinned compute before this node and, for a
+        compute or other node, its own estimate (starts and waits have none)."""
+        return self.unpinned_ms + (self.est_ms if self.kind in ("compute", "other") else 0.0)
 
 
 class Timeline(_Frozen):
@@ -259,7 +275,7 @@ def _canonical(data: dict) -> bytes:
 class Problem(_Frozen):
     """Everything a planner, the verifier and the simulator need, with no torch inside."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[PROBLEM_SCHEMA_VERSIONS] = SCHEMA_VERSION
     fingerprint: str = ""
     bucket_mode: Literal["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
     bucket_cap_bytes: int = Field(gt=0, lt=MAX_BYTES)
@@ -279,6 +295,9 @@ class Problem(_Frozen):
         for added in ("bucketing", "memory"):
             if data[added] is None:
                 del data[added]
+        for node in data["nodes"]:
+            if not node["unpinned_ms"]:
+                del node["unpinned_ms"]
         for coll in data["collectives"]:
             if not coll["folded"]:
                 del coll["folded"]
@@ -292,7 +311,10 @@ class Problem(_Frozen):
         return "sha256:" + hashlib.sha256(_canonical(data)).hexdigest()
 
     def with_fingerprint(self) -> "Problem":
-        return self.model_copy(update={"fingerprint": self.content_fingerprint()})
+        """This problem fingerprinted, at the lowest schema version that holds its content."""
+        version = 2 if any(n.unpinned_ms for n in self.nodes) else 1
+        stamped = self.model_copy(update={"schema_version": version})
+        return stamped.model_copy(update={"fingerprint": stamped.content_fingerprint()})
 
     def _check_folded(self, names: dict[str, int]) -> None:
         """A folded node is the direct input of its all_gather's start and nothing else's, folded
@@ -328,6 +350,9 @@ class Problem(_Frozen):
                     raise ValueError(f"nodes[{i}] ({n.name}): dependency index {d} is not an earlier node")
             if i and n.pos <= self.nodes[i - 1].pos:
                 raise ValueError(f"nodes[{i}] ({n.name}): positions must increase along nodes")
+            if n.unpinned_ms and self.schema_version < 2:
+                raise ValueError(f"nodes[{i}] ({n.name}): unpinned_ms is new in problem version 2 (this problem "
+                                 "is version 1)")
         seen: set[str] = set()
         for i, c in enumerate(self.collectives):
             where = f"collectives[{i}] ({c.name})"

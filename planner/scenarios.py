@@ -87,7 +87,8 @@ def _published_link(problem: Problem, link: Link) -> Link:
 
 
 def _scaled_compute(problem: Problem, scale: float) -> tuple:
-    return tuple(n.model_copy(update={"est_ms": n.est_ms * scale}) if n.kind in ("compute", "other") else n
+    return tuple(n.model_copy(update={"est_ms": n.est_ms * scale, "unpinned_ms": n.unpinned_ms * scale})
+                 if n.kind in ("compute", "other") else n
                  for n in problem.nodes)
 
 

@@ -8,7 +8,9 @@ on a model of the streams. This module is that model, torch-free like the rest o
 ``planner``, so planners can score plans and a person can look at the result in Perfetto.
 
 The model (see ``planner/README.md`` for the assumptions):
-- one compute stream runs the pinned compute/other nodes in final order, each for ``est_ms``;
+- one compute stream runs the pinned compute/other nodes in final order, each for ``est_ms``,
+  and the unpinned nodes' compute where they are scheduled (``Node.unpinned_ms``: before the
+  pinned node that follows them, and before whatever is issued or waited there);
 - one FIFO communication stream per process group;
 - a bucket is issued at its merged start (its start anchor's position, or the position it
   names: ``planner.positions``): it begins no earlier than the compute
@@ -113,7 +115,8 @@ class ReplayIndex:
     replays thousands of plans of one problem).
 
     ``compute_before[pos]``: the graph's compute scheduled before position ``pos`` (a running
-    sum in node order). The compute stream's clock at any position is that plus ``delay``,
+    sum in node order; the unpinned compute scheduled just before the node at ``pos`` included,
+    ``Node.unpinned_ms``). The compute stream's clock at any position is that plus ``delay``,
     everything else the stream has run so far (stalls, launches, copies), so a replay only visits
     the buckets' anchors: at 32 layers 300 events instead of 8,600 nodes."""
 
@@ -167,6 +170,7 @@ def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _P
 def replay_index(problem: Problem) -> ReplayIndex:
     acc, before, nodes = 0.0, {}, []
     for node in problem.nodes:
+        acc += node.unpinned_ms  # scheduled before this node: it runs before what is issued or waited here
         before[node.pos] = acc
         if node.kind in ("compute", "other"):
             nodes.append((node.pos, node.name, acc, node.est_ms))

@@ -249,14 +249,15 @@ class StepModel:
 
 
 def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
-    """(positions of the pinned nodes, compute scheduled strictly before each, total) in ns,
-    the running sum rounded once so that differences telescope."""
+    """(positions of the pinned nodes, compute scheduled before each -- the unpinned compute
+    just before it included, its own not -- total) in ns, the running sum rounded once so that
+    differences telescope."""
     positions = [n.pos for n in problem.nodes]
     prefix, acc = [], 0.0
     for n in problem.nodes:
+        acc += n.unpinned_ms
         prefix.append(_ns(acc))
-        if n.kind in ("compute", "other"):
-            acc += n.est_ms
+        acc += n.stream_ms - n.unpinned_ms
     return positions, prefix, _ns(acc)
 
 

@@ -46,7 +46,8 @@ def exposure_objective(problem, plan) -> int:
     groups += [((c.name,), c.start_pos, c.wait_pos) for c in problem.collectives if c.name not in in_bucket]
 
     def compute_before_us(pos: int) -> int:
-        return int(round(sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other") and n.pos < pos) * 1e3))
+        return int(round((sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other") and n.pos < pos)
+                          + sum(n.unpinned_ms for n in problem.nodes if n.pos <= pos)) * 1e3))
 
     total = 0
     for members, start, wait in groups:

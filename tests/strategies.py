@@ -45,7 +45,10 @@ def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int 
             deps = [index[("s", tok[1])]]
         kind = {"c": "compute", "s": "start", "w": "wait"}[tok[0]]
         est = 0.0 if kind == "wait" else draw(st.sampled_from([0.1, 0.5, 1.0, 2.0]))
-        nodes.append(planner.Node(name=names[tok], kind=kind, pos=k, est_ms=est, deps=tuple(sorted(deps))))
+        # the compute of unpinned nodes scheduled before it (problem version 2), on some nodes
+        unpinned = draw(st.sampled_from([0.0, 0.0, 0.3]))
+        nodes.append(planner.Node(name=names[tok], kind=kind, pos=k, est_ms=est, deps=tuple(sorted(deps)),
+                                  unpinned_ms=unpinned))
 
     pgs = [f"pg{p}" for p in range(n_pgs)]
     colls = []
@@ -90,7 +93,8 @@ def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int 
                                    bandwidth_gbps=50.0) for pg in pgs)
         bucketing = None
     cap = draw(st.sampled_from([64 * 1024, 128 * 1024, 1 << 30]))
-    return planner.Problem(bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=len(seq),
+    return planner.Problem(schema_version=2 if any(n.unpinned_ms for n in nodes) else 1,
+                           bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=len(seq),
                            collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines),
                            links=links, bucketing=bucketing,
                            meta={"generator": "tests.strategies.problems"}).with_fingerprint()

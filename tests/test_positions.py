@@ -37,6 +37,7 @@ def reference_step(problem: planner.Problem, plan: planner.Plan) -> float:
             waits_before.setdefault(wb, []).append(k)
     order = []
     for n in problem.nodes:
+        order.append(("compute", n.unpinned_ms))  # scheduled before n: before anything named at n
         order += [("wait", k) for k in waits_before.get(n.name, [])]
         order += [("start", k) for k in starts_before.get(n.name, [])]
         if n.kind == "start":

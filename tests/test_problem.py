@@ -30,7 +30,34 @@ BROKEN = {
                        "fingerprint does not match"),
     "dangling wait": (lambda p: edit_json(p, lambda d: d["collectives"][0].update(wait="nope")),
                       "collectives[0] (ag): wait node 'nope' is not among nodes"),
+    # unpinned compute is version 2's: a version-1 reader would undercount it
+    "unpinned compute in version 1": (lambda p: edit_json(p, lambda d: d["nodes"][1].update(unpinned_ms=2.0)),
+                                      "nodes[1] (mm): unpinned_ms is new in problem version 2"),
 }
+
+
+def test_a_version_1_problem_reads_and_fingerprints_as_before(problem_file):
+    """Problems written before version 2 keep their fingerprints (plans stay bound to them): the
+    new field is fingerprinted only when set, and a problem without unpinned compute stays at 1."""
+    data = json.loads(problem_file.read_text())
+    assert data["schema_version"] == 1
+    # what bucketplan at 9f68a77, before version 2, fingerprinted the fixture's problem as
+    assert planner.load_problem(problem_file).fingerprint == \
+        "sha256:c7dfeef0a7a429442d479f9425620cd3062bef457d79ff451143a3daa20506c7"
+
+
+def test_unpinned_compute_makes_a_version_2_problem_and_runs_on_the_compute_stream(problem_file):
+    problem = planner.load_problem(problem_file)
+    nodes = list(problem.nodes)
+    nodes[1] = nodes[1].model_copy(update={"unpinned_ms": 2.0})
+    v2 = problem.model_copy(update={"nodes": tuple(nodes)}).with_fingerprint()
+    assert v2.schema_version == 2 and v2.fingerprint != problem.fingerprint
+    path = problem_file.parent / "v2.json"
+    planner.save(v2, path)
+    assert planner.load_problem(path) == v2
+    # mm (1 ms) now runs 2 ms of unpinned compute before it: the exposed all_gather waits as before
+    # (issued first), so the step grows by exactly 2 ms
+    assert planner.simulate(v2).compute_ms == pytest.approx(planner.simulate(problem).compute_ms + 2.0)
 
 
 @pytest.mark.parametrize("case", sorted(BROKEN))

@@ -48,6 +48,7 @@ def test_published_mfu_scales_the_compute_and_nothing_else(chain):
     for a, b in zip(chain.nodes, slow.nodes):
         scale = PUBLISHED_COMPUTE_SCALE if a.kind in ("compute", "other") else 1.0
         assert b.est_ms == pytest.approx(a.est_ms * scale) and (a.name, a.deps) == (b.name, b.deps)
+        assert b.unpinned_ms == pytest.approx(a.unpinned_ms * scale)
     assert planner.simulate(slow).step_ms > planner.simulate(chain).step_ms
 
 

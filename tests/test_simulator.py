@@ -173,7 +173,7 @@ def test_bucket_label_names_every_member():
 @given(problems())
 def test_unbucketed_step_is_at_least_the_compute(problem):
     sim = simulate(problem)
-    compute = sum(n.est_ms for n in problem.nodes if n.kind in ("compute", "other"))
+    compute = sum(n.unpinned_ms + (n.est_ms if n.kind in ("compute", "other") else 0.0) for n in problem.nodes)
     assert sim.compute_ms == pytest.approx(compute)
     assert sim.step_ms >= compute - 1e-9
     assert sim.exposed_ms >= 0 and all(v >= 0 for v in sim.exposed_ms_by_pg.values())
@@ -241,6 +241,7 @@ def _walk_every_node(problem, plan):
     exposed = {c.pg: 0.0 for c in problem.collectives}
     cost = problem.bucketing
     for node in problem.nodes:
+        clock += node.unpinned_ms  # the unpinned nodes scheduled before this one
         if node.kind in ("compute", "other"):
             clock += node.est_ms
         elif node.kind == "start" and node.name in issue_at:
