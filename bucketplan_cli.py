@@ -56,14 +56,20 @@ def _hardware(args):
 
 
 def _preset(args):
-    """The cluster the flags name: --preset at --ranks / --tp, priced by --collectives files."""
+    """The cluster the flags name: --preset at --ranks / --tp, priced by --collectives files and
+    a --profile trace."""
     from fxglue.presets import get_preset, with_measurements
 
     try:
         preset = get_preset(args.preset, ranks=args.ranks, tp=args.tp)
         ranks, per_node = _collective_ranks(getattr(args, "collective_ranks", None))
         preset = _compute_rates(preset, args)
-        return with_measurements(preset, getattr(args, "collectives", None), ranks=ranks, ranks_per_node=per_node)
+        preset = with_measurements(preset, getattr(args, "collectives", None), ranks=ranks, ranks_per_node=per_node)
+        if getattr(args, "profile", None):
+            from fxglue.profile import with_profile  # torch's trace parser
+
+            preset = with_profile(preset, args.profile)
+        return preset
     except ValueError as e:  # planner.measured.MeasuredError and BadFileError are ValueErrors
         raise CLIError(str(e)) from None
 
@@ -1022,6 +1028,10 @@ def _add_cluster_options(s) -> None:
                         "on H100; published Llama-3-8B training runs at 33-43%%, i.e. 330-420)")
     s.add_argument("--hbm-tbps", type=float, help="memory bandwidth of the compute roofline in TB/s instead of the "
                                                   "preset's (3.0)")
+    s.add_argument("--profile", metavar="TRACE.json",
+                   help="a Chrome trace of the step on the cluster (torch.profiler, record_shapes=True): its op "
+                        "times replace the roofline of the nodes it timed, its NCCL kernels the collective model "
+                        "of the groups they cover (torch's profile-guided estimation; docs/commands.md)")
     s.add_argument("--collective-ranks", metavar="N/PER_NODE",
                    help="ranks and ranks per node of nccl-tests files whose header lists no ranks (e.g. 64/8)")
 

@@ -2,12 +2,23 @@
 them without importing torch); ``fxglue.estimator`` turns them into estimates.
 
 The α-β defaults of ``Hardware`` model an NVIDIA H100 SXM5 80GB at achievable rather than
-datasheet rates (800 TFLOP/s bf16/fp16 of the 989 dense peak, 60 TFLOP/s fp32, 3.0 TB/s of the
-3.35 TB/s HBM3) in a cluster where the data-parallel group crosses nodes over one 400 Gb/s
-InfiniBand NDR NIC per GPU (50 GB/s bus bandwidth, 20 µs per collective) and the
-tensor-parallel group stays inside a node on NVLink 4 (200 GB/s, 5 µs). They are round,
-documented figures, not measurements; ``Hardware.from_json`` overrides any of them. The NCCL
-presets price collectives with torch's own model instead (``fxglue.costs``).
+datasheet rates, round figures of published measurements:
+- 800 TFLOP/s bf16/fp16 (dense peak 989): the largest matmuls reach 794.5 TFLOP/s
+  (``torch.matmul`` bf16, best shape 2048x2048x13312, torch 2.7 / CUDA 12.6: "Maximum
+  Achievable Matmul FLOPS" table of stas00/ml-engineering, compute/accelerator/README.md) and
+  780 TFLOP/s (a 4224x8192 @ 8192x2048 bf16 mm under max-autotune: gist jeromeku "H100 peak
+  matmul FLOPS"). This is a matmul's rate, not the step's MFU: published Llama-3 training runs
+  at 33-43% MFU (torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 33-39%; Llama 3
+  405B: 380-430 TFLOP/s per GPU), because not every kernel is a large matmul and not every
+  collective hides (the ``published-mfu`` scenario of ``planner.scenarios`` prices that gap);
+- 3.0 TB/s HBM3 (3.35 peak): STREAM-style kernels measure copy 2.90, triad 2.97 TB/s (Azure
+  ND H100 v5, CUDA 12.6: samuel-bohman/AI-benchmarking-guide, Azure_Results);
+- 60 TFLOP/s fp32 (67 dense peak without tensor cores; no built-in workload computes in fp32);
+in a cluster where the data-parallel group crosses nodes over one 400 Gb/s InfiniBand NDR NIC
+per GPU (50 GB/s bus bandwidth, 20 µs per collective) and the tensor-parallel group stays
+inside a node on NVLink 4 (200 GB/s, 5 µs). ``--compute-tflops`` / ``--hbm-tbps`` and
+``Hardware.from_json`` override them. The NCCL presets price collectives with torch's own model
+instead (``fxglue.costs``).
 """
 
 from __future__ import annotations
@@ -91,6 +102,9 @@ class Preset:
     # measured collective times (``planner.measured``) that replace the model for every group
     # and kind they cover (``with_measurements``); None: the model alone
     measured: object = None
+    # a Chrome trace of the step (``fxglue.profile.Profile``): its op and collective times replace
+    # the estimates wherever it has them (``fxglue.profile.with_profile``); None: no profile
+    profile: object = None
 
     @property
     def world_size(self) -> int:

@@ -1,0 +1,136 @@
+"""Prices from a profile: a Chrome trace of the real step (``torch.profiler``), read by torch
+2.13's own profile-guided estimation (``torch._inductor.fx_passes.profile_guided_estimation``,
+which inductor's overlap scheduler uses under
+``aten_distributed_optimizations.profile_guided_estimations_profile_path``).
+
+Why this exists: the roofline and torch's NCCL model are estimates (issue 28); a user who has
+profiled the step on the cluster has the real times. ``--profile TRACE.json`` prices with them
+wherever the trace has them, and with the preset elsewhere:
+- **Compute.** A node whose op ran with the same input shapes, strides and dtype in the trace
+  takes the GPU time of its kernels there (torch's ``ProfileData.lookup_op``, an exact match; the
+  CPU attention ops this machine traces are looked up under their CUDA names). Nodes inductor
+  fuses keep the fused roofline (``Estimator.fused_costs``): an eager trace times them unfused,
+  a compiled one under triton kernel names no graph node has.
+- **Collectives.** The trace's NCCL kernels (torch's parser: collective name, the process group's
+  ranks, message elements, dtype, duration) become measured series (``planner.measured``), one
+  per collective kind and group layout; the graph's groups take them as they take a
+  ``--collectives`` file: by size and ranks per node, which come from the ranks (ranks fill nodes
+  in order, ``ranks_per_node`` a node). Sizes between two measured ones are interpolated, others
+  extrapolated and reported, as for any measurement.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.fx as fx
+
+from planner.io import read_regular_text
+from planner.measured import Measured, MeasuredError, Series
+
+MAX_TRACE_BYTES = 1 << 30
+# nccl message elements to the full tensor (planner's wire bytes): an all_gather's output, a
+# reduce_scatter's input, an all_reduce's buffer (torch's parser reads "In/Out msg nelems")
+_WIRE_NELEMS = {"all_gather": "out_nelems", "reduce_scatter": "in_nelems", "all_reduce": "in_nelems"}
+
+
+class ProfileError(MeasuredError):
+    """A trace that cannot be used; the message names the file."""
+
+
+@dataclass
+class Profile:
+    """A trace read by torch's parser: ``data`` (its ``ProfileData``), the collectives as
+    ``series``, and which nodes it priced (``priced``: target name -> count)."""
+
+    path: str
+    data: object
+    series: list[Series]
+    priced: Counter = field(default_factory=Counter)
+
+    def op_ms(self, n: fx.Node) -> float | None:
+        """The trace's time for this node's op at its input shapes, strides and dtype, or None."""
+        from torch._inductor.fx_passes import profile_guided_estimation as pge
+
+        from fxglue.cpu_compat import _sdpa_aliases
+
+        target = _sdpa_aliases().get(n.target, n.target)  # the CPU attention ops under their CUDA names
+        if not hasattr(target, "_schema"):
+            return None
+        name = f"{target.namespace}::{target._schema.name.split('::')[-1]}"
+        shapes = pge._get_node_input_shapes_and_strides(n)
+        if shapes is None:
+            return None
+        ms = self.data.lookup_op(name, shapes[0], shapes[1], pge._get_node_dtype(n))
+        if ms is not None:
+            self.priced[name] += 1
+        return ms
+
+
+def read_profile(path: str | Path, ranks_per_node: int) -> Profile:
+    """The trace at ``path``; ``ranks_per_node``: how ranks fill a node (the preset's)."""
+    from torch._inductor.fx_passes.profile_guided_estimation import ProfileData
+
+    try:  # a FIFO or a device would block or read without end (planner.io)
+        data = json.loads(read_regular_text(path, MAX_TRACE_BYTES, "profile trace"))
+    except json.JSONDecodeError as e:
+        raise ProfileError(f"{path}: not a Chrome trace (not JSON: {e.msg} at line {e.lineno})") from None
+    except ValueError as e:
+        raise ProfileError(str(e)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
+        raise ProfileError(f"{path}: not a Chrome trace (no traceEvents list; torch.profiler's "
+                           "export_chrome_trace writes one)")
+    parsed = ProfileData()
+    try:
+        parsed._parse_pg_configs(data)
+        parsed._parse_events(data)
+        parsed._build_indices()
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ProfileError(f"{path}: torch's trace parser cannot read it ({type(e).__name__}: {e})") from None
+    series = _collective_series(parsed, str(path), ranks_per_node)
+    if not series and not parsed.ops:
+        raise ProfileError(f"{path}: no GPU kernel with an op's input shapes or a collective's metadata "
+                           "(record with torch.profiler, record_shapes=True)")
+    return Profile(str(path), parsed, series)
+
+
+def _collective_series(parsed, path: str, ranks_per_node: int) -> list[Series]:
+    """One series per (collective kind, ranks, dtype): the mean duration at each message size."""
+    times: dict[tuple, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for rec in parsed.collectives:
+        kind = parsed._normalize_collective_name(rec.collective_name)
+        if kind not in _WIRE_NELEMS or not rec.pg_ranks:
+            continue
+        wire = getattr(rec, _WIRE_NELEMS[kind]) * parsed._dtype_elem_bytes(rec.dtype)
+        times[kind, rec.pg_ranks, rec.dtype][wire].append(rec.duration_us / 1e3)
+    out = []
+    for (kind, ranks, dtype), by_size in sorted(times.items()):
+        per_node = max(Counter(r // ranks_per_node for r in ranks).values())
+        points = tuple((b, sum(ms) / len(ms)) for b, ms in sorted(by_size.items()))
+        out.append(Series(kind, points, f"{path}: {kind} on ranks {_ranks(ranks)}, {dtype}", ranks=len(ranks),
+                          ranks_per_node=per_node))
+    return out
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    return f"{ranks[0]}..{ranks[-1]} ({len(ranks)})" if len(ranks) > 4 else str(list(ranks))
+
+
+def with_profile(preset, path):
+    """``preset`` priced by the trace at ``path`` where it has a time (see the module docstring);
+    a bad trace raises ``ProfileError``."""
+    import hashlib
+    from dataclasses import replace
+
+    if not path:
+        return preset
+    profile = read_profile(path, preset.ranks_per_node)
+    # measurements the user gave with --collectives come first: they win where both cover a group
+    earlier = list(preset.measured.series) if preset.measured is not None else []
+    measured = Measured(earlier + profile.series) if earlier or profile.series else None
+    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:8]
+    return replace(preset, profile=profile, measured=measured, name=f"{preset.name}+profile-{digest}",
+                   description=f"{preset.description}; priced by the profile {path} where it has times")
