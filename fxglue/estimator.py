@@ -18,6 +18,8 @@ The presets and hardware figures, with their sources, are in ``fxglue.presets``.
 from __future__ import annotations
 
 import operator
+import types
+import weakref
 
 import torch
 import torch.fx as fx
@@ -66,6 +68,20 @@ def wire_bytes(n: fx.Node) -> int:
     return _nbytes(_val(n.args[0]))
 
 
+def fused_node_costs(graph: fx.Graph, hbm_tbps: float) -> dict[fx.Node, float]:
+    """ms per node of ``graph``'s fusion regions, by torch's own functions (``Estimator.fused_costs``)."""
+    import torch.utils._runtime_estimation as runtime_estimation
+    from torch._inductor.fx_passes.fusion_regions import build_fusion_regions, estimate_fused_node_costs
+
+    regions = build_fusion_regions(types.SimpleNamespace(graph=graph))  # it reads gm.graph only
+    original = runtime_estimation.get_gpu_dram_gbps
+    runtime_estimation.get_gpu_dram_gbps = lambda: hbm_tbps * 1e3  # GB/s: bytes / GB/s is ns
+    try:
+        return estimate_fused_node_costs(regions) if regions else {}
+    finally:
+        runtime_estimation.get_gpu_dram_gbps = original
+
+
 class Estimator:
     """``custom_runtime_estimation`` for torch's scheduler, plus the per-PG links it used.
 
@@ -76,7 +92,7 @@ class Estimator:
     times replace the model for every group and kind they cover; then every collective, the
     scheduler's and the problem's alike, is priced by ``link(pg)``, one curve for both.
     ``profile`` (``fxglue.profile.Profile``): the op times of a trace replace the roofline of the
-    nodes it timed; its collectives come in through ``measured``.
+    nodes it timed (not of fused ones); its collectives come in through ``measured``.
     """
 
     def __init__(self, hardware: Hardware | None = None, roles: dict[str, str] | None = None, *,
@@ -88,6 +104,7 @@ class Estimator:
         self.measured = measured
         self.profile = profile
         self._links: dict[str, Link] = {}
+        self._fused: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def group_layout(self, pg: str) -> tuple[int, int]:
         """(group size, its ranks per node)."""
@@ -170,12 +187,25 @@ class Estimator:
         size = self.link(pg).group_size
         return override_size * size // (size + 1)
 
+    def fused_costs(self, graph: fx.Graph) -> dict[fx.Node, float]:
+        """What inductor's fusion makes of ``graph``'s memory-bound nodes: torch 2.13's own
+        ``fusion_regions.build_fusion_regions`` (connected fusible nodes within a run of them) and
+        ``estimate_fused_node_costs`` (a region's node pays only for the tensors that cross the
+        region's boundary: intermediates are never written to memory), at this hardware's HBM
+        bandwidth instead of the device's (torch asks triton for it). Computed the first time a
+        graph is seen, and kept: torch's scheduler asks first, before it reorders the graph, and
+        extraction, after, must price the same regions."""
+        got = self._fused.get(graph)
+        if got is None:
+            got = fused_node_costs(graph, self.hardware.hbm_tbps)
+            self._fused[graph] = got
+        return got
+
     def compute_ms(self, n: fx.Node) -> float:
         """Roofline: max(FLOPs / peak, bytes touched / HBM bandwidth), the bytes counted as torch's
         roofline counts them (``get_num_bytes``: a broadcast dimension is read once); views cost
-        nothing (ours and torch's ``is_view_node``). Each node is priced alone: inductor's fusion
-        is not modelled (torch's ``fusion_regions`` pricing changed torch's schedule so that a
-        compiled CP-SAT plan was no longer bitwise equal to the unbucketed compile: issue 28)."""
+        nothing (ours and torch's ``is_view_node``); a node inductor fuses with its neighbours pays
+        for its region's boundary only (``fused_costs``)."""
         from torch._inductor.fx_passes.fusion_regions import is_view_node
         from torch.utils._runtime_estimation import get_num_bytes
         from torch.utils.flop_counter import flop_registry
@@ -186,6 +216,9 @@ class Estimator:
             return 0.0
         if n.target is torch.ops._c10d_functional.wait_tensor.default:
             return 0.0
+        fused = self.fused_costs(n.graph).get(n)
+        if fused is not None:
+            return fused
         if self.profile is not None:
             profiled = self.profile.op_ms(n)
             if profiled is not None:

@@ -8,7 +8,9 @@ profiled the step on the cluster has the real times. ``--profile TRACE.json`` pr
 wherever the trace has them, and with the preset elsewhere:
 - **Compute.** A node whose op ran with the same input shapes, strides and dtype in the trace
   takes the GPU time of its kernels there (torch's ``ProfileData.lookup_op``, an exact match; the
-  CPU attention ops this machine traces are looked up under their CUDA names).
+  CPU attention ops this machine traces are looked up under their CUDA names). Nodes inductor
+  fuses keep the fused roofline (``Estimator.fused_costs``): an eager trace times them unfused,
+  a compiled one under triton kernel names no graph node has.
 - **Collectives.** The trace's NCCL kernels (torch's parser: collective name, the process group's
   ranks, message elements, dtype, duration) become measured series (``planner.measured``), one
   per collective kind and group layout; the graph's groups take them as they take a

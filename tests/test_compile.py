@@ -59,8 +59,23 @@ def _assert_code_keeps_the_order(used: list[dict]) -> None:
             assert code == graph, f"graph {i}: inductor's order {' '.join(code)} != planned {' '.join(graph)}"
 
 
+# A bucketed graph is compiled anew, and inductor fuses its kernels around the bucket's copies:
+# measured on llama-shaped FSDP at one layer (a CP-SAT plan of one reduce_scatter bucket), the
+# backward compiled to 9 fused kernels instead of 11 (two weight-gradient reductions fused into
+# the bucket's copy-in), and every gradient moved by at most 1.1 float32 epsilons of its largest
+# magnitude (1.49e-8 on 0.11) while the loss stayed bitwise. Bucketing itself is exact here (gloo
+# sums two ranks' values in either order to the same float; `bucketplan check`, which runs the FX
+# graphs without inductor, stays bitwise), so the compiled runs are held to a few epsilons: a
+# wrong merge moves values by their own size.
+COMPILED_EPSILONS = 8
+
+
 def _same(a: dict, b: dict) -> bool:
-    return torch.equal(a["loss"], b["loss"]) and all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))
+    """Equal up to inductor's reassociation: every output within ``COMPILED_EPSILONS`` float32
+    epsilons of its largest magnitude (the loss too)."""
+    eps = torch.finfo(torch.float32).eps
+    pairs = [(a["loss"], b["loss"]), *zip(a["grads"], b["grads"])]
+    return all(float((x - y).abs().max()) <= COMPILED_EPSILONS * eps * float(y.abs().max()) for x, y in pairs)
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -119,7 +134,7 @@ def test_record_solve_use_applies_the_plan_and_keeps_the_numbers(world, style, t
         print(f"rank {rank}: max |diff| vs unbucketed: torch greedy {_max_diff(recorded[rank], plain[rank]):.3g}, "
               f"plan {_max_diff(used[rank], plain[rank]):.3g}; plan vs eager {_max_diff(used[rank], eager[rank]):.3g}")
     for rank in range(2):
-        # gloo sums two ranks' values in either order to the same float: bucketing is exact here
+        # bucketing is exact; the compiled kernels around it may reassociate (COMPILED_EPSILONS)
         assert _same(recorded[rank], plain[rank]), f"rank {rank}: torch's bucketing changed the numbers"
         assert _same(used[rank], plain[rank]), f"rank {rank}: the plan changed the numbers " \
                                                f"(max |diff| {_max_diff(used[rank], plain[rank]):.3g})"

@@ -5,13 +5,16 @@ the sum of those prices over every scheduled node.
 
 The independent roofline: a matmul's FLOPs worked out from its shapes (2·m·k·n; other compute
 ops by torch's FLOP formulas), bytes as torch's roofline counts them (each tensor's elements over
-its non-broadcast dimensions), views, getitems and waits free; each node priced alone (inductor's
-fusion is not modelled: see ``Estimator.compute_ms``).
+its non-broadcast dimensions), views, getitems and waits free; a node inductor fuses (torch's
+``build_fusion_regions`` names the regions: the oracle of what inductor fuses) pays only for the
+tensors that cross its region's boundary: inputs from outside, and its output when a node outside
+uses it.
 """
 
 from __future__ import annotations
 
 import math
+import types
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ import torch
 import planner
 from fxglue.estimator import Estimator, collective_kind
 from fxglue.presets import Hardware
+from tests.handmade import build
 
 HW = Hardware()
 aten = torch.ops.aten
@@ -61,7 +65,7 @@ def _flops(n) -> float | None:
     return None
 
 
-def independent_ms(n) -> float:
+def independent_ms(n, regions) -> float:
     """The roofline price of one node, worked out here (see the module's docstring)."""
     if n.op != "call_function" or n.target is __import__("operator").getitem or collective_kind(n):
         return 0.0
@@ -72,6 +76,12 @@ def independent_ms(n) -> float:
             aten.split_with_sizes.default, aten.view.dtype, aten.t.default, aten.alias.default):
         return 0.0
     hbm = HW.hbm_tbps * 1e12
+    if n in regions:
+        region = regions[n]
+        outside = sum(_bytes(i.meta.get("val")) for i in n.all_input_nodes if i not in region)
+        if any(u not in region for u in n.users):
+            outside += sum(map(_bytes, _tensors(n)))
+        return outside / hbm * 1e3
     outs = _tensors(n)
     if not outs:
         return 0.0
@@ -81,13 +91,29 @@ def independent_ms(n) -> float:
     return max(touched / hbm, compute) * 1e3
 
 
-def _check_every_node(prepared, problem):
+def test_a_fused_chain_costs_one_read_and_one_write():
+    """x * 2 + 1, relu'd: inductor runs one kernel that reads x once and writes the result once."""
+    h = build(lambda x: torch.relu(x * 2 + 1), [((1024, 1024), torch.bfloat16)], {})
+    est = Estimator(HW)
+    total = sum(est.compute_ms(n) for n in h.gm.graph.nodes)
+    assert total == pytest.approx(2 * 1024 * 1024 * 2 / (HW.hbm_tbps * 1e12) * 1e3, rel=1e-9)
+    alone = [n for n in h.gm.graph.nodes if n.target == aten.mul.Tensor]
+    assert len(alone) == 1  # unfused, each of the three would read and write the whole tensor
+
+
+def _regions(graph):
+    from torch._inductor.fx_passes.fusion_regions import build_fusion_regions
+
+    return build_fusion_regions(types.SimpleNamespace(graph=graph))
+
+
+def _check_every_node(prepared, regions, problem):
     from fxglue.cpu_compat import cpu_compat
 
     sched = prepared.inputs.scheduled
     with cpu_compat(prepared.estimator):  # the SDPA formulas for CPU attention, as the scheduler sees them
         ours = {n: 0.0 if collective_kind(n) else prepared.estimator.compute_ms(n) for n in sched}
-        theirs = {n: independent_ms(n) for n in sched}
+        theirs = {n: independent_ms(n, regions) for n in sched}
     wrong = [(n.name, ours[n], theirs[n]) for n in sched if ours[n] != pytest.approx(theirs[n], rel=1e-9, abs=1e-12)]
     assert not wrong, wrong[:5]
     stream = sum(n.stream_ms for n in problem.nodes)
@@ -98,15 +124,17 @@ def _check_every_node(prepared, problem):
 
 @pytest.mark.parametrize("workload", ["llama3-8b-fsdp-2", pytest.param("llama3-8b-fsdp-8", marks=pytest.mark.long)])
 def test_the_compute_stream_runs_every_scheduled_node_at_its_roofline_price(workload):
-    """On torch's schedule: every node's price matches, and the compute stream is their sum."""
+    """On torch's schedule: regions are read off the graph as traced (the order torch's scheduler
+    first saw), every node's price matches, and the compute stream is their sum."""
     from fxglue.models.workloads import trace
     from fxglue.pipeline import prepare, resolve_preset
 
     preset = resolve_preset("h100-8nodes")
     traced = trace(workload, world_size=preset.world_size, tp=preset.tp)
+    regions = _regions(traced.gm.graph)
     prepared = prepare(traced, preset=preset, greedy=False)
-    theirs = _check_every_node(prepared, prepared.problem)
-    assert sum(v > 0 for v in theirs.values()) > 100
+    theirs = _check_every_node(prepared, regions, prepared.problem)
+    assert sum(v > 0 for v in theirs.values()) > 100 and len(regions) > 50
 
 
 def test_a_replayed_order_charges_the_nodes_it_leaves_unpinned():
