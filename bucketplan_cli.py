@@ -285,8 +285,8 @@ def _verify_and_report(args) -> int:
             policy[key], source[key] = given[key], "from flags"
         elif key in recorded:
             policy[key], source[key] = recorded[key], "recorded in the plan"
-    # the overlap policy has no flag: a positioned step plan records keep_overlap false (rules 4, 7
-    # and 8 judge torch's order, which such a plan leaves)
+    # verify has no overlap flag: a positioned step plan records keep_overlap false (rules 4, 7 and 8
+    # judge torch's order, which such a plan leaves) unless it was searched with --keep-overlap
     overlap = recorded.get("keep_overlap", True)
     peak = recorded.get("peak_memory_bytes")  # rule 11, as the positioned search recorded it
     report = check(problem, plan, **policy, keep_overlap=overlap, peak_memory_bytes=peak)
@@ -421,7 +421,8 @@ def _position_search_and_report(args, problem, anchored, hint, t_start: float) -
     starts = [p for p in (anchored.plan, hint) if p is not None]
     deadline = t_start + args.time_limit
     try:
-        result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline, seed=args.seed)
+        result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline, seed=args.seed,
+                                 keep_overlap=args.keep_overlap)
     except ValueError as e:  # nothing fits the budget
         raise CLIError(f"--peak-memory-gb: {e}") from None
     except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified anchored plan is the best so far
@@ -483,6 +484,8 @@ def cmd_solve(args) -> int:
         if args.positions != "free":
             raise CLIError("--peak-memory-gb needs --positions free")
         _positive(args.peak_memory_gb, "--peak-memory-gb")
+    if args.keep_overlap and args.positions != "free":
+        raise CLIError("--keep-overlap needs --positions free (anchored plans always keep torch's overlap)")
     _output_file(args.output, "-o")
     if args.robust:
         return _robust_and_report(args)
@@ -955,6 +958,9 @@ def _add_solve_parsers(sub) -> None:
                    help="anchored (the default): each bucket starts and waits where torch scheduled one of its "
                         "members; free: also choose where (planner.position_search, step objective only), within "
                         "--peak-memory-gb; apply, check and use merge such plans where they name")
+    s.add_argument("--keep-overlap", action="store_true",
+                   help="with --positions free: keep torch's overlap too (rules 4, 7 and 8: a bucket keeps what hid "
+                        "each member), as anchored plans do (default: off; the step prices lost overlap)")
     s.add_argument("--peak-memory-gb", type=float, default=None,
                    help="with --positions free: the planned schedule's peak memory (GB, 1e9 bytes) stays within "
                         "this (default: the --hint plan's peak, or the unbucketed schedule's)")

@@ -50,9 +50,10 @@ FREE_POSITIONS_CP_SAT_SHARE = 0.2
 LEGALIZE_ROUNDS = 50
 
 
-def positioned_policy(peak_memory_bytes: int | None) -> Policy:
-    """The policy of a positioned step plan: overlap rules off, the peak within the budget."""
-    return Policy(keep_overlap=False, peak_memory_bytes=peak_memory_bytes)
+def positioned_policy(peak_memory_bytes: int | None, keep_overlap: bool = False) -> Policy:
+    """The policy of a positioned step plan: overlap rules off (``keep_overlap``: on, as torch's
+    bucketer keeps what hid each member), the peak within the budget."""
+    return Policy(keep_overlap=keep_overlap, peak_memory_bytes=peak_memory_bytes)
 
 
 @dataclass
@@ -152,13 +153,13 @@ class _Search:
     evaluation budget, the memory budget, and ``stats``; its plans carry the template's record."""
 
     def __init__(self, problem: Problem, template: Plan, budget: int | None, deadline: float,
-                 max_evaluations: int | None, seed: int):
+                 max_evaluations: int | None, seed: int, keep_overlap: bool = False):
         self.problem, self.template, self.budget = problem, template, budget
         self.deadline, self.max_evaluations = deadline, max_evaluations
         self.rng = random.Random(seed)
         self.ix = _Index(problem)
-        self.policy = positioned_policy(budget)
-        self.rules = positioned_policy(None).as_params()  # the hot loop's rules, the budget apart
+        self.policy = positioned_policy(budget, keep_overlap)
+        self.rules = positioned_policy(None, keep_overlap).as_params()  # the hot loop's rules, the budget apart
         self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0}
 
     def out_of_budget(self) -> bool:
@@ -356,18 +357,23 @@ def default_peak_budget(problem: Problem, plans=()) -> int:
 
 
 def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: int | None, deadline: float,
-                    max_evaluations: int | None = None, seed: int = 0, per_block: bool = True) -> PositionResult:
+                    max_evaluations: int | None = None, seed: int = 0, per_block: bool = True,
+                    keep_overlap: bool = False) -> PositionResult:
     """The fastest plan found with free positions whose peak memory is within ``peak_memory_bytes``
     (None: no budget), from the per-block seed and each of ``starts`` (any plans of the problem;
     one that does not fit the budget is fitted first). ``deadline``: a ``time.perf_counter`` value;
     ``max_evaluations``: the reproducible limit. The result is verified under the positioned
     policy (``positioned_policy``), which its ``params`` record; if nothing fits the budget the
-    unbucketed schedule is returned when it does, else ValueError."""
+    unbucketed schedule is returned when it does, else ValueError. ``keep_overlap``: every
+    candidate keeps torch's overlap too (rules 4, 7 and 8), so a bucket may start where no member
+    did and still keep what hid each member (torch's own count on its folded-conversion unit test,
+    where every anchored plan keeps one collective more)."""
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    params = {"objective": "step", "positions": "free", "seed": seed, **positioned_policy(peak_memory_bytes).as_params()}
+    params = {"objective": "step", "positions": "free", "seed": seed,
+              **positioned_policy(peak_memory_bytes, keep_overlap).as_params()}
     template = Plan(problem_fingerprint=problem.fingerprint, planner="bucketplan position search", params=params,
                     created=created, buckets=())
-    search = _Search(problem, template, peak_memory_bytes, deadline, max_evaluations, seed)
+    search = _Search(problem, template, peak_memory_bytes, deadline, max_evaluations, seed, keep_overlap)
     ix = search.ix
     seeds: list[tuple[str, list[Bucket]]] = []
     if per_block and any(c.module is not None for c in problem.collectives):

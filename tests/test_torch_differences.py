@@ -7,6 +7,8 @@ graph and our verifier on the extracted problem, and asserts the documented diff
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from fxglue.cpu_compat import cpu_compat
@@ -199,7 +201,14 @@ def test_torch_merges_a_gather_whose_folded_conversion_hides_and_a_positioned_pl
     report = planner.check(p, where_it_was)
     assert report.feasible, report.violations
     assert (report.quality.hidden_kept, report.quality.hidden_relations) == (3, 3)
+    # the positioned search held to torch's overlap (rules 4, 7, 8) finds torch's count itself
+    from planner.position_search import position_search
+
+    found = position_search(p, [], peak_memory_bytes=None, deadline=time.perf_counter() + 60, max_evaluations=2000,
+                            keep_overlap=True).plan
+    assert "keep_overlap" not in found.params and not verify(p, found)  # recorded as the default: on
+    assert planner.collectives_after(p, found) == 2
     with h.fake_mode:
-        apply_plan(h.gm.graph, h.collective_info, h.scheduled, where_it_was, problem=p,
+        apply_plan(h.gm.graph, h.collective_info, h.scheduled, found, problem=p,
                    bucket_mode="custom_ops_multidtype")
     assert _all_gathers(h.gm.graph) == 2
