@@ -59,17 +59,21 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default="torch,published")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--out", default="experiments/results/robust_scenarios")
+    ap.add_argument("--presets-dir", type=Path, default=PRESETS_DIR,
+                    help="the presets run whose 8-layer problems to judge (default %(default)s)")
     args = ap.parse_args(argv)
     scenarios = args.scenarios.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    cases = [Case(d.name, d) for d in sorted(PRESETS_DIR.glob("*-8--*")) if (d / "problem.json.gz").exists()]
+    cases = [Case(d.name, d) for d in sorted(args.presets_dir.glob("*-8--*")) if (d / "problem.json.gz").exists()]
     rows = run_missing(out, cases, lambda c: run_case(c, scenarios, args.seconds, out),
                        case_key=lambda c: c.name, row_key=lambda r: r["case"])
     cols = ["case", "collectives", "torch-optimized worst regret %", "robust worst regret %", "ratio", "wall_s"]
     lines = [f"# Worst-case regret across {', '.join(scenarios)}: the plan optimized for torch's model vs the "
              "robust plan", "",
-             f"`python -m experiments.robust_scenarios --scenarios {args.scenarios} --seconds {args.seconds:g}` on "
+             f"`python -m experiments.robust_scenarios --scenarios {args.scenarios} --seconds {args.seconds:g}"
+             + (f" --presets-dir {args.presets_dir} --out {args.out}" if args.presets_dir != PRESETS_DIR else "")
+             + "` on "
              f"{machine()}. Scenarios: " + "; ".join(f"`{s}`: {SCENARIOS.get(s, s)}" for s in scenarios) + ".", "",
              *markdown_table(cols, rows), "",
              "regret: a plan's step over the least step any judged plan reaches under that scenario, minus 1 "
