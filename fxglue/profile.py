@@ -21,9 +21,10 @@ wherever the trace has them, and with the preset elsewhere:
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.fx as fx
@@ -44,12 +45,13 @@ class ProfileError(MeasuredError):
 @dataclass
 class Profile:
     """A trace read by torch's parser: ``data`` (its ``ProfileData``), the collectives as
-    ``series``, and which nodes it priced (``priced``: target name -> count)."""
+    ``series``, and ``digest``, of the trace's text (a plan recorded on one trace is not taken for
+    another's: the preset's name carries it)."""
 
     path: str
     data: object
     series: list[Series]
-    priced: Counter = field(default_factory=Counter)
+    digest: str
 
     def op_ms(self, n: fx.Node) -> float | None:
         """The trace's time for this node's op at its input shapes, strides and dtype, or None."""
@@ -64,10 +66,7 @@ class Profile:
         shapes = pge._get_node_input_shapes_and_strides(n)
         if shapes is None:
             return None
-        ms = self.data.lookup_op(name, shapes[0], shapes[1], pge._get_node_dtype(n))
-        if ms is not None:
-            self.priced[name] += 1
-        return ms
+        return self.data.lookup_op(name, shapes[0], shapes[1], pge._get_node_dtype(n))
 
 
 def read_profile(path: str | Path, ranks_per_node: int) -> Profile:
@@ -75,7 +74,8 @@ def read_profile(path: str | Path, ranks_per_node: int) -> Profile:
     from torch._inductor.fx_passes.profile_guided_estimation import ProfileData
 
     try:  # a FIFO or a device would block or read without end (planner.io)
-        data = json.loads(read_regular_text(path, MAX_TRACE_BYTES, "profile trace"))
+        text = read_regular_text(path, MAX_TRACE_BYTES, "profile trace")
+        data = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: not a Chrome trace (not JSON: {e.msg} at line {e.lineno})") from None
     except ValueError as e:
@@ -94,7 +94,7 @@ def read_profile(path: str | Path, ranks_per_node: int) -> Profile:
     if not series and not parsed.ops:
         raise ProfileError(f"{path}: no GPU kernel with an op's input shapes or a collective's metadata "
                            "(record with torch.profiler, record_shapes=True)")
-    return Profile(str(path), parsed, series)
+    return Profile(str(path), parsed, series, hashlib.sha256(text.encode()).hexdigest()[:8])
 
 
 def _collective_series(parsed, path: str, ranks_per_node: int) -> list[Series]:
@@ -122,7 +122,6 @@ def _ranks(ranks: tuple[int, ...]) -> str:
 def with_profile(preset, path):
     """``preset`` priced by the trace at ``path`` where it has a time (see the module docstring);
     a bad trace raises ``ProfileError``."""
-    import hashlib
     from dataclasses import replace
 
     if not path:
@@ -131,6 +130,5 @@ def with_profile(preset, path):
     # measurements the user gave with --collectives come first: they win where both cover a group
     earlier = list(preset.measured.series) if preset.measured is not None else []
     measured = Measured(earlier + profile.series) if earlier or profile.series else None
-    digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:8]
-    return replace(preset, profile=profile, measured=measured, name=f"{preset.name}+profile-{digest}",
+    return replace(preset, profile=profile, measured=measured, name=f"{preset.name}+profile-{profile.digest}",
                    description=f"{preset.description}; priced by the profile {path} where it has times")

@@ -665,7 +665,7 @@ class TimeTerms:
             while k < len(wanted) and wanted[k] <= n.pos:
                 prefix[wanted[k]] = int(round(acc * 1e3))
                 k += 1
-            acc += n.stream_ms - n.unpinned_ms
+            acc += n.own_ms
         for p in wanted[k:]:
             prefix[p] = int(round(acc * 1e3))
         return TimeTerms(lat, bw, prefix)

@@ -218,10 +218,15 @@ class Node(_Frozen):
     unpinned_ms: float = _ms(default=0.0, description="compute of the unpinned nodes scheduled just before it")
 
     @property
+    def own_ms(self) -> float:
+        """This node's own time on the compute stream: its estimate for a compute or other node,
+        none for a start or wait."""
+        return self.est_ms if self.kind in ("compute", "other") else 0.0
+
+    @property
     def stream_ms(self) -> float:
-        """What the compute stream spends here: the unpinned compute before this node and, for a
-        compute or other node, its own estimate (starts and waits have none)."""
-        return self.unpinned_ms + (self.est_ms if self.kind in ("compute", "other") else 0.0)
+        """What the compute stream spends here: the unpinned compute before this node and its own."""
+        return self.unpinned_ms + self.own_ms
 
 
 class Timeline(_Frozen):

@@ -257,7 +257,7 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
     for n in problem.nodes:
         acc += n.unpinned_ms
         prefix.append(_ns(acc))
-        acc += n.stream_ms - n.unpinned_ms
+        acc += n.own_ms
     return positions, prefix, _ns(acc)
 
 
