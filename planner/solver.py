@@ -713,6 +713,15 @@ def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
                                floor=incumbent.floor if plan is incumbent.plan else None)
 
 
+# CP-SAT 9.15 with interleave_search and two or more workers aborts the process ("Check failed:
+# heuristics.fixed_search != nullptr", a C++ CHECK, SIGABRT) when the model has a solution hint
+# and its infeasibility is found while a worker loads it (its search heuristics are never built).
+# A three-variable model does it (docs/results.md, "An OR-Tools abort"). So a model is hinted only
+# with a plan that satisfies it: then it is feasible and loading cannot find otherwise. The main
+# model always holds the unbucketed plan; a probe ("at most B collectives") need not, and is not
+# hinted.
+
+
 def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     """Destructive lower bounding with the time the main search left: ask for a plan with at
     most B = ceil(bound) collectives. Infeasible proves B + 1 is a bound (probe again); a plan
@@ -733,7 +742,7 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
                                      key_bounds=ctx.bounds["key_bounds"], **ctx.policy.as_params())
         except BuildStopped:  # out of time: the bound so far stands
             break
-        handle.add_hint(plan)  # over the target, but it guides the search (CP-SAT repairs hints)
+        # no hint: the incumbent is over the target, so it breaks this model (see above _probe)
         solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
                                     _portfolio("count", windowed=False))
         code = _run_search(solver, handle.model, ctx.cb)
@@ -806,6 +815,10 @@ def _result(ctx: _SolveContext, incumbent: _Incumbent) -> SolveResult:
         ctx.stats["fallback"] = incumbent.floor
     ctx.stats["interrupted"] = ctx.cb.interrupted
     ctx.stats["stop_deferred"] = ctx.cb.stop_deferred
+    if status == "OPTIMAL" and ctx.stats.get("wall_limit_hit"):
+        # a later stage (a probe) proved the objective: the wall clock that stopped the main search
+        # no longer decides it, so the result is not reported as one another run may better
+        ctx.stats["main_search_wall_limit_hit"], ctx.stats["wall_limit_hit"] = True, False
     plan = incumbent.plan
     if plan is not None:
         plan = plan.model_copy(update={"params": {**plan.params, "interrupted": ctx.cb.interrupted,
