@@ -1,7 +1,8 @@
 """The ``bucketplan`` command line.
 
 Torch-free commands (``verify``, ``solve``) import only ``planner``; the others import
-``fxglue`` (and torch) when they run.
+``fxglue`` (and torch) when they run. This module imports only the standard library at its top,
+so that a Ctrl-C while the packages load is caught by ``main`` (exit 130, one line).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import sys
 import time
 from pathlib import Path
 
-from planner.report import COMPARE_TIME_LIMIT_S
 
 
 class CLIError(Exception):
@@ -214,6 +214,7 @@ def cmd_extract(args) -> int:
         return _extract_tiny(args)
     say = _progress(args.quiet)
     out = Path(args.output)
+    _output_file(str(out / "problem.json"), "-o")  # before the tracing, not after it
     preset = _preset(args)
     workload = _workload(args)
     try:
@@ -226,8 +227,11 @@ def cmd_extract(args) -> int:
         raise CLIError(str(e)) from None
     problem, plan = result.problem, result.plan
     _measured_notes(preset, problem)
-    planner.save(problem, out / "problem.json")
-    planner.save(plan, out / "greedy-plan.json")
+    try:
+        planner.save(problem, out / "problem.json")
+        planner.save(plan, out / "greedy-plan.json")
+    except OSError as e:  # checked before tracing; a full disk shows only when the bytes are written
+        raise CLIError(f"-o {out}: cannot write {e.filename or 'there'} ({e.strerror or e})") from None
     t = result.timings
     n = len(problem.collectives)
     print(f"workload            {result.name}")
@@ -376,22 +380,27 @@ def _output_file(path: str, flag: str) -> None:
     the device), or a folder that cannot be created or written. Writability is probed with a
     temporary file in the nearest existing folder, removed at once: permission bits say nothing
     for root or on a read-only or virtual filesystem (/sys)."""
-    import tempfile
-
     p = Path(path)
     if p.is_dir():
         raise CLIError(f"{flag} {path}: is a directory; give the plan file to write")
     if p.exists() and not p.is_file():
         raise CLIError(f"{flag} {path}: exists and is not a regular file")
-    folder = p.parent
+    _writable_place(p.parent, flag, path)
+
+
+def _writable_place(folder: Path, flag: str, shown: str) -> None:
+    """``folder``, or the nearest folder above it that exists, takes a new file (a temporary one,
+    removed at once)."""
+    import tempfile
+
     while not folder.exists():  # ends at '.' or '/', which exist
         folder = folder.parent
     if not folder.is_dir():
-        raise CLIError(f"{flag} {path}: cannot create a folder there: {folder} is a file")
+        raise CLIError(f"{flag} {shown}: cannot create a folder there: {folder} is a file")
     try:
         fd, probe = tempfile.mkstemp(prefix=".bucketplan-probe-", dir=folder)
     except OSError as e:
-        raise CLIError(f"{flag} {path}: cannot write in {folder} ({e.strerror or e})") from None
+        raise CLIError(f"{flag} {shown}: cannot write in {folder} ({e.strerror or e})") from None
     os.close(fd)
     os.unlink(probe)
 
@@ -420,6 +429,8 @@ def _position_search_and_report(args, problem, anchored, hint, t_start: float) -
     budget = _peak_budget(args.peak_memory_gb, problem, hint)
     starts = [p for p in (anchored.plan, hint) if p is not None]
     deadline = t_start + args.time_limit
+    _progress(args.quiet)(f"positioned search within a peak of {budget / 1e9:.3f} GB, "
+                          f"{max(0.0, deadline - time.perf_counter()):.0f} s")
     try:
         result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline, seed=args.seed,
                                  keep_overlap=args.keep_overlap)
@@ -487,9 +498,9 @@ def cmd_solve(args) -> int:
     if args.keep_overlap and args.positions != "free":
         raise CLIError("--keep-overlap needs --positions free (anchored plans always keep torch's overlap)")
     _output_file(args.output, "-o")
-    if args.robust:
-        return _robust_and_report(args)
     try:
+        if args.robust is not None:
+            return _robust_and_report(args, budget)
         return _solve_and_report(args, window, budget)
     except KeyboardInterrupt:
         # solve keeps the best verified plan at a first Ctrl-C (written, exit 130); this one came
@@ -519,14 +530,20 @@ def _scenario_list(text: str, flag: str) -> list[str]:
     return names
 
 
-def _robust_and_report(args) -> int:
-    """``solve --robust A,B``: the least worst-case regret across the scenarios (planner.scenarios)."""
+def _robust_and_report(args, budget: int | None) -> int:
+    """``solve --robust A,B``: the least worst-case regret across the scenarios (planner.scenarios),
+    under the policy the flags give; flags its search cannot honour are refused."""
     import planner
+    from planner.policy import Policy
     from planner.scenarios import SCENARIOS, ScenarioError, robust_plan
 
     scenarios = _scenario_list(args.robust, "--robust")
     if args.positions == "free" or args.objective != "step":
         raise CLIError("--robust searches anchored plans by their step: no --positions free, --objective step")
+    if args.window != "auto":
+        raise CLIError("--window with --robust: each scenario's step search chooses its own window; drop --window")
+    if args.deterministic:
+        raise CLIError("--deterministic with --robust: its regret search stops on the wall clock; drop one of them")
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     say = _progress(args.quiet)
@@ -534,7 +551,7 @@ def _robust_and_report(args) -> int:
 
     try:
         result = robust_plan(problem, scenarios, time_limit_s=args.time_limit, hint=hint, seed=args.seed,
-                             progress=say)
+                             workers=args.workers, policy=Policy(args.protect_partly, budget), progress=say)
     except ScenarioError as e:
         raise CLIError(f"{args.problem}: {e}") from None
     except PlanMismatchError as e:
@@ -548,9 +565,10 @@ def _robust_and_report(args) -> int:
           f"Steps simulated (planner.simulate) on each scenario's re-priced problem.")
     print(f"wall                {result.wall_s:.1f}s"
           + (" (a CP-SAT search stopped by the wall clock: another run may differ)" if result.wall_limit_hit else ""))
+    note = "; interrupted: the most robust verified plan so far" if result.interrupted else ""
     print(f"wrote               {args.output} (robust: worst regret {result.judged.worst_regret('robust'):.2%}; "
-          "verified)")
-    return 0
+          f"verified{note})")
+    return 130 if result.interrupted else 0
 
 
 def _solve_and_report(args, window: int | str | None, budget: int | None) -> int:
@@ -776,12 +794,14 @@ def cmd_compare(args) -> int:
     mine = _workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False)
     targets = list(args.targets) + ([mine] if mine is not None else [])
     targets = targets or list(DEFAULT_SUITE)
-    scenarios = _scenario_list(args.scenarios, "--scenarios") if args.scenarios else None
+    _positive(args.time_limit, "--time-limit")  # as solve: nan, inf and 0 before minutes of tracing
+    scenarios = _scenario_list(args.scenarios, "--scenarios") if args.scenarios is not None else None
     out = _compare_output(args.output, args.force)
     try:  # before the minutes of tracing, not after them (run_compare checks it again)
         check_replaceable(out, OUTPUTS)
     except OSError as e:
         raise CLIError(f"-o {out}: {e.strerror}") from None
+    _writable_place(out.absolute().parent, "-o", str(out))  # the run is written beside it, then renamed
     detail = say if args.verbose else None  # say is silent under -q
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say, preset=_preset(args),
@@ -912,6 +932,8 @@ def _add_many_parsers(sub) -> None:
     s.add_argument("-o", "--output", default=None,
                    help="output folder (default: out/compare, or out/compare-2, -3, ... if that exists)")
     s.add_argument("--force", action="store_true", help="replace the -o folder if it exists (default: refuse)")
+    from planner.report import COMPARE_TIME_LIMIT_S
+
     s.add_argument("--time-limit", type=float, default=COMPARE_TIME_LIMIT_S,
                    help="seconds of search per searching planner (CP-SAT count, step, step pre-bucketed, free "
                         "positions) per workload (default %(default)s: the default suite in about two minutes)")
@@ -1075,8 +1097,39 @@ def main(argv: list[str] | None = None) -> int:
     # torch's inductor passes log at INFO on their own loggers (pre-bucketing summaries): the
     # command line reports what matters itself
     logging.getLogger("torch._inductor").setLevel(logging.WARNING)
-    parser = build_parser()
+    try:
+        parser = build_parser()  # imports planner and the presets: seconds on a cold start
+    except (KeyboardInterrupt, ImportError) as e:
+        if not _by_ctrl_c(e):
+            raise
+        print("bucketplan: interrupted while starting", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
+    try:
+        return _run(args)
+    except (KeyboardInterrupt, ImportError) as e:
+        if not _by_ctrl_c(e):
+            raise
+        # a command that keeps a result at Ctrl-C returns 130 itself; this one came while it
+        # traced, loaded or wrote (each file is written whole or not at all)
+        print(f"bucketplan {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _by_ctrl_c(e: BaseException) -> bool:
+    """A KeyboardInterrupt, or an error it caused: Ctrl-C while a C extension initializes surfaces
+    as "ImportError: initialization failed" with the KeyboardInterrupt as its context (OR-Tools)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def _run(args) -> int:
+    """The command ``args`` names, with its errors as one line and exit 2."""
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, so a closed pipe raises below and not at interpreter exit

@@ -110,11 +110,19 @@ def _announcer(name: str, say, steps: Steps | None):
     return announce
 
 
+def _stop_if_interrupted(stats: dict) -> None:
+    """A search that Ctrl-C cut short keeps its plan, but a table of cut-short rows is not a
+    compare run: stop here, and ``run_compare`` leaves the output folder as it was."""
+    if stats.get("interrupted"):
+        raise KeyboardInterrupt
+
+
 def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
     row = PlanRow(label, problem, plan, seconds)
     report = check(problem, plan)
     if not report.feasible:
         fixed = repair(problem, plan, time_limit_s=20)
+        _stop_if_interrupted(fixed.stats)
         row.note = (f"breaks rule(s) {sorted(report.by_rule())} as recorded; simulated as its repair "
                     f"({fixed.objective} collectives)")
         row.plan = fixed.plan
@@ -187,6 +195,7 @@ def _solved_row(label: str, prob, solve_kwargs: dict, time_limit_s: float, note:
     out = planners.get("cpsat").plan(planners.PlanRequest(
         prob, greedy=solve_kwargs.get("hint"), solve_kwargs=dict(time_limit_s=time_limit_s, workers=2, **solve_kwargs)))
     res = out.solve_result
+    _stop_if_interrupted(res.stats)
     note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
     return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
                    bound_unit="collectives" if solve_kwargs.get("objective") == "count" else "ms")
@@ -222,6 +231,7 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
             found.append((position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline), problem))
         except ValueError:  # nothing on this schedule fits the budget
             continue
+        _stop_if_interrupted(found[-1][0].stats)
     result, problem = min(found, key=lambda f: f[0].step_ms)
     floor = free_position_floor(problem).floor_ms
     where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"

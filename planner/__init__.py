@@ -20,6 +20,7 @@ from planner.problem import (
     Timeline,
     collectives_after,
 )
+from planner.position_search import PositionResult, position_search
 from planner.repair import repair
 from planner.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
 from planner.solver import PlanMismatchError, SolveResult, solve
@@ -27,7 +28,7 @@ from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
     "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile", "Node", "Plan", "PlanMismatchError",
-    "Problem", "Report", "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text",
-    "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "repair", "save", "simulate", "solve",
+    "PositionResult", "Problem", "Report", "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text",
+    "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "position_search", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",
 ]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+import planner.arguments as arguments
 from planner.problem import Problem
 
 # Deterministic effort for one key's bin packing (CP-SAT's deterministic time, one worker: the
@@ -148,6 +149,11 @@ def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool
     For ``exposure`` (exposure x (n+1) + count, see planner.cpsat.TimeTerms) only the count part is
     bounded: exposure can be zero as far as this bound knows.
     """
+    arguments.problem_and_plan(problem, None, optional=True)
+    if objective not in ("count", "exposure"):
+        raise ValueError(f"objective must be 'count' or 'exposure' (a step bound is planner.bounds.step_floor), "
+                         f"not {objective!r}")
+    arguments.flag(protect_partly, "protect_partly")
     return float(sum(key_lower_bounds(problem, protect_partly).values()))
 
 

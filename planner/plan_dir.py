@@ -20,6 +20,7 @@ Torch-free: solving needs no torch, so the directory can be copied to a machine 
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -27,7 +28,6 @@ import re
 import stat
 import signal
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,7 +187,11 @@ def solve_one(job: SolveJob) -> dict:
                    objective=job.objective, workers=job.workers,
                    seed=job.seed, hint=start, floor_plans=(start,) if start is not None else ())
     if free and result.plan is not None and not result.stats.get("interrupted"):
-        result = _positioned(problem, result, start, began + job.time_limit_s, job.seed)
+        try:
+            result = _positioned(problem, result, start, began + job.time_limit_s, job.seed)
+        except KeyboardInterrupt:  # before the positioned search had a plan: CP-SAT's, marked interrupted
+            result.stats["interrupted"] = True
+            result.plan = result.plan.model_copy(update={"params": {**result.plan.params, "interrupted": True}})
     row.update(_problem_figures(problem), status=result.status, wall_s=round(result.wall_s, 1),
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
@@ -230,22 +234,127 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
     floor = free_position_floor(problem).floor_ms
     return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor,
                    gap=(found.step_ms - floor) / found.step_ms if found.step_ms else 0.0,
-                   stats={**anchored.stats, "positions": found.stats})
+                   stats={**anchored.stats, "positions": found.stats,
+                          "interrupted": bool(found.stats.get("interrupted"))})
 
 
-def _idle_worker_ignores_ctrl_c() -> None:
-    # a worker waiting for a job would die of Ctrl-C with a traceback; the driver stops anyway
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+# how long an interrupted run waits for the solves in flight to save their best plans (s): a
+# stopped CP-SAT search returns within a second or two, and verifying and writing an 80-layer
+# plan takes about one more
+STOP_WAIT_S = 30.0
 
 
-def _solve_in_worker(job: SolveJob) -> dict:
-    """``solve_one`` in a pool worker, Ctrl-C enabled for it: the solver stops its search on
-    KeyboardInterrupt and returns the best verified plan, which is saved."""
+@dataclass
+class _Running:
+    """One problem solved in its own process: the process, the pipe its row comes back on, its job."""
+
+    index: int
+    job: SolveJob
+    process: object  # multiprocessing.Process
+    rows: object  # the receiving end of a multiprocessing.Pipe
+
+
+def _solve_in_process(job: SolveJob, conn) -> None:
+    """``solve_one`` in a child process of its own process group: Ctrl-C at the terminal reaches
+    only the driver, which forwards one SIGINT per solve (two would cut a plan's save short); the
+    child dies with the driver (Linux), so a killed run leaves no solve behind."""
+    os.setpgrp()
+    _die_with_parent()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        return solve_one(job)
+        conn.send(solve_one(job))
+    except KeyboardInterrupt:  # before the search began (loading): nothing to keep
+        conn.send({"problem": Path(job.folder).name, "status": "", "interrupted": True,
+                   "note": "interrupted before a plan was found: solved again by the next run"})
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        conn.close()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG); a no-op
+    elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _died(job: SolveJob, exitcode: int | None) -> dict:
+    """The row of a solve whose process ended without sending one (a native abort, the OOM killer)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            how = f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            how = f"signal {-exitcode}"
+    else:
+        how = f"exit status {exitcode}"
+    return {"problem": Path(job.folder).name, "status": "ERROR",
+            "note": f"the solve's process died ({how}) before it wrote a plan: solved again by the next run"}
+
+
+def _run_jobs(batch: list[SolveJob], jobs: int, done: Callable[[int, dict], None],
+              say: Callable[[str], None]) -> None:
+    """Every job in a process of its own, ``jobs`` at a time, each row handed to ``done`` as it comes
+    back. A process that dies costs its own problem only (reported, and solved again by the next
+    run); the others finish. On Ctrl-C no further job starts, each running one is sent one SIGINT
+    (it stops its search and saves its best verified plan, marked interrupted), and its row is
+    awaited (STOP_WAIT_S at most; a second Ctrl-C stops waiting) before KeyboardInterrupt goes on."""
+    import multiprocessing
+    from multiprocessing.connection import wait as wait_any
+
+    context = multiprocessing.get_context("fork")  # the caller's state, no re-import: a problem a second
+    queue, running, started = list(batch), [], 0
+
+    def start() -> None:
+        nonlocal started
+        job = queue.pop(0)
+        started += 1
+        say(f"[{started}/{len(batch)}] solving {Path(job.folder).name[:12]}…")
+        receive, send = context.Pipe(duplex=False)
+        process = context.Process(target=_solve_in_process, args=(job, send), daemon=True)
+        process.start()
+        send.close()
+        running.append(_Running(started, job, process, receive))
+
+    def collect(timeout: float | None) -> None:
+        ready = wait_any([r.rows for r in running] + [r.process.sentinel for r in running], timeout)
+        for r in list(running):
+            if r.rows not in ready and r.process.sentinel not in ready:
+                continue
+            try:
+                row = r.rows.recv() if r.rows.poll() else None
+            except (EOFError, OSError):
+                row = None
+            if row is None and r.process.is_alive():
+                continue  # readable only because the pipe closed a moment before the process ended
+            r.process.join()
+            r.rows.close()
+            running.remove(r)
+            done(r.index, row if row is not None else _died(r.job, r.process.exitcode))
+
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                start()
+            collect(None)
+    except KeyboardInterrupt:
+        queue.clear()
+        for r in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(r.process.pid, signal.SIGINT)
+        if running:
+            say(f"interrupted: waiting for {len(running)} solve(s) to save their best plan (Ctrl-C again: stop)")
+        try:
+            deadline = time.monotonic() + STOP_WAIT_S
+            while running and time.monotonic() < deadline:
+                collect(max(0.0, deadline - time.monotonic()))
+        finally:
+            for r in running:  # past the wait or a second Ctrl-C: their plans are not saved
+                r.process.kill()
+                r.process.join()
+        raise
 
 
 def _problem_figures(problem) -> dict:
@@ -372,28 +481,7 @@ def _solve_dir(root: Path, objective: str, time_limit_s: float, jobs: int, worke
         say(f"[{i}/{len(batch)}] {row['problem'][:12]}…: {row.get('status')}: {figures}")
 
     try:
-        if jobs == 1:
-            for i, job in enumerate(batch, 1):
-                say(f"[{i}/{len(batch)}] solving {Path(job.folder).name[:12]}…")
-                row = solve_one(job)
-                done(i, row)
-                if row.get("interrupted"):  # Ctrl-C: that plan (the best verified so far) is kept; stop here
-                    say(f"interrupted: {len(batch) - i} problem(s) left; run again to resume")
-                    break
-        else:
-            # no more jobs handed out than there are workers: the pool would queue one more ahead
-            # that no cancel can stop, and after a Ctrl-C it would run to its full time limit
-            queue, running, i = list(batch), set(), 0
-            with ProcessPoolExecutor(max_workers=jobs, initializer=_idle_worker_ignores_ctrl_c) as pool:
-                while queue or running:
-                    while queue and len(running) < jobs:
-                        running.add(pool.submit(_solve_in_worker, queue.pop(0)))
-                    ended, running = wait(running, return_when=FIRST_COMPLETED)
-                    for fut in ended:
-                        i += 1
-                        done(i, fut.result())
-                # on Ctrl-C, leaving the block waits for the solves in flight: Ctrl-C reached them
-                # too (one process group), so they stop and save their best plan
+        _run_jobs(batch, jobs, done, say)
     finally:
         # a Ctrl-C ends the loop above before the rows of the solves in flight come back; their
         # plans, saved by the workers, carry the rows

@@ -24,11 +24,13 @@ the caller gives (torch's greedy, the count or step plan). Every plan returned i
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
+import planner.arguments as arguments
 from planner.memory import peak_and_segment, peak_bytes
 from planner.policy import Policy
 from planner.problem import Bucket, Plan, Problem, with_buckets
@@ -356,6 +358,26 @@ def default_peak_budget(problem: Problem, plans=()) -> int:
     return max([peak_bytes(problem, None)] + [peak_bytes(problem, p) for p in plans if p is not None])
 
 
+def _validate(problem, starts, *, peak_memory_bytes, deadline, max_evaluations, seed, per_block,
+              keep_overlap) -> None:
+    """Refuse bad arguments before any search, as ``solve`` does: one ValueError naming the
+    argument; ``PlanMismatchError`` for a start made for another problem."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    if not isinstance(starts, (list, tuple)):
+        raise ValueError(f"starts must be a list of plans, not {type(starts).__name__}")
+    for k, plan in enumerate(starts):
+        arguments.problem_and_plan(problem, plan, f"starts[{k}]")
+        arguments.check_plan_matches(problem, plan)
+    arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
+        raise ValueError(f"deadline must be a time.perf_counter() value, not {deadline!r}")
+    if max_evaluations is not None:
+        arguments.positive_number(max_evaluations, "max_evaluations")
+    arguments.seed(seed, "seed")
+    arguments.flag(per_block, "per_block")
+    arguments.flag(keep_overlap, "keep_overlap")
+
+
 def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: int | None, deadline: float,
                     max_evaluations: int | None = None, seed: int = 0, per_block: bool = True,
                     keep_overlap: bool = False) -> PositionResult:
@@ -368,6 +390,8 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
     candidate keeps torch's overlap too (rules 4, 7 and 8), so a bucket may start where no member
     did and still keep what hid each member (torch's own count on its folded-conversion unit test,
     where every anchored plan keeps one collective more)."""
+    _validate(problem, starts, peak_memory_bytes=peak_memory_bytes, deadline=deadline,
+              max_evaluations=max_evaluations, seed=seed, per_block=per_block, keep_overlap=keep_overlap)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     params = {"objective": "step", "positions": "free", "seed": seed,
               **positioned_policy(peak_memory_bytes, keep_overlap).as_params()}
@@ -381,14 +405,19 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
     seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
     seeds.append(("unbucketed", _all_buckets(ix, template)))
     judged_seeds = []
-    for name, buckets in seeds:
-        fitted = search.fit_budget(search.legal(buckets))
-        if fitted is None:
-            continue
-        fitted = search.legal(fitted)
-        judged = search.judge(fitted)
-        if judged is not None:
-            judged_seeds.append((judged[1], name, fitted, judged))
+    try:
+        for name, buckets in seeds:
+            fitted = search.fit_budget(search.legal(buckets))
+            if fitted is None:
+                continue
+            fitted = search.legal(fitted)
+            judged = search.judge(fitted)
+            if judged is not None:
+                judged_seeds.append((judged[1], name, fitted, judged))
+    except KeyboardInterrupt:  # while seeding: the seeds judged so far, if any, are the answer
+        if not judged_seeds:
+            raise
+        search.stats["interrupted"] = True
     if not judged_seeds:
         raise ValueError(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes "
                          f"(the unbucketed schedule peaks at {peak_bytes(problem, None)})")
@@ -397,7 +426,7 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
         for seed_ms, name, seed_buckets, judged in judged_seeds:
-            if search.out_of_budget():
+            if search.out_of_budget() or search.stats.get("interrupted"):
                 break
             _, found, found_ms = search.descend(seed_buckets, judged)
             if found_ms < ms - MIN_GAIN_MS:
@@ -406,4 +435,6 @@ def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: 
         search.stats["interrupted"] = True
     assert not verify(problem, plan, **search.policy.as_params())  # judge checked it; a last guard
     search.stats["best_from"] = best_name
+    # as solve marks its plans: a plan cut short by Ctrl-C says so, and solve-dir solves it again
+    plan = plan.model_copy(update={"params": {**plan.params, "interrupted": bool(search.stats.get("interrupted"))}})
     return PositionResult(plan=plan, step_ms=ms, peak_bytes=peak_bytes(problem, plan), stats=search.stats)

@@ -525,7 +525,14 @@ def with_buckets(plan: Plan, buckets, **update) -> Plan:
     return Plan(**data)
 
 
-def collectives_after(problem: Problem, plan: Plan) -> int:
-    """Collectives left once the plan is applied (a collective in no bucket is its own)."""
+def collectives_after(problem: Problem, plan: Plan | None) -> int:
+    """Collectives left once the plan is applied (a collective in no bucket is its own; None: the
+    unbucketed schedule)."""
+    if not isinstance(problem, Problem):
+        raise ValueError(f"problem must be a planner.Problem, not {type(problem).__name__}")
+    if plan is None:
+        return len(problem.collectives)
+    if not isinstance(plan, Plan):
+        raise ValueError(f"plan must be a planner.Plan or None, not {type(plan).__name__}")
     bucketed = sum(len(b.members) for b in plan.buckets)
     return len(problem.collectives) - bucketed + len(plan.buckets)

@@ -26,6 +26,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from planner.policy import Policy
 from planner.problem import Link, Plan, Problem
 
 # Published nccl-tests bus bandwidths (GB/s) for large messages, by group layout. Sources:
@@ -188,36 +189,43 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
 
 @dataclass
 class RobustResult:
-    """``robust_plan``'s answer: the plan, and every candidate judged (the plan as ``robust``)."""
+    """``robust_plan``'s answer: the plan, and every candidate judged (the plan as ``robust``).
+    ``interrupted``: Ctrl-C cut the search short; the plan is the best verified one so far."""
 
     plan: Plan
     judged: Judged
     wall_s: float
     wall_limit_hit: bool
+    interrupted: bool = False
 
 
 def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, hint: Plan | None = None,
-                seed: int = 0, progress=None) -> RobustResult:
+                seed: int = 0, workers: int | None = None, policy: Policy = Policy(),
+                progress=None) -> RobustResult:
     """The plan with the least worst-case regret across ``scenarios`` that this search finds.
 
     Candidates: a step-objective CP-SAT plan for each scenario (its re-priced problem, an equal
-    share of the time), ``hint`` and the unbucketed schedule. Then a local search (``polish``'s
-    moves, every plan verified on ``problem``) minimizes the worst regret from the most robust
-    candidate, restarting from the others, with the last share of the time. Regret is against the
-    best step any plan judged reaches under each scenario, the result included."""
+    share of the time, ``workers`` CP-SAT workers), ``hint`` and the unbucketed schedule. Then a
+    local search (``polish``'s moves, every plan verified on ``problem``) minimizes the worst regret
+    from the most robust candidate, restarting from the others, with the last share of the time.
+    Regret is against the best step any plan judged reaches under each scenario, the result
+    included. Every candidate and the result keep ``policy`` (which the plan's params record). A
+    Ctrl-C stops the search at once: the most robust verified plan so far is returned, marked
+    ``interrupted``."""
     import time
 
     from planner.polish import polish
     from planner.simulator import replay_index, step_ms
-    from planner.solver import solve
+    from planner.solver import _unbucketed, solve
 
     from planner.arguments import check_fingerprint
     from planner.verifier import verify
 
     say = progress or (lambda msg: None)
+    rules = policy.as_params()
     if hint is not None:
         check_fingerprint(problem, hint)  # a plan of another problem: PlanMismatchError, before any search
-        if verify(problem, hint):  # torch's greedy can break rule 9: neither a start nor a yardstick
+        if verify(problem, hint, **rules):  # torch's greedy can break rule 9: neither a start nor a yardstick
             say(f"the hint ({hint.planner}) breaks a rule: left out")
             hint = None
     t0 = time.perf_counter()
@@ -226,13 +234,18 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
     candidates: dict[str, Plan | None] = {"unbucketed": None}
     if hint is not None:
         candidates[hint.planner or "hint"] = hint
-    wall_hit = False
+    wall_hit = interrupted = False
     for s, p in priced.items():
         say(f"step search under scenario {s} ({share:.0f} s)")
-        r = solve(p, time_limit_s=share, objective="step", seed=seed,
+        r = solve(p, time_limit_s=share, objective="step", seed=seed, workers=workers,
+                  protect_partly=policy.protect_partly, memory_budget_bytes=policy.memory_budget_bytes,
                   hint=rebound(hint, p) if hint is not None else None)
         wall_hit |= bool(r.stats.get("wall_limit_hit"))
-        candidates[f"step under {s}"] = rebound(r.plan, problem)
+        if r.plan is not None:
+            candidates[f"step under {s}"] = rebound(r.plan, problem)
+        if r.stats.get("interrupted"):  # Ctrl-C: no further search, the candidates so far are judged
+            interrupted = True
+            break
     starts = {n: c for n, c in candidates.items() if c is not None}  # each verified (solve's, or the hint above)
     judged = judge(problem, candidates, scenarios)
     indexes = {s: replay_index(p) for s, p in priced.items()}
@@ -240,18 +253,22 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
     def worst_regret_pct(plan: Plan) -> float:
         return 100 * max(step_ms(p, rebound(plan, p), indexes[s]) / judged.best[s] - 1 for s, p in priced.items())
 
-    from planner.solver import _unbucketed
-
     start_name = min((n for n in judged.steps if n in starts or n == "unbucketed"), key=judged.worst_regret)
     start = starts.get(start_name) or _unbucketed(problem)
-    others = tuple(c for n, c in starts.items() if n != start_name)
-    say(f"worst-case regret search from {start_name} ({judged.worst_regret(start_name):.2%})")
-    found = polish(problem, start, deadline=t0 + time_limit_s, seed=seed, restarts=others,
-                   objective=worst_regret_pct)
-    plan = found.plan.model_copy(update={"planner": "robust", "params": {"scenarios": list(scenarios),
-                                                                         "time_limit_s": time_limit_s}})
-    violations = verify(problem, plan)
+    best = start
+    if not interrupted:
+        others = tuple(c for n, c in starts.items() if n != start_name)
+        say(f"worst-case regret search from {start_name} ({judged.worst_regret(start_name):.2%})")
+        try:
+            best = polish(problem, start, deadline=t0 + time_limit_s, seed=seed, restarts=others, policy=policy,
+                          objective=worst_regret_pct).plan
+        except KeyboardInterrupt:  # the most robust candidate stands
+            interrupted = True
+    plan = best.model_copy(update={"planner": "robust", "params": {
+        "objective": "robust", "scenarios": list(scenarios), "time_limit_s": time_limit_s, "seed": seed,
+        "workers": workers, **rules, "interrupted": interrupted, "wall_limit_hit": wall_hit}})
+    violations = verify(problem, plan, **rules)
     if violations:  # polish moves only to verified plans from verified starts: a defect if this fires
         raise AssertionError(f"robust plan fails the verifier: {violations[0]}")
     final = judge(problem, {**candidates, "robust": plan}, scenarios)
-    return RobustResult(plan, final, time.perf_counter() - t0, wall_hit)
+    return RobustResult(plan, final, time.perf_counter() - t0, wall_hit, interrupted)

@@ -350,6 +350,9 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
 
 def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
     """Chrome / Perfetto trace JSON: a compute track and one track per process group."""
+    if not isinstance(sim, Simulation):
+        raise ValueError(f"sim must be a planner.Simulation (planner.simulate's result), not {type(sim).__name__}")
+    problem_and_plan(problem, None, optional=True)
     pid = 1
     pgs = sorted({r.pg for r in sim.buckets} | {c.pg for c in problem.collectives})
     tid = {pg: i + 1 for i, pg in enumerate(pgs)}

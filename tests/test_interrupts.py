@@ -1,0 +1,226 @@
+"""Interrupt means interrupted, everywhere: Ctrl-C in ``compare``, ``solve --positions free``,
+``solve --robust``, ``solve-dir`` (every planner), ``extract`` and while the command line starts
+stops within seconds, exits 130 without a traceback, keeps the best verified result marked
+``interrupted``, never replaces a finished output with a cut-short one, and the next
+``solve-dir`` solves it again. ``solve-dir --jobs`` survives a solve whose process dies.
+
+Each command runs in its own session (``start_new_session``) and gets SIGINT on its process
+group, as a terminal sends Ctrl-C, once its progress says it is where the test wants it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import planner
+from planner.plan_dir import PLAN, PROBLEM, problem_dir, solve_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "problems"
+FSDP8 = DATA / "llama3-8b-fsdp-8--ab-ib8.json.gz"
+FSDP8_GREEDY = DATA / "llama3-8b-fsdp-8--ab-ib8-greedy-plan.json.gz"
+FSDP8_NCCL = DATA / "llama3-8b-fsdp-8--h100-8nodes.json.gz"  # priced by torch's NCCL model: re-priceable
+BOUND_S = 120  # every command here is interrupted within seconds; one that runs this long hangs
+STOPS_WITHIN_S = 5.0  # from SIGINT to exit: "within a second or two", with a loaded machine's slack
+
+
+class Interrupted:
+    """A command run in its own session, interrupted once ``marker`` shows on its stderr."""
+
+    def __init__(self, *args: str, marker: str, delay_s: float = 0.0, cwd: Path = ROOT):
+        self.proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", *map(str, args)], cwd=cwd,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        self.err_lines: list[str] = []
+        seen = threading.Event()
+
+        def read_stderr() -> None:
+            for line in self.proc.stderr:
+                self.err_lines.append(line)
+                if marker in line:
+                    seen.set()
+        reader = threading.Thread(target=read_stderr, daemon=True)
+        reader.start()
+        try:
+            if not seen.wait(BOUND_S):
+                pytest.fail(f"never saw {marker!r}: {''.join(self.err_lines)[-2000:]}")
+            time.sleep(delay_s)
+            sent = time.monotonic()
+            os.killpg(self.proc.pid, signal.SIGINT)
+            self.out = self.proc.stdout.read()
+            self.proc.wait(BOUND_S)
+            self.stop_s = time.monotonic() - sent
+            reader.join(10)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.err = "".join(self.err_lines)
+        self.code = self.proc.returncode
+
+    def assert_interrupted(self) -> None:
+        assert self.code == 130 and "Traceback" not in self.err, (self.code, self.err[-3000:])
+        assert self.stop_s < STOPS_WITHIN_S, f"took {self.stop_s:.1f} s to stop after SIGINT"
+
+
+@pytest.fixture
+def fsdp8(tmp_path) -> Path:
+    """llama3-8b-fsdp-8 @ ab-ib8 (224 collectives) and torch's greedy plan beside it, as extract writes them."""
+    folder = tmp_path / "fsdp8"
+    folder.mkdir()
+    planner.save(planner.load_problem(FSDP8), folder / "problem.json")
+    planner.save(planner.load_plan(FSDP8_GREEDY), folder / "greedy-plan.json")
+    return folder
+
+
+def test_ctrl_c_in_compare_leaves_a_finished_run_as_it_was(fsdp8, tmp_path):
+    out = tmp_path / "compare"
+    out.mkdir()
+    (out / "compare.md").write_text("a finished run's table\n")
+    run = Interrupted("compare", fsdp8 / "problem.json", "-o", out, "--force", "--time-limit", "10",
+                      marker="planner 2/3", delay_s=3.0)
+    run.assert_interrupted()
+    assert f"{out} is left as it was" in run.err
+    assert sorted(p.name for p in out.iterdir()) == ["compare.md"]
+    assert (out / "compare.md").read_text() == "a finished run's table\n"
+    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left behind
+
+
+def test_ctrl_c_in_the_positioned_search_writes_its_plan_marked_interrupted(fsdp8, tmp_path):
+    plan_path = tmp_path / "plan.json"
+    run = Interrupted("solve", fsdp8 / "problem.json", "-o", plan_path, "--positions", "free", "--time-limit", "40",
+                      "--hint", fsdp8 / "greedy-plan.json", marker="positioned search within", delay_s=3.0)
+    run.assert_interrupted()
+    plan = planner.load_plan(plan_path)
+    assert plan.params["interrupted"] is True and plan.params["positions"] == "free"
+    problem = planner.load_problem(fsdp8 / "problem.json")
+    from planner.verifier import recorded_policy
+
+    assert not planner.verify(problem, plan, **recorded_policy(plan))
+
+
+def test_ctrl_c_in_a_robust_solve_stops_and_marks_its_plan(tmp_path):
+    plan_path = tmp_path / "plan.json"
+    run = Interrupted("solve", FSDP8_NCCL, "-o", plan_path, "--robust", "torch,published",
+                      "--time-limit", "60", marker="step search under scenario torch", delay_s=4.0)
+    run.assert_interrupted()
+    plan = planner.load_plan(plan_path)
+    assert plan.params["interrupted"] is True and plan.planner == "robust"
+    assert "interrupted" in run.out
+
+
+def _recorded(root: Path, source: Path) -> Path:
+    problem = planner.load_problem(source)
+    folder = problem_dir(root, problem.fingerprint)
+    planner.save(problem, folder / PROBLEM)
+    return folder
+
+
+def test_ctrl_c_in_solve_dir_free_positions_keeps_the_plan_marked_and_the_rerun_solves_it(tmp_path):
+    folder = _recorded(tmp_path, FSDP8)
+    run = Interrupted("solve-dir", tmp_path, "--positions", "free", "--time-limit", "30", "--workers", "2",
+                      marker="[1/1] solving", delay_s=14.0)  # CP-SAT has the first 6 s, the positioned search the rest
+    run.assert_interrupted()
+    plan = planner.load_plan(folder / PLAN)
+    assert plan.params["interrupted"] is True and plan.params.get("positions") == "free"
+    rerun = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve-dir", str(tmp_path), "--time-limit", "2",
+                            "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=BOUND_S)
+    assert rerun.returncode == 0 and "1 to solve (1 interrupted earlier)" in rerun.stderr, rerun.stderr[-2000:]
+    assert planner.load_plan(folder / PLAN).params["interrupted"] is False
+
+
+def test_ctrl_c_while_extract_traces_is_one_line_and_exit_130(tmp_path):
+    run = Interrupted("extract", "llama3-8b-fsdp-8", "-o", tmp_path / "out", marker="tracing", delay_s=0.5)
+    run.assert_interrupted()
+    assert run.err.strip().splitlines()[-1] == "bucketplan extract: interrupted"
+    assert not (tmp_path / "out" / "problem.json").exists()
+
+
+def test_ctrl_c_while_the_command_line_starts_is_exit_130(tmp_path):
+    """SIGINT a moment after start, while planner, OR-Tools and torch load."""
+    for delay in (0.05, 0.15, 0.3, 0.45, 0.6, 1.0):
+        proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "workloads"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=BOUND_S)
+        # done before the signal came (0), or interrupted: 130, or dead of SIGINT after its line (a
+        # shell reports both as 130) -- never a traceback
+        assert proc.returncode in (0, 130, -signal.SIGINT) and "Traceback" not in err, (delay, proc.returncode,
+                                                                                       err[-2000:])
+
+
+# -- solve-dir --jobs: one solve's process dying costs only its own problem ----------------------
+
+def _tiny_problems(root: Path, n: int) -> list[Path]:
+    from tests.test_resume_hostile import _tiny
+
+    folders = []
+    for i in range(n):
+        p = _tiny(i)
+        folder = problem_dir(root, p.fingerprint)
+        planner.save(p, folder / PROBLEM)
+        folders.append(folder)
+    return folders
+
+
+def test_solve_dir_jobs_survives_a_solve_whose_process_dies(tmp_path, monkeypatch):
+    """One solve aborts natively (os.abort, as OR-Tools' CHECK did); the other finishes, the dead
+    one is reported and has no plan, and the next run solves it."""
+    import planner.plan_dir as plan_dir
+
+    doomed, healthy = _tiny_problems(tmp_path, 2)
+    real = plan_dir.solve_one
+
+    def abort_one(job):
+        if Path(job.folder) == doomed:
+            import faulthandler
+
+            faulthandler.disable()  # pytest's: its dump of the aborting child is noise here
+            os.abort()
+        return real(job)
+
+    monkeypatch.setattr(plan_dir, "solve_one", abort_one)  # the solves are forked: they run this
+    rows = {r["problem"]: r for r in solve_dir(tmp_path, objective="step", time_limit_s=2, jobs=2, workers=1)}
+    assert rows[healthy.name]["plan_ms"] is not None and (healthy / PLAN).is_file()
+    assert rows[doomed.name]["status"] == "ERROR" and "died (signal SIGABRT)" in rows[doomed.name]["note"]
+    assert not (doomed / PLAN).exists()
+    monkeypatch.setattr(plan_dir, "solve_one", real)
+    again = solve_dir(tmp_path, objective="step", time_limit_s=2, jobs=2, workers=1)
+    assert all(r["plan_ms"] is not None for r in again) and (doomed / PLAN).is_file()
+
+
+def test_solve_dir_cli_reports_the_dead_solve_and_exits_1(tmp_path):
+    """The same through the command line: a solve killed from outside (SIGKILL, as the OOM killer
+    does) while the other goes on."""
+    doomed = _recorded(tmp_path, FSDP8)
+    (healthy,) = _tiny_problems(tmp_path, 1)
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve-dir", str(tmp_path), "--jobs", "2",
+                             "--workers", "1", "--time-limit", "20"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    from tests.test_resume_hostile import _children
+
+    deadline = time.monotonic() + BOUND_S
+    while len(_children(proc.pid)) < 2:
+        assert proc.poll() is None and time.monotonic() < deadline, "the two solves never started"
+        time.sleep(0.2)
+    time.sleep(3)  # the tiny problem's solve has ended; the 8-layer one's runs for 20 s
+    alive = _children(proc.pid)
+    assert alive, "no solve running"
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=BOUND_S)
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    assert f"no plan for 1 problem(s): {doomed.name[:12]}" in err
+    assert "died (signal SIGKILL)" in (tmp_path / "summary.md").read_text()
+    assert (healthy / PLAN).is_file() and not (doomed / PLAN).exists()
