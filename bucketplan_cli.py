@@ -1032,7 +1032,9 @@ def _add_model_options(s) -> None:
                    "num_hidden_layers), or factory(groups, layers=N) (default: the factory's own)")
     s.add_argument("--graph", metavar="FILE.py", help="an FX graph in torch's repro format (a Repro module and "
                    "load_args, as torch's save_graph_repro, the minifier and `extract --save-graph` write it): "
-                   "a whole step, a forward or a backward graph, traced on fake CPU tensors")
+                   "a whole step, a forward or a backward graph, traced on fake CPU tensors. The file is Python "
+                   "and runs with your permissions: give only files you trust (its code may take "
+                   "BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S seconds, default 300)")
     s.add_argument("--group", action="append", metavar="NAME=SIZE[@RANKS_PER_NODE][:dp|tp]",
                    help="a process group of the --graph file (repeat for each; default: the file's get_pg_config() "
                         "or setup_fake_process_groups); groups are data-parallel unless marked tp, ranks per node "

@@ -8,20 +8,53 @@ without importing torch. This module reads the scheduled graph once and writes t
 Dependence is kept compactly: reachability restricted to *pinned* nodes (collective
 starts/waits, compute, hiding nodes), as each pinned node's immediate pinned predecessors.
 It is computed with integer bitsets over pinned nodes only, in one pass over the schedule.
+
+A figure the problem's schema cannot hold (a time of ``planner.problem.MAX_MS`` or more, bytes of
+``MAX_BYTES`` or more: a graph of 3e8 x 3e8 matmuls) is refused as a ``WorkloadError`` naming the
+node or collective, the field and the figure, before any plan is searched.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
 import torch.fx as fx
+from pydantic import ValidationError
 from torch.utils._ordered_set import OrderedSet
 
 import planner
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator, collective_kind, wire_bytes
+from fxglue.models.base import WorkloadError
+
+
+def _out_of_range(what: str, e: ValidationError) -> WorkloadError:
+    """The schema's refusal of a figure as one line: ``what``, the field and the figure."""
+    err = e.errors()[0]
+    value = err.get("input")
+    shown = f"{value:.4g}" if isinstance(value, float) else repr(value)
+    return WorkloadError(f"{what}: {'.'.join(map(str, err['loc'])) or e.title} = {shown}: {err['msg']} "
+                         "(beyond what a problem records)")
+
+
+@contextmanager
+def _in_range():
+    """A figure out of the schema's range, refused naming the model and field that hold it."""
+    try:
+        yield
+    except ValidationError as e:
+        raise _out_of_range(f"the problem's {e.title}", e) from None
+
+
+def _built(cls, what: str, **fields):
+    """``cls(**fields)``, a figure out of the schema's range refused naming ``what``."""
+    try:
+        return cls(**fields)
+    except ValidationError as e:
+        raise _out_of_range(what, e) from None
 
 
 def _key_str(n: fx.Node, mode) -> str:
@@ -123,7 +156,8 @@ def _collective(s: fx.Node, info, pos: dict, mode, pinned: dict) -> planner.Coll
         status = "partly"
     else:
         status = "exposed"
-    return planner.Collective(
+    return _built(
+        planner.Collective, f"collective {s.name!r}",
         name=s.name, wait=info.wait_node.name, kind=collective_kind(s), pg=get_group_name(s), key=_key_str(s, mode),
         dtype=str(s.meta["val"].dtype).removeprefix("torch."), size_bytes=int(info.size_bytes),
         wire_bytes=wire_bytes(s), est_ms=float(info.estimated_time_ms),
@@ -232,7 +266,7 @@ def extract_problem(
     estimator = estimator or Estimator()
     mode = bucket_mode or _default_bucket_mode()
     t0 = time.perf_counter()
-    with cpu_compat(estimator):
+    with cpu_compat(estimator), _in_range():  # the links', timelines' and memory profile's figures
         sched = list(scheduled)
         pos = {n: i for i, n in enumerate(sched)}
         waits = {info.wait_node: s for s, info in collective_info.items()}
@@ -257,8 +291,8 @@ def extract_problem(
         for i, n in enumerate(pinned):
             k = kind_of(n)
             est = 0.0 if k == "wait" else float(estimator(n) or 0.0)
-            nodes.append(planner.Node(name=n.name, kind=k, pos=pos[n], est_ms=est, deps=deps[i],
-                                      unpinned_ms=unpinned.get(i, 0.0)))
+            nodes.append(_built(planner.Node, f"node {n.name!r}", name=n.name, kind=k, pos=pos[n], est_ms=est,
+                                deps=deps[i], unpinned_ms=unpinned.get(i, 0.0)))
         pgs = dict.fromkeys(c.pg for c in colls)
 
         timelines = []
@@ -272,7 +306,8 @@ def extract_problem(
         layout = ({pg: dict(zip(("ranks", "ranks_per_node"), estimator.group_layout(pg))) for pg in pgs}
                   if estimator.ranks_per_node is not None else {})
         memory = memory_profile(graph, sched, collective_info, pinned)
-    problem = planner.Problem(
+    problem = _built(
+        planner.Problem, "the problem",
         schema_version=2 if unpinned else 1, bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
         collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
         bucketing=estimator.bucketing, memory=memory, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,

@@ -10,18 +10,28 @@ traced workload in that format (torch's own writer, plus what bucketplan needs t
 as it was: the groups' roles, the parameter names and the transformer blocks).
 
 How a file is read:
-- It is executed as a module (never as ``__main__``, so its ``run_repro`` does not run). The
-  environment variables and torch configs a repro sets at import are put back afterwards.
-- The ``Repro`` module's forward is traced by ``torch.fx`` and every device literal in it
-  (``device(type='cuda', index=0)``) is mapped to the CPU; ``load_args`` is answered by a reader
-  that makes fake CPU tensors of the recorded shapes, strides and dtypes (no data is read:
-  storages shared between inputs become separate tensors); then the graph is traced once more
-  under ``FakeTensorMode``, as built-in workloads are (``workloads.trace_step``).
+- It is Python and is executed as a module (never as ``__main__``, so its ``run_repro`` does not
+  run), with the permissions of whoever loads it: the file is trusted code, and the command line
+  says so before running it. ``_FileCode`` contains what can be contained in-process: the file's
+  code -- its import, ``Repro()``, ``get_pg_config()``, ``load_args`` and its forward as traced --
+  runs under a time limit (``LOAD_TIMEOUT_S``), an exit from it (``sys.exit``, ``os._exit``) is a
+  refusal rather than the end of the run, and the working directory, the environment variables
+  and the torch configs it changes are put back afterwards.
+- ``Repro`` is built with every non-CPU device literal (``.to("cuda:0")``, ``device='cuda:0'``,
+  ``.cuda()``: what torch's writer emits for parameters, buffers and constants) sent to the meta
+  device, so nothing needs a GPU or memory; its forward is traced by ``torch.fx`` and every device
+  literal in it (``device(type='cuda', index=0)``) is mapped to the CPU; every parameter, buffer
+  and tensor constant becomes a fake CPU tensor of its shape and dtype, and ``load_args`` is
+  answered by a reader that makes fake CPU tensors of the recorded shapes, strides and dtypes (no
+  data is read: storages shared between inputs become separate tensors); then the graph is
+  traced once more under that ``FakeTensorMode``, as built-in workloads are
+  (``workloads.trace_step``). A tensor of ``planner.problem.MAX_BYTES`` or more is refused by name.
 - Process groups: ``--group NAME=SIZE[@RANKS_PER_NODE][:dp|tp]`` flags, else the file's
   ``get_pg_config()`` (``{name: {"size": N, "role": "tp", "ranks_per_node": R}}``, role and ranks
   per node optional), else the ``setup_fake_process_groups({...})`` literal torch writes. Every
-  group a collective names must be sized by one of them. Groups are data-parallel unless marked
-  ``tp``; ranks per node default to the cluster preset's layout for that role.
+  group a collective names must be sized by one of them, at the size its all_gathers and
+  reduce_scatters name (the graph's shapes are those of that size). Groups are data-parallel
+  unless marked ``tp``; ranks per node default to the cluster preset's layout for that role.
 """
 
 from __future__ import annotations
@@ -31,17 +41,22 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import io
+import logging
+import math
 import os
 import re
-import sys
+import signal
+import threading
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.fx as fx
+from torch.overrides import TorchFunctionMode
 
 from fxglue.models.base import Groups, TracedWorkload, WorkloadError
 
@@ -49,6 +64,17 @@ ROLES = ("dp", "tp")
 _CONFIGS = ("torch._dynamo.config", "torch._inductor.config", "torch._functorch.config",
             "torch.fx.experimental._config")
 _GROUP_FLAG = re.compile(r"^(?P<name>[^=\s]+)=(?P<size>\d+)(?:@(?P<per_node>\d+))?(?::(?P<role>\w+))?$")
+# Ranks in one group: beyond any cluster built (the largest train on ~10^5 GPUs) with room to
+# spare; torch's ProcessGroup takes the size as a C int, so a size like 10**12 would otherwise
+# fail inside torch rather than be refused here.
+MAX_GROUP_SIZE = 1 << 20
+# Loading runs the file's own code, and a file that never returns (a loop at import, in Repro()
+# or in load_args) must not hang a sweep or a CI job. A real file's code does little: measured on
+# 2 shared cores, the saved 32-layer llama3-8b-fsdp step's (import, Repro(), get_pg_config(),
+# load_args, its forward traced by torch.fx) takes 3.5 s, about 0.1 s a layer, so 300 s is far
+# beyond any real step while a stuck file still ends. The variable overrides it (0: no limit).
+LOAD_TIMEOUT_S = 300.0
+LOAD_TIMEOUT_ENV = "BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S"
 
 
 class GraphFileError(WorkloadError):
@@ -71,6 +97,8 @@ def parse_group(text: str) -> GroupSpec:
     if not m or int(m["size"]) < 1 or (m["per_node"] is not None and int(m["per_node"]) < 1):
         raise GraphFileError(f"--group {text!r}: give NAME=SIZE[@RANKS_PER_NODE][:dp|tp], sizes positive "
                              "(e.g. 0=64 or 3=8@8:tp)")
+    if max(int(m["size"]), int(m["per_node"] or 1)) > MAX_GROUP_SIZE:
+        raise GraphFileError(f"--group {text!r}: more than {MAX_GROUP_SIZE} ranks, beyond any cluster")
     role = m["role"] or "dp"
     if role not in ROLES:
         raise GraphFileError(f"--group {text!r}: role {role!r} is not one of {', '.join(ROLES)}")
@@ -98,12 +126,40 @@ class GraphFile:
 # ---------------------------------------------------------------------------------------
 
 
+def _first_line(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def _refuse_bytes(path: Path, what: str, shape, stride, dtype: torch.dtype) -> None:
+    """A tensor whose storage is ``planner.problem.MAX_BYTES`` or more, refused by name: no
+    problem can record it (its collectives' bytes and its matmuls' times pass the schema's
+    bounds), and it is named here, where the graph says it."""
+    from planner.problem import MAX_BYTES
+
+    try:
+        dims = [int(d) for d in shape]
+        steps = [int(s) for s in stride] if stride is not None else None
+    except (TypeError, ValueError):  # not a plain shape: torch says what is wrong when it makes the tensor
+        return
+    elements = math.prod(dims)
+    if steps is not None and elements:  # a strided tensor's storage spans its largest offset
+        elements = max(elements, 1 + sum((d - 1) * abs(s) for d, s in zip(dims, steps)))
+    if elements * dtype.itemsize >= MAX_BYTES:
+        raise GraphFileError(f"{path}: {what}: shape {tuple(dims)} of {str(dtype).removeprefix('torch.')} is "
+                             f"{elements * dtype.itemsize:.3g} bytes, beyond what a problem records (< 2**62)")
+
+
 class _FakeInputReader:
     """What ``load_args(reader)`` calls, answered with fake CPU tensors (under the caller's
-    FakeTensorMode) of the recorded shapes and dtypes; devices are ignored."""
+    FakeTensorMode) of the recorded shapes and dtypes; devices are ignored. A tensor too large
+    for a problem is refused by its position, and remembered, so a ``load_args`` that catches
+    the error is refused all the same."""
 
-    def __init__(self):
+    def __init__(self, path: Path):
+        self.path = path
         self.args: list = []
+        self.refused: GraphFileError | None = None
 
     def storage(self, storage_hash, nbytes, *, device=None, dtype_hint=None):
         return (nbytes, dtype_hint)
@@ -111,6 +167,11 @@ class _FakeInputReader:
     def tensor(self, storage, shape, stride=None, *, storage_offset=None, dtype=None, requires_grad=None,
                is_leaf=None, **metadata):
         dtype = dtype or torch.float32
+        try:
+            _refuse_bytes(self.path, f"load_args: input {len(self.args)}", shape, stride, dtype)
+        except GraphFileError as e:
+            self.refused = self.refused or e
+            raise
         t = (torch.empty(tuple(shape), dtype=dtype) if stride is None
              else torch.empty_strided(tuple(shape), tuple(stride), dtype=dtype))
         self.args.append(t)
@@ -121,30 +182,159 @@ class _FakeInputReader:
         return val
 
 
-def _exec_module(path: Path):
-    """The file run as a module (not ``__main__``); the environment and torch configs it changes
-    at import are restored afterwards."""
-    import importlib
+class _Expired(BaseException):
+    """Raised in the file's code at the time limit: a BaseException, so the file's own
+    ``except Exception`` does not swallow it."""
 
-    name = "bucketplan_graph_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    environ = dict(os.environ)
-    configs = {c: importlib.import_module(c) for c in _CONFIGS}
-    saved = {c: m.save_config() for c, m in configs.items()}
+
+def _load_timeout() -> float:
+    """Seconds the file's code may run: ``LOAD_TIMEOUT_S`` unless the environment says otherwise."""
+    text = os.environ.get(LOAD_TIMEOUT_ENV)
+    if text is None:
+        return LOAD_TIMEOUT_S
     try:
-        # a source loader whatever the suffix (a dumped graph is not always named .py)
-        spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, str(path)))
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except Exception as e:
-        raise GraphFileError(f"{path}: does not load: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                             ) from None
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        with warnings.catch_warnings():  # restoring a deprecated key warns; it is only put back
-            warnings.simplefilter("ignore", FutureWarning)
-            for c, m in configs.items():
-                m.load_config(saved[c])
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise GraphFileError(f"{LOAD_TIMEOUT_ENV}={text!r}: give the seconds a graph file may take to load "
+                             "(0: no limit)")
+    return value
+
+
+class _MetaDevices(TorchFunctionMode):
+    """Every non-CPU device literal of the file's tensors (``device='cuda:0'``, ``.to("cuda:0")``,
+    ``.cuda()``, as torch's repro writer emits parameters, buffers and constants) sent to the meta
+    device: no GPU is needed and no memory taken; only shapes and dtypes are kept (``_fake_state``)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0].to("meta")  # this mode is off inside its own handler
+        if _off_cpu(kwargs.get("device")):
+            kwargs["device"] = torch.device("meta")
+        if func is torch.Tensor.to and len(args) > 1 and _off_cpu(args[1]):
+            args = (args[0], torch.device("meta"), *args[2:])
+        return func(*args, **kwargs)
+
+
+def _off_cpu(device) -> bool:
+    """Whether ``device`` names a device other than the CPU and meta (a bare int is a CUDA index)."""
+    if isinstance(device, str):
+        try:
+            device = torch.device(device)
+        except RuntimeError:
+            return False
+    if isinstance(device, int) and not isinstance(device, bool):
+        return True
+    return isinstance(device, torch.device) and device.type not in ("cpu", "meta")
+
+
+class _FileCode:
+    """The graph file's own code, run contained (module docstring, *How a file is read*):
+    ``call`` runs one piece of it and turns what it raises -- an error, an exit, the time limit
+    -- into one line naming the file; leaving ``contained()`` puts the process back as it was.
+    KeyboardInterrupt is left to propagate."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.limit = _load_timeout()
+        self.expired = False
+        self._timer = False
+
+    @contextmanager
+    def contained(self):
+        import importlib
+
+        environ = dict(os.environ)
+        configs = {c: importlib.import_module(c) for c in _CONFIGS}
+        saved = {c: m.save_config() for c, m in configs.items()}
+        try:
+            cwd = os.getcwd()
+        except OSError:  # the directory is gone: there is none to go back to
+            cwd = None
+        real_exit, pid = os._exit, os.getpid()
+
+        def exit_refused(code):
+            if os.getpid() != pid:  # a child the file forked ends as it asked
+                real_exit(code)
+            raise SystemExit(code)
+
+        # SIGALRM reaches the main thread only; elsewhere (a caller's worker thread) there is no limit
+        self._timer = (self.limit > 0 and hasattr(signal, "setitimer")
+                       and threading.current_thread() is threading.main_thread())
+        if self._timer:
+            def expired(signum, frame):
+                self.expired = True
+                raise _Expired
+
+            previous = signal.signal(signal.SIGALRM, expired)
+            # repeating each second: a file that swallows one alarm is interrupted again
+            outer = signal.setitimer(signal.ITIMER_REAL, self.limit, 1.0)
+            t0 = time.monotonic()
+        os._exit = exit_refused
+        try:
+            yield self
+        except _Expired:  # it fired between two calls of the file's code
+            raise self._expired_error("loading") from None
+        finally:
+            self._disarm()
+            if self._timer:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
+                if outer[0] > 0:  # the caller's own timer goes on, less the time spent here
+                    signal.setitimer(signal.ITIMER_REAL, max(outer[0] - (time.monotonic() - t0), 1e-3), outer[1])
+            os._exit = real_exit
+            if cwd is not None:
+                try:
+                    os.chdir(cwd)
+                except OSError:  # the file removed it
+                    pass
+            os.environ.clear()
+            os.environ.update(environ)
+            with warnings.catch_warnings():  # restoring a deprecated key warns; it is only put back
+                warnings.simplefilter("ignore", FutureWarning)
+                for c, m in configs.items():
+                    m.load_config(saved[c])
+
+    def _disarm(self) -> None:
+        if self._timer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _expired_error(self, failed: str) -> GraphFileError:
+        self._disarm()
+        return GraphFileError(f"{self.path}: {failed}: its code still ran at the time limit of {self.limit:g} s "
+                              f"({LOAD_TIMEOUT_ENV} sets another; 0: none)")
+
+    def call(self, failed: str, fn, *args, devices: bool = False):
+        """``fn(*args)``, the file's code (``devices``: under ``_MetaDevices``); what it raises
+        is one line, ``FILE: {failed}: ...``."""
+        try:
+            if devices:
+                with _MetaDevices():
+                    result = fn(*args)
+            else:
+                result = fn(*args)
+        except GraphFileError:
+            raise
+        except _Expired:
+            raise self._expired_error(failed) from None
+        except SystemExit as e:
+            raise GraphFileError(f"{self.path}: {failed}: its code exited (SystemExit({e.code!r}) or os._exit); "
+                                 "a graph file defines Repro and load_args and must not end the run") from None
+        except Exception as e:
+            raise GraphFileError(f"{self.path}: {failed}: {_first_line(e)}") from None
+        if self.expired:  # it caught the alarm and carried on
+            raise self._expired_error(failed)
+        return result
+
+
+def _exec_module(path: Path):
+    """The file run as a module, not as ``__main__`` (inside ``_FileCode.call``)."""
+    name = "bucketplan_graph_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    # a source loader whatever the suffix (a dumped graph is not always named .py)
+    spec = importlib.util.spec_from_loader(name, importlib.machinery.SourceFileLoader(name, str(path)))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 
@@ -160,29 +350,30 @@ def _main_block_groups(source: str) -> dict | None:
     return None
 
 
-def _config_groups(path: Path, module, source: str) -> list[GroupSpec]:
-    """The groups the file itself sizes: ``get_pg_config()``, else torch's ``setup_fake_process_groups``."""
-    config = None
+def _config_groups(path: Path, code: _FileCode, module, source: str) -> tuple[list[GroupSpec], str]:
+    """The groups the file itself sizes: ``get_pg_config()``, else torch's
+    ``setup_fake_process_groups``; and which of them said so."""
+    config, said = None, "get_pg_config()"
     if callable(getattr(module, "get_pg_config", None)):
-        try:
-            config = module.get_pg_config()
-        except Exception as e:
-            raise GraphFileError(f"{path}: get_pg_config() failed: {type(e).__name__}: {e}") from None
+        config = code.call("get_pg_config() failed", module.get_pg_config)
     if config is None:
-        config = _main_block_groups(source) or {}
+        config, said = _main_block_groups(source) or {}, "setup_fake_process_groups"
     if not isinstance(config, dict):
         raise GraphFileError(f"{path}: get_pg_config() returned {type(config).__name__}, not a dict of groups")
+
+    def ranks(n) -> bool:  # a count of ranks: bool is an int to Python, not to us
+        return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_GROUP_SIZE
+
     groups = []
     for name, info in config.items():
         info = {"size": info} if isinstance(info, int) else info
         size, role, per_node = (info.get("size"), info.get("role", "dp"), info.get("ranks_per_node")
                                 ) if isinstance(info, dict) else (None, None, None)
-        if not isinstance(size, int) or size < 1 or role not in ROLES or not (per_node is None or (
-                isinstance(per_node, int) and per_node >= 1)):
-            raise GraphFileError(f"{path}: group {name!r}: {info!r} is not {{'size': N[, 'role': 'dp'|'tp', "
-                                 "'ranks_per_node': R]}")
+        if not ranks(size) or role not in ROLES or not (per_node is None or ranks(per_node)):
+            raise GraphFileError(f"{path}: {said}: group {name!r}: {info!r} is not {{'size': N[, 'role': 'dp'|'tp', "
+                                 f"'ranks_per_node': R]}} with N and R from 1 to {MAX_GROUP_SIZE} ranks")
         groups.append(GroupSpec(str(name), size, role, per_node))
-    return groups
+    return groups, said
 
 
 def _map_devices(gm: fx.GraphModule) -> int:
@@ -205,6 +396,68 @@ def _map_devices(gm: fx.GraphModule) -> int:
             mapped += 1
     gm.recompile()
     return mapped
+
+
+def _fake_state(path: Path, gm: fx.GraphModule, fake_mode) -> None:
+    """Every parameter, buffer and tensor attribute of the traced module, as a fake CPU tensor of
+    its shape, strides and dtype in the trace's mode: ``make_fx`` refuses real tensors beside the
+    fake inputs, and the meta ones ``_MetaDevices`` made are on no device the graph runs on. A
+    tensor shared by two names stays shared."""
+    made: dict[int, torch.Tensor] = {}
+    kept = []  # the originals, so no id is reused while ``made`` is keyed by them
+
+    def fake(name: str, t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in made:
+            kept.append(t)
+            try:
+                _refuse_bytes(path, f"tensor {name!r} of the Repro module", t.shape, t.stride(), t.dtype)
+                with fake_mode:
+                    f = torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype)
+                    made[id(t)] = torch.nn.Parameter(f, requires_grad=t.requires_grad) if isinstance(
+                        t, torch.nn.Parameter) else f
+            except GraphFileError:
+                raise
+            except Exception as e:
+                raise GraphFileError(f"{path}: tensor {name!r} of the Repro module: {_first_line(e)}") from None
+        return made[id(t)]
+
+    for prefix, mod in gm.named_modules():
+        at = f"{prefix}." if prefix else ""
+        for table in (mod._parameters, mod._buffers):
+            for name, t in list(table.items()):
+                if t is not None:
+                    table[name] = fake(at + name, t)
+        for name, t in list(vars(mod).items()):
+            if isinstance(t, torch.Tensor):
+                vars(mod)[name] = fake(at + name, t)
+
+
+def _op_group_sizes(path: Path, gm: fx.GraphModule) -> dict[str, tuple[str, int]]:
+    """The size each group's collectives give it -- all_gather and reduce_scatter name their
+    group's size, and the graph's shapes are those of that size -- as (first collective, size);
+    collectives on one group that disagree are refused."""
+    from torch._inductor.fx_passes.overlap_scheduling import get_group_name
+
+    from fxglue.estimator import collective_kind
+
+    sizes: dict[str, tuple[str, int]] = {}
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or collective_kind(n) is None:
+            continue
+        names = [a.name for a in getattr(getattr(n.target, "_schema", None), "arguments", ())]
+        if "group_size" not in names:  # all_reduce: its group's size is in no argument
+            continue
+        i = names.index("group_size")
+        size = n.args[i] if i < len(n.args) else n.kwargs.get("group_size")
+        group = get_group_name(n)
+        if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_GROUP_SIZE:
+            raise GraphFileError(f"{path}: collective {n.name!r} on group {group!r} gives a group size of {size!r}, "
+                                 f"not a count of ranks from 1 to {MAX_GROUP_SIZE}")
+        first = sizes.setdefault(group, (n.name, size))
+        if first[1] != size:
+            raise GraphFileError(f"{path}: collectives on group {group!r} disagree on its size: {first[0]!r} "
+                                 f"gives {first[1]} ranks, {n.name!r} {size}")
+    return sizes
 
 
 def graph_group_names(gm: fx.GraphModule) -> list[str]:
@@ -257,43 +510,57 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
         source = read_regular_text(path, 256 << 20, "graph file")
     except (OSError, ValueError) as e:
         raise GraphFileError(f"{path}: cannot read the graph file: {e}") from None
-    module = _exec_module(path)
-    repro = getattr(module, "mod", None)
-    if not isinstance(repro, torch.nn.Module):
-        repro = getattr(module, "Repro", None)
-        repro = repro() if isinstance(repro, type) and issubclass(repro, torch.nn.Module) else None
-    load_args = getattr(module, "load_args", None)
-    if repro is None or not callable(load_args):
-        raise GraphFileError(f"{path}: not a repro file: it needs a Repro module (or `mod`) and load_args(reader), "
-                             "as torch's save_graph_repro writes them")
-    if getattr(load_args, "_version", 0) > 0:
-        raise GraphFileError(f"{path}: load_args is version {load_args._version}; torch {torch.__version__} "
-                             "writes version 0")
-    try:
-        gm = fx.symbolic_trace(repro)
-    except Exception as e:
-        raise GraphFileError(f"{path}: the Repro module does not trace: {type(e).__name__}: {e}") from None
-    mapped = _map_devices(gm)
-    used = graph_group_names(gm)
-    if not used:
-        raise GraphFileError(f"{path}: no collectives (all_gather, reduce_scatter, all_reduce) in the graph")
-    specs = {g.name: g for g in (_config_groups(path, module, source) if groups is None else groups)}
-    missing = [name for name in used if name not in specs]
-    if missing:
-        raise GraphFileError(f"{path}: the graph's collectives use group {missing[0]!r}, which neither "
-                             f"{'--group' if groups is not None else 'get_pg_config() nor setup_fake_process_groups'}"
-                             f" sizes: give --group {missing[0]}=SIZE")
-    in_use = [specs[name] for name in used]
-    _register_groups(path, in_use)
+    code = _FileCode(path)
     fake_mode = FakeTensorMode()
-    reader = _FakeInputReader()
-    try:
+    reader = _FakeInputReader(path)
+    with code.contained():
+        module = code.call("does not load", _exec_module, path, devices=True)
+        repro = getattr(module, "mod", None)
+        if not isinstance(repro, torch.nn.Module):
+            repro = getattr(module, "Repro", None)
+            repro = (code.call("Repro() failed", repro, devices=True)
+                     if isinstance(repro, type) and issubclass(repro, torch.nn.Module) else None)
+        load_args = getattr(module, "load_args", None)
+        if repro is None or not callable(load_args):
+            raise GraphFileError(f"{path}: not a repro file: it needs a Repro module (or `mod`) and "
+                                 "load_args(reader), as torch's save_graph_repro writes them")
+        if getattr(load_args, "_version", 0) > 0:
+            raise GraphFileError(f"{path}: load_args is version {load_args._version}; torch {torch.__version__} "
+                                 "writes version 0")
+        gm = code.call("the Repro module does not trace", fx.symbolic_trace, repro)
+        mapped = _map_devices(gm)
+        _fake_state(path, gm, fake_mode)
+        used = graph_group_names(gm)
+        if not used:
+            raise GraphFileError(f"{path}: no collectives (all_gather, reduce_scatter, all_reduce) in the graph")
+        op_sizes = _op_group_sizes(path, gm)
+        given, said = (_config_groups(path, code, module, source) if groups is None else (groups, "--group"))
+        specs = {g.name: g for g in given}
+        missing = [name for name in used if name not in specs]
+        if missing:
+            named = "--group" if groups is not None else "get_pg_config() nor setup_fake_process_groups"
+            raise GraphFileError(f"{path}: the graph's collectives use group {missing[0]!r}, which neither {named} "
+                                 f"sizes: give --group {missing[0]}=SIZE")
+        for name, (node, size) in op_sizes.items():
+            if specs[name].size != size:
+                raise GraphFileError(f"{path}: collective {node!r} runs on group {name!r} of {size} ranks, but "
+                                     f"{said} sizes that group {specs[name].size} (the graph's shapes are those of "
+                                     f"{size})")
+        in_use = [specs[name] for name in used]
+        _register_groups(path, in_use)
         with fake_mode:
-            load_args(reader)
+            code.call("load_args(reader) failed", load_args, reader)
+        if reader.refused is not None:  # load_args caught the refusal and went on
+            raise reader.refused
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = fake_log.level
+    fake_log.setLevel(logging.CRITICAL)  # it logs an op's failure with its traceback; the failure is our one line
+    try:
         traced_gm = trace_step(gm, reader.args, fake_mode=fake_mode)
     except Exception as e:
-        raise GraphFileError(f"{path}: the graph does not trace on fake CPU tensors: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+        raise GraphFileError(f"{path}: the graph does not trace on fake CPU tensors: {_first_line(e)}") from None
+    finally:
+        fake_log.setLevel(level)
     groups = _workload_groups(path, in_use)
     return TracedWorkload(name=GraphFile(str(path)).name, gm=traced_gm, fake_mode=fake_mode,
                           groups=groups, trace_s=time.perf_counter() - t0,

@@ -203,7 +203,8 @@ def trace_for(workload: str | Workload | GraphFile | TracedWorkload, preset: Pre
     workload as it is."""
     say = progress or (lambda msg: None)
     if isinstance(workload, GraphFile):
-        say(f"loading {workload.path}")
+        # the first thing said of a graph file: loading it runs it
+        say(f"note: {workload.path} is Python: running it (its code runs with your permissions)")
         return workload.load()
     if not isinstance(workload, (str, Workload)):
         return workload

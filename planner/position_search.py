@@ -369,8 +369,10 @@ def _validate(problem, starts, *, peak_memory_bytes, deadline, max_evaluations, 
         arguments.problem_and_plan(problem, plan, f"starts[{k}]")
         arguments.check_plan_matches(problem, plan)
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not math.isfinite(deadline):
-        raise ValueError(f"deadline must be a time.perf_counter() value, not {deadline!r}")
+    # inf: no time limit (max_evaluations or the kicks end the search); nan would never compare
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline) \
+            or deadline == -math.inf:
+        raise ValueError(f"deadline must be a time.perf_counter() value or inf, not {deadline!r}")
     if max_evaluations is not None:
         arguments.positive_number(max_evaluations, "max_evaluations")
     arguments.seed(seed, "seed")

@@ -132,7 +132,7 @@ def test_position_search_is_exported_and_validates_like_solve(fsdp8):
     for bad in (float("inf"), 2**70, "14e9", -1):
         with pytest.raises(ValueError, match="peak_memory_bytes must be None or an integer"):
             search(fsdp8, [], peak_memory_bytes=bad, deadline=soon)
-    for bad in (None, float("nan"), "soon", True):
+    for bad in (None, float("nan"), -float("inf"), "soon", True):
         with pytest.raises(ValueError, match="deadline must be"):
             search(fsdp8, [], peak_memory_bytes=None, deadline=bad)
     with pytest.raises(ValueError, match="seed must be an integer"):

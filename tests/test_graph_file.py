@@ -2,7 +2,9 @@
 format read back to the very problem a built-in workload or factory gives, forward-only and
 backward-only graphs as a compile produces them planned from the command line, an external-style
 file (cuda device literals, its own group names and ``get_pg_config``) priced by a measured table
-through public API only, and every file that cannot be planned refused in one line."""
+through public API only, the state torch's writer emits for a GPU graph planned on the CPU, and
+every file that cannot be planned refused in one line -- one that loops, exits or moves the working
+directory included, its code being run contained."""
 
 from __future__ import annotations
 
@@ -149,6 +151,21 @@ def test_an_external_repro_is_planned_with_a_measured_table_through_public_api(t
     assert not planner.verify(problem, result.plan)
 
 
+def _file(*, init: str = "", extra: str = "", load: str = "", pg: str = "    return {'mystery': 4}\n", top: str = "",
+          shapes: tuple[str, str] = ("(4, 4)", "(4, 4)")) -> str:
+    """A one-gather graph file in torch's repro format, with code put in its ``__init__``, its
+    forward, its ``load_args``, its ``get_pg_config`` and at its top level."""
+    return ("import torch\nfrom torch import tensor, device\nclass Repro(torch.nn.Module):\n"
+            f"    def __init__(self):\n        super().__init__()\n{init}"
+            "    def forward(self, a, w):\n"
+            "        ag = torch.ops._c10d_functional.all_gather_into_tensor.default(a, 4, 'mystery')\n"
+            f"        x = torch.ops._c10d_functional.wait_tensor.default(ag)\n{extra}"
+            "        return (torch.ops.aten.mm.default(x, w),)\n"
+            f"def load_args(reader):\n{load}    reader.tensor(reader.storage(None, 64), {shapes[0]})\n"
+            f"    reader.tensor(reader.storage(None, 64), {shapes[1]})\n"
+            f"def get_pg_config():\n{pg}{top}")
+
+
 @pytest.mark.parametrize("name, text, argv, named", [
     ("missing.py", None, [], "no such file"),
     ("broken.py", "class Repro(\n", [], "does not load: SyntaxError"),
@@ -163,6 +180,29 @@ def test_an_external_repro_is_planned_with_a_measured_table_through_public_api(t
     ("nogroup.py", None, ["--group", "mystery=4:pp"], "role 'pp'"),
     ("nogroup.py", None, ["--group", "mystery"], "NAME=SIZE"),
     ("nogroup.py", None, ["--group", "other=4"], "give --group mystery=SIZE"),
+    # a group sized otherwise than its collectives say: the graph's shapes are those of 4 ranks
+    ("nogroup.py", None, ["--group", "mystery=8"],
+     "collective 'all_gather_into_tensor_default' runs on group 'mystery' of 4 ranks, but --group sizes that group 8"),
+    ("size8.py", _file(pg="    return {'mystery': 8}\n"), [],
+     "collective 'all_gather_into_tensor_default' runs on group 'mystery' of 4 ranks, but get_pg_config() sizes"),
+    ("disagree.py", _file(extra="        ag2 = torch.ops._c10d_functional.all_gather_into_tensor.default(w, 2, "
+                                "'mystery')\n        x = torch.ops._c10d_functional.wait_tensor.default(ag2)\n"), [],
+     "group 'mystery' disagree on its size: 'all_gather_into_tensor_default' gives 4 ranks, "
+     "'all_gather_into_tensor_default_1' 2"),
+    ("sizetrue.py", _file(pg="    return {'mystery': True}\n"), [], "group 'mystery': {'size': True} is not"),
+    ("sizehuge.py", _file(pg="    return {'mystery': {'size': 10**12}}\n"), [], "{'size': 1000000000000} is not"),
+    ("nogroup.py", None, ["--group", "mystery=99999999999999999999"], "more than 1048576 ranks"),
+    # figures beyond what a problem records: named where the graph says them, or where they are priced
+    ("huge.py", _file(shapes=("(4, 1 << 30)", "(1 << 30, 1 << 30)")), [], "load_args: input 1: shape "
+     "(1073741824, 1073741824) of float32 is 4.61e+18 bytes"),
+    ("bigconst.py", _file(init="        self.register_buffer('_tensor_constant0', torch.empty(1 << 30, 1 << 30, "
+                               "device='cuda:0'))\n", extra="        x = x + self._tensor_constant0\n"), [],
+     "tensor '_tensor_constant0' of the Repro module: shape"),
+    ("slow.py", _file(shapes=("(300000000, 300000000)",) * 2), [],
+     "collective 'all_gather_into_tensor': est_ms = 3.649e+09"),
+    # Repro() as the file defines it
+    ("initarg.py", _file(init="        pass\n    def __init__(self, x):\n        super().__init__()\n"), [],
+     "Repro() failed: TypeError: Repro.__init__() missing 1 required positional argument"),
 ])
 def test_a_graph_file_that_cannot_be_planned_is_one_line_exit_2(tmp_path, capsys, name, text, argv, named):
     if text is not None:
@@ -177,6 +217,132 @@ def test_a_graph_file_that_cannot_be_planned_is_one_line_exit_2(tmp_path, capsys
     code, _, err = _run(["extract", "--graph", str(tmp_path / name), *argv, "-o", str(out), "-q"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and named in err and "Traceback" not in err, err
     assert not out.exists()
+
+
+def test_loading_a_graph_file_says_first_that_it_runs_python(tmp_path, capsys):
+    (tmp_path / "g.py").write_text(_file())
+    code, _, err = _run(["extract", "--graph", str(tmp_path / "g.py"), "-o", str(tmp_path / "o")], capsys)
+    assert code == 0, err
+    assert re.search(rf"^\[ *[\d.]+s\] note: {re.escape(str(tmp_path / 'g.py'))} is Python: running it \(its code runs "
+                     r"with your permissions\)$", err.splitlines()[0]), err
+
+
+@pytest.mark.parametrize("where", ["top", "init", "load"])
+def test_a_graph_file_that_never_returns_is_stopped_at_the_time_limit(tmp_path, capsys, monkeypatch, where):
+    import signal
+
+    from tests.bounded import bounded
+
+    loop = {"top": "while True:\n    pass\n", "init": "        while True:\n            pass\n",
+            "load": "    while True:\n        pass\n"}[where]
+    path = tmp_path / "loops.py"
+    path.write_text(_file(**{where: loop}))
+    monkeypatch.setenv("BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S", "1")
+    with bounded(20, "loading a file that loops"):
+        outer = signal.getsignal(signal.SIGALRM)
+        code, _, err = _run(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+        # the caller's alarm and its handler are back (here: bounded's, still counting down)
+        assert signal.getsignal(signal.SIGALRM) is outer and 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 20
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: " in err and "still ran at the time limit of 1 s (BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S" in err, err
+
+
+def test_a_graph_file_loads_off_the_main_thread_without_a_limit(tmp_path):
+    import threading
+
+    from fxglue.graph_file import load_graph
+
+    (tmp_path / "g.py").write_text(_file())
+    done = []
+    worker = threading.Thread(target=lambda: done.append(load_graph(tmp_path / "g.py")))
+    worker.start()
+    worker.join(60)
+    assert done and done[0].groups.dp == "mystery"
+
+
+def test_the_working_directory_a_graph_file_changes_is_restored(tmp_path, capsys, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "g.py").write_text(_file(top=f"import os\nos.chdir({str(elsewhere)!r})\n"))
+    monkeypatch.chdir(tmp_path)
+    code, _, err = _run(["extract", "--graph", "g.py", "-o", "relout", "-q"], capsys)
+    assert code == 0, err
+    assert (tmp_path / "relout" / "problem.json").is_file() and not (elsewhere / "relout").exists()
+
+
+@pytest.mark.parametrize("where, code, failed", [
+    ("top", "import sys\nsys.exit(0)\n", "does not load"),
+    ("top", "raise SystemExit\n", "does not load"),
+    ("init", "        import sys\n        sys.exit(0)\n", "Repro() failed"),
+    ("load", "    raise SystemExit(0)\n", "load_args(reader) failed"),
+    ("pg", "    import sys\n    sys.exit(0)\n", "get_pg_config() failed"),
+], ids=["sys.exit-at-import", "SystemExit-at-import", "in-Repro()", "in-load_args", "in-get_pg_config"])
+def test_a_graph_file_that_exits_is_refused_in_one_line(tmp_path, capsys, where, code, failed):
+    path = tmp_path / "exits.py"
+    path.write_text(_file(**{where: code}))
+    out = tmp_path / "o"
+    status, _, err = _run(["extract", "--graph", str(path), "-o", str(out), "-q"], capsys)
+    assert status == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: {failed}: its code exited" in err and not out.exists()
+
+
+@pytest.mark.parametrize("name, text, named", [
+    # os._exit ends the process whatever catches what: run apart, so a regression cannot end this one
+    ("exits.py", _file(top="import os\nos._exit(0)\n"), "does not load: its code exited"),
+    ("exits.py", _file(load="    import os\n    os._exit(0)\n"), "load_args(reader) failed: its code exited"),
+    # torch logs a fake kernel's failure with its traceback; the refusal is the one line
+    ("misshaped.py", _file().replace("(4, 4))\ndef get_pg_config", "(5, 5))\ndef get_pg_config"),
+     "does not trace on fake CPU tensors: RuntimeError: a and b must have same reduction dim"),
+], ids=["os._exit-at-import", "os._exit-in-load_args", "misshaped"])
+def test_a_graph_file_refused_in_its_own_process_is_one_line(tmp_path, name, text, named):
+    import subprocess
+    import sys
+
+    (tmp_path / name).write_text(text)
+    out = tmp_path / "o"
+    run = subprocess.run([sys.executable, "-m", "bucketplan_cli", "extract", "--graph", str(tmp_path / name),
+                          "-o", str(out), "-q"], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "Traceback" not in run.stderr and named in run.stderr and not out.exists(), run.stderr
+
+
+def test_ctrl_c_in_a_graph_file_propagates_and_the_process_is_restored(tmp_path):
+    import os
+    import signal
+
+    from fxglue.graph_file import load_graph
+
+    path = tmp_path / "interrupted.py"
+    path.write_text(_file(top="import os\nos.chdir('/')\nos.environ['BUCKETPLAN_SEEN'] = '1'\n"
+                              "raise KeyboardInterrupt\n"))
+    cwd, exit_, handler = os.getcwd(), os._exit, signal.getsignal(signal.SIGALRM)
+    with pytest.raises(KeyboardInterrupt):
+        load_graph(path)
+    assert (os.getcwd(), os._exit, signal.getsignal(signal.SIGALRM)) == (cwd, exit_, handler)
+    assert "BUCKETPLAN_SEEN" not in os.environ and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+def test_repro_buffers_parameters_and_constants_as_torch_writes_them_are_planned(tmp_path, capsys):
+    """What torch's repro writer emits for a graph's state on a GPU (``.to("cuda:0")``, ``device=``,
+    a small constant's repr, a module moved whole, ``mod = Repro()`` at import) and a CPU constant:
+    each becomes a fake CPU tensor of its shape, and the graph plans."""
+    init = ("        self.register_buffer('_tensor_constant0', torch.randn([4, 4], dtype=torch.float32)"
+            ".to(\"cuda:0\"))\n"
+            "        self.register_buffer('_tensor_constant1', tensor([[1., 2., 3., 4.]], device='cuda:0'))\n"
+            "        self.register_buffer('_tensor_constant2', torch.empty(16, 4, device='cuda:0'))\n"
+            "        self.register_buffer('_tensor_constant3', torch.ones(4))\n"
+            "        self.w2 = torch.nn.Parameter(torch.randn([4, 4], dtype=torch.float32, device=\"cuda:0\"))\n"
+            "        self.lin = torch.nn.Linear(in_features=4, out_features=4, bias=True).to(\"cuda:0\")\n"
+            "        self.lin2 = torch.nn.Linear(4, 4).cuda()\n")
+    extra = ("        x = torch.ops.aten.mm.default(x, self._tensor_constant0) + self._tensor_constant1\n"
+             "        x = self.lin2(self.lin(x + self._tensor_constant2 + self._tensor_constant3)) @ self.w2\n")
+    path = tmp_path / "state.py"
+    path.write_text(_file(init=init, extra=extra, top="mod = Repro()\n"))
+    code, out, err = _run(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+    assert code == 0, err
+    problem = planner.load_problem(tmp_path / "o" / "problem.json")
+    assert [c.pg for c in problem.collectives] == ["mystery"]
+    assert sum(n.kind == "compute" for n in problem.nodes) >= 4  # the two mms and the two linears, all priced
 
 
 _ONE_GATHER = (
