@@ -123,19 +123,34 @@ def _fsdp_logger_inherits() -> None:
         fsdp.logger.setLevel(logging.NOTSET)
 
 
+class NotScheduled(RuntimeError):
+    """Torch's scheduler returned without reaching the bucketing step (nothing to bucket); the
+    graph is left valid."""
+
+
+# what ``schedule`` itself decides; a caller's scheduler keywords may not say otherwise
+_OWN_SCHEDULER_KEYS = ("custom_runtime_estimation", "pre_bucketing_fsdp_collectives", "bucket_mode")
+
+
 def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: bool = False,
              bucket_mode=None, **scheduler_kwargs) -> BucketingInputs:
-    """Run torch's overlap scheduler on ``traced.gm`` (in place) up to the bucketing step."""
+    """Run torch's overlap scheduler on ``traced.gm`` (in place) up to the bucketing step.
+    ``scheduler_kwargs``: further keywords of torch's ``schedule_overlap_bucketing`` (a compile's
+    inductor settings), over our defaults (bucketing on, analytical estimates); the estimator,
+    pre-bucketing and bucket mode are the named arguments, which extraction uses too."""
     import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
 
+    clash = sorted(set(scheduler_kwargs) & set(_OWN_SCHEDULER_KEYS))
+    if clash:
+        raise ValueError(f"scheduler keyword(s) {clash} are schedule's own (estimator, pre_bucketing, bucket_mode)")
+    kwargs = {"collective_bucketing": True, "compute_estimator": "analytical", "collective_estimator": "analytical",
+              **scheduler_kwargs, "custom_runtime_estimation": estimator,
+              "pre_bucketing_fsdp_collectives": pre_bucketing, "bucket_mode": bucket_mode}
     _fsdp_logger_inherits()
     with cpu_compat(estimator), estimator.torch_topology(), capture_bucketing_inputs() as captured, traced.fake_mode:
-        overlap_scheduling.schedule_overlap_bucketing(
-            traced.gm, collective_bucketing=True, compute_estimator="analytical",
-            collective_estimator="analytical", custom_runtime_estimation=estimator,
-            pre_bucketing_fsdp_collectives=pre_bucketing, bucket_mode=bucket_mode, **scheduler_kwargs)
+        overlap_scheduling.schedule_overlap_bucketing(traced.gm, **kwargs)
     if len(captured) != 1:
-        raise RuntimeError("torch's scheduler did not reach the bucketing step (no collectives?)")
+        raise NotScheduled("torch's scheduler did not reach the bucketing step (no collectives?)")
     return captured[0]
 
 
@@ -225,13 +240,19 @@ def prepare(
     progress=None,
     greedy: bool = True,
     estimator: Estimator | None = None,
+    scheduler_kwargs: dict | None = None,
+    meta: dict | None = None,
 ) -> Prepared:
     """The one way from a workload to a problem: trace (``trace_for``: a name at the preset's
-    world size and TP degree, a graph file loaded), schedule with torch's overlap scheduler,
-    extract the problem, and record torch's greedy plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2,
-    the α-β ``hardware`` (the ``ab-ib8`` figures). ``estimator``: the cost model itself, instead
-    of the preset's (the preset then only sizes the trace); it prices torch's scheduler and the
-    problem alike."""
+    world size and TP degree, a graph file loaded, a traced step -- a gloo rank's, a compile's
+    post-grad graph -- as it is), schedule with torch's overlap scheduler, extract the problem,
+    record each collective's block and phase (``blocks.with_blocks``), and record torch's greedy
+    plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2, the
+    α-β ``hardware`` (the ``ab-ib8`` figures). ``estimator``: the cost model itself, instead of
+    the preset's (the preset then only sizes the trace); it prices torch's scheduler and the
+    problem alike. ``scheduler_kwargs``: further keywords of torch's scheduler (``schedule``);
+    ``meta``: entries of the problem's ``meta`` (provenance, not fingerprinted) over ours.
+    Raises ``NotScheduled`` when torch's scheduler stops before bucketing."""
     say = progress or (lambda msg: None)
     preset = resolve_preset(preset)
     timings: dict[str, float] = {}
@@ -241,11 +262,12 @@ def prepare(
     estimator = estimator or estimator_for(traced, hardware, preset)
     say("scheduling with torch's overlap scheduler")
     t0 = time.perf_counter()
-    inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode)
+    inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
+                      **(scheduler_kwargs or {}))
     timings["schedule_s"] = time.perf_counter() - t0
     say("extracting the bucketing problem")
     t0 = time.perf_counter()
-    meta = {**traced.meta, "pre_bucketing": pre_bucketing, "preset": preset.name if preset else None}
+    meta = {**traced.meta, "pre_bucketing": pre_bucketing, "preset": preset.name if preset else None, **(meta or {})}
     problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
                               max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
                               estimator=estimator, meta=meta)

@@ -196,3 +196,56 @@ def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
         for e in r["events"]:
             assert e["collectives_after"] == planned[e["fingerprint"]], e
         assert _same(r, plain[rank]), f"rank {rank}: the positioned plan changed the numbers"
+
+
+def test_recorded_problems_have_blocks_and_are_prepares_problems(tmp_path):
+    """What ``record`` writes is ``fxglue.pipeline.prepare``'s problem for the graph the pass
+    received (the one way in: the same schedule, extraction and blocks), and its FSDP gathers and
+    reduce_scatters carry their block and phase, read from the compiled graph's module stacks and
+    named as for the traced workload (``bucketplan extract``), so ``solve-dir --positions free``
+    gets the per-block seed. One process on torch's fake process group: the pass sees the same
+    graphs there, and nothing here needs real numbers."""
+    import copy
+    from unittest import mock
+
+    import torch._inductor.config as inductor_config
+
+    from fxglue.models.workloads import ensure_fake_world
+    from fxglue.pipeline import prepare, preset_estimator
+    from fxglue.run import compile as bucketplan_compile
+    from tests.compile_steps import build
+    from tests.conftest import scheduled
+
+    ensure_fake_world()
+    module, _, (tokens, labels), loss_fn, _ = build(0, 8, "fsdp", 2, 16)
+    received = []
+    run_pass = bucketplan_compile.PlanPass.__call__
+
+    def receiving_pass(self, graph):
+        received.append(copy.deepcopy(graph.owning_module))  # before the pass schedules it
+        run_pass(self, graph)
+
+    plan_dir = tmp_path / "plans"
+    torch._dynamo.reset()
+    try:
+        with mock.patch.object(bucketplan_compile.PlanPass, "__call__", receiving_pass), \
+                inductor_config.patch(compile_threads=1), bucketplan_compile.record(plan_dir) as session:
+            torch.compile(lambda t, y: loss_fn(module, t, y))(tokens, labels).backward()
+    finally:
+        torch._dynamo.reset()
+    assert [e.kind for e in session.events] == ["forward", "backward"]
+    assert {e.outcome for e in session.events} == {"recorded"}
+    recorded = {p.fingerprint: p for p in (planner.load_problem(d / PROBLEM) for d in recorded_problems(plan_dir))}
+
+    offline = scheduled("llama3-8b-fsdp-2").problem  # the same model traced whole, blocks from its module
+    for event, kind, phase in zip(session.events, ("all_gather", "reduce_scatter"), ("forward", "backward")):
+        problem = recorded[event.fingerprint]
+        moved = [c for c in problem.collectives if c.kind == kind]
+        assert moved and all(c.module is not None and c.phase == phase for c in moved), problem.collectives
+        assert {c.module for c in moved} == {c.module for c in offline.collectives
+                                             if c.kind == kind and c.phase == phase}  # layers.0, norm+output, ...
+
+    for gm, event in zip(received, session.events):
+        prepared = prepare(bucketplan_compile.post_grad_workload(gm), estimator=preset_estimator("h100-8nodes"),
+                           scheduler_kwargs=bucketplan_compile._scheduler_kwargs(), greedy=False)
+        assert prepared.problem.fingerprint == event.fingerprint

@@ -11,6 +11,8 @@ import pytest
 import planner
 from bucketplan_cli import main as cli
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+
 FACTORY = textwrap.dedent('''
     import torch
     import torch.nn as nn
@@ -120,3 +122,16 @@ def test_check_refuses_what_it_cannot_run_in_one_line(capsys, argv, named):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert named in err and len(err.splitlines()) == 1
+
+
+def test_a_factory_workload_gets_blocks_like_a_built_in_one():
+    """A user's factory cannot be rebuilt by name: its blocks come from the module the trace
+    built (before wrapping renamed its parameters), so the positioned search's per-block seed
+    applies to it as to a built-in workload."""
+    from fxglue.models.custom import factory_workload
+    from fxglue.pipeline import prepare
+
+    problem = prepare(factory_workload(f"{ROOT}/examples/my_model.py:build", "fsdp", 2), greedy=False).problem
+    named = {c.module for c in problem.collectives if c.module is not None}
+    assert all(c.module is not None and c.phase in ("forward", "backward") for c in problem.collectives)
+    assert {"blocks.0", "blocks.1"} <= named, named

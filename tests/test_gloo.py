@@ -25,6 +25,47 @@ def test_bucketed_graph_is_bitwise_equal(workload, planner, mode, ranks):
         assert r.max_abs_diff == 0.0
 
 
+def _checked_and_prepared(rank, world, spec):
+    """This rank's problem as ``check`` makes it (written to ``spec["save_problems"]``), and
+    ``prepare``'s on the same graph: the rank's step traced as check traces it, taken as it is."""
+    import torch
+    from torch._guards import detect_fake_mode
+
+    from fxglue.models import parallel
+    from fxglue.models.workloads import TracedWorkload, get_workload, mesh_groups, trace_step, wrap_module
+    from fxglue.pipeline import prepare
+    from fxglue.run.gloo import _check_rank
+
+    assert not _check_rank(rank, world, spec).error
+    wl = get_workload(spec["workload"], small=True)
+    groups = mesh_groups(wl.style, world, tp_size=1)
+    torch.manual_seed(spec["seed"])
+    module, inputs, loss_fn = wl.build(groups)
+    wrapped = wrap_module(wl, module, groups, rank)
+    gm = trace_step(parallel.make_train_step(wrapped, loss_fn), [*parallel.stored_params(wrapped), *inputs])
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")])
+    return prepare(TracedWorkload(wl.name, gm, fake_mode, groups, 0.0), greedy=False).problem
+
+
+def test_the_checked_problem_is_prepares_with_blocks(tmp_path):
+    """The problem each gloo rank plans (and ``extract --tiny`` writes) is ``prepare``'s for the
+    rank's graph, fingerprint for fingerprint, blocks included: check names blocks from the
+    rank's own module, prepare from the workload rebuilt by name."""
+    import planner
+    from fxglue.run.gloo import GlooWorld
+
+    spec = {"workload": "llama3-8b-fsdp-2", "planner": "none", "plans": None, "bucket_mode": None,
+            "pre_bucketing": False, "seed": 0, "tp_size": 1, "model": None, "save_problems": str(tmp_path)}
+    with GlooWorld(2) as world:
+        prepared = world.run(_checked_and_prepared, spec)
+    for rank, expected in enumerate(prepared):
+        checked = planner.load_problem(tmp_path / f"rank{rank}" / "problem.json")
+        moved = [c for c in checked.collectives if c.kind in ("all_gather", "reduce_scatter")]
+        assert moved and all(c.module is not None and c.phase is not None for c in moved), checked.collectives
+        assert {c.phase for c in moved} == {"forward", "backward"}
+        assert checked.fingerprint == expected.fingerprint
+
+
 @pytest.mark.parametrize("planner", ["none", pytest.param("cpsat", marks=pytest.mark.long)])
 @pytest.mark.slow
 def test_hf_moe_check_is_bitwise_equal(planner):

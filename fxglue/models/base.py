@@ -67,3 +67,50 @@ def default_dtype(dtype: torch.dtype):
         yield
     finally:
         torch.set_default_dtype(old)
+
+
+def transformer_block_plans(module: nn.Module) -> list[list[str] | str]:
+    """torchtitan's ``get_transformer_block_buckets`` for any decoder: one entry per block.
+
+    torchtitan returns ``[tok_embeddings, [norm, output], layers.0, ..., layers.N-1]``. Here the
+    blocks are the children of the ``ModuleList``/``ModuleDict`` holding the most parameters;
+    the modules owning parameters registered before the first block form the first entry
+    (the embedding), those after the last block the second (final norm and output head).
+    An entry of one module is its FQN, of several a list, as in torchtitan.
+    """
+    containers = [(name, m) for name, m in module.named_modules()
+                  if isinstance(m, (nn.ModuleList, nn.ModuleDict)) and len(m) > 0]
+    if not containers:
+        raise ValueError("no ModuleList/ModuleDict of blocks in the module")
+    name, blocks = max(containers, key=lambda c: sum(p.numel() for p in c[1].parameters()))
+    prefix = f"{name}." if name else ""
+    block_fqns = [f"{prefix}{k}" for k, _ in blocks.named_children()]
+    pre: list[str] = []
+    post: list[str] = []
+    seen_block = False
+    for pname, _ in module.named_parameters():
+        owner = pname.rpartition(".")[0]
+        if any(owner == b or owner.startswith(b + ".") for b in block_fqns):
+            seen_block = True
+            continue
+        side = post if seen_block else pre
+        if owner not in side:
+            side.append(owner)
+    plans: list[list[str] | str] = []
+    for side in (pre, post):
+        if side:
+            plans.append(side[0] if len(side) == 1 else list(side))
+    return plans + block_fqns
+
+
+def block_meta(module: nn.Module) -> dict:
+    """A module's parameter names (the order ``parallel.wrap`` stores and the traced step takes
+    them) and transformer blocks, as the traced step's meta that ``fxglue.blocks.block_source``
+    reads: taken from the module before wrapping renames its parameters, so nothing is rebuilt
+    later and a user's factory, which cannot be rebuilt by name, gets blocks too. No ModuleList of
+    blocks: no blocks."""
+    try:
+        blocks = transformer_block_plans(module)
+    except ValueError:
+        blocks = []
+    return {"saved_parameters": [n for n, _ in module.named_parameters()], "saved_blocks": blocks}

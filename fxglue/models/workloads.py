@@ -22,7 +22,8 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from fxglue.models import parallel
-from fxglue.models.base import Groups, TracedWorkload, Workload, WorkloadError, default_dtype  # noqa: F401 (re-exported)
+from fxglue.models.base import (Groups, TracedWorkload, Workload, WorkloadError, block_meta,  # noqa: F401 (re-exported)
+                                default_dtype)
 from fxglue.models.llama import LLAMA3_8B, LLAMA3_70B, LLAMA3_405B, Llama, LlamaConfig, lm_loss
 
 FAKE_WORLD_SIZE = 8
@@ -253,7 +254,10 @@ def trace(name_or_workload: str | Workload, *, world_size: int = FAKE_WORLD_SIZE
     fake_mode = FakeTensorMode()
     t0 = time.perf_counter()
     with fake_mode:
-        wrapped, step, inputs = prepare(wl, groups)
+        module, inputs, loss_fn = wl.build(groups)
+        blocks = block_meta(module)  # before wrapping renames the parameters
+        wrapped = wrap_module(wl, module, groups)
+        step = parallel.make_train_step(wrapped, loss_fn)
         args = [*parallel.stored_params(wrapped), *inputs]
     gm = trace_step(step, args, fake_mode=fake_mode)
     trace_s = time.perf_counter() - t0
@@ -261,5 +265,5 @@ def trace(name_or_workload: str | Workload, *, world_size: int = FAKE_WORLD_SIZE
         name=wl.name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=trace_s,
         meta={"workload": wl.name, "description": wl.description, "style": wl.style, "layers": wl.layers,
               "world_size": dist.get_world_size(), "tp": groups.tp_size,
-              "groups": {"dp": groups.dp, "tp": groups.tp}},
+              "groups": {"dp": groups.dp, "tp": groups.tp}, **blocks},
     )

@@ -12,13 +12,15 @@ only supported place to change what happens to a post-grad graph is that custom 
 ``CustomGraphPass``, whose ``uuid()`` is part of inductor's cache key). So inside ``record`` /
 ``use`` inductor's own overlap scheduling is switched off and our pass runs torch's scheduler
 itself with the same inductor settings (``schedule_overlap_bucketing_from_inductor_configs``'s
-keys), stops it before bucketing exactly as ``fxglue.pipeline`` does, extracts the problem, and
-then either lets torch's own bucketer finish (``record``: compilation and bucketing are
-torch's) or applies the plan found in the cache with ``apply_plan`` (``use``). Torch's FSDP
-pre-bucketing, which runs inside its scheduler before the graph is handed on, is off in all
-three contexts: it would merge collectives before the problem is extracted, so the search would
-not see them and ``unbucketed`` would not be free of merges. ``record``'s bucketing is thus
-torch's greedy bucketer alone, not its default pipeline.
+keys) through ``fxglue.pipeline.prepare``, the one way from a graph to a problem that
+``bucketplan extract`` and the gloo check take too (schedule, stop before bucketing, extract,
+record each collective's block and phase -- here from the graph's module stacks,
+``fxglue.blocks``), and then either lets torch's own bucketer finish (``record``: compilation
+and bucketing are torch's) or applies the plan found in the cache with ``apply_plan``
+(``use``). Torch's FSDP pre-bucketing, which runs inside its scheduler before the graph is
+handed on, is off in all three contexts: it would merge collectives before the problem is
+extracted, so the search would not see them and ``unbucketed`` would not be free of merges.
+``record``'s bucketing is thus torch's greedy bucketer alone, not its default pipeline.
 
 Plan directory::
 
@@ -110,8 +112,9 @@ def _rank() -> int:
 
 
 def _graph_kind(graph: fx.Graph) -> str:
-    names = [n.name for n in graph.find_nodes(op="placeholder")]
-    return "backward" if any(n.startswith("tangents") for n in names) else "forward"
+    from fxglue.blocks import compiled_graph_phase
+
+    return compiled_graph_phase(graph)
 
 
 def _graph_id(graph: fx.Graph) -> str:
@@ -127,24 +130,43 @@ def _n_collectives(gm: fx.GraphModule) -> int:
     return sum(count_collectives(gm).values())
 
 
-# torch's FSDP pre-bucketing inside record/use/unbucketed (torch's default: on); see _scheduler_kwargs
+# torch's FSDP pre-bucketing inside record/use/unbucketed (torch's default: on): off, because it
+# would merge all_gathers and reduce_scatters before the scheduler hands the graph on, so the
+# recorded problem would hide them from the search and `unbucketed` would not be free of merges
+# (README, "Use a plan in training")
 _PRE_BUCKETING = False
 
 
-def _scheduler_kwargs(estimator) -> dict:
+def _bucket_mode():
+    """Inductor's ``bucket_mode`` setting (None: torch's default for the graph)."""
+    from torch._inductor import config
+
+    return getattr(config.aten_distributed_optimizations, "bucket_mode", None)
+
+
+def _scheduler_kwargs() -> dict:
+    """Inductor's overlap-scheduling settings as torch's scheduler takes them, but for what
+    ``fxglue.pipeline.schedule`` sets itself (the estimator, pre-bucketing, the bucket mode)."""
     from torch._inductor import config
 
     opts = config.aten_distributed_optimizations
-    kwargs = {k: v for k in _INDUCTOR_KEYS if (v := getattr(opts, k, None)) is not None}
+    own = ("bucket_mode", "pre_bucketing_fsdp_collectives")
+    kwargs = {k: v for k in _INDUCTOR_KEYS if k not in own and (v := getattr(opts, k, None)) is not None}
     # inductor inserts overlap deps by default (post_grad.py), so that its scheduler keeps the order
     kwargs.setdefault("insert_overlap_deps", True)
-    # pre_bucketing off: torch's FSDP pre-bucketing would merge all_gathers and reduce_scatters
-    # before the scheduler hands the graph on, so the recorded problem would hide them from the
-    # search and `unbucketed` would not be free of merges (README, "Use a plan in training")
-    kwargs.update(collective_bucketing=True, custom_runtime_estimation=estimator, compute_estimator="analytical",
-                  collective_estimator="analytical", enable_fusion_regions=False,
-                  pre_bucketing_fsdp_collectives=_PRE_BUCKETING)
+    kwargs.update(collective_bucketing=True, compute_estimator="analytical", collective_estimator="analytical",
+                  enable_fusion_regions=False)
     return kwargs
+
+
+def post_grad_workload(gm: fx.GraphModule, graph_id: str = "?") -> "TracedWorkload":
+    """A post-grad graph as ``fxglue.pipeline.prepare`` takes a traced step. No fake mode is
+    entered around it (inductor runs its post-grad passes without one) and no process groups are
+    named (the estimator is given); its blocks come from its nodes (``fxglue.blocks``)."""
+    from fxglue.models.base import TracedWorkload
+
+    return TracedWorkload(name=f"torch.compile {graph_id}", gm=gm, fake_mode=contextlib.nullcontext(), groups=None,
+                          trace_s=0.0, meta={"source": "torch.compile", "graph": graph_id})
 
 
 def _plans_digest(plan_dir: Path) -> str:
@@ -205,33 +227,27 @@ class PlanPass(CustomGraphPass):
         if not graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.wait_tensor.default):
             return
         from fxglue.cpu_compat import cpu_compat
-        from fxglue.extract import extract_problem
-        from fxglue.pipeline import capture_bucketing_inputs, finalize_with_torch
-        import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
+        from fxglue.pipeline import NotScheduled, finalize_with_torch, prepare
 
         before = _n_collectives(gm)
         est = self.estimator
-        with cpu_compat(est), est.torch_topology(), capture_bucketing_inputs() as captured:
-            overlap_scheduling.schedule_overlap_bucketing(gm, **_scheduler_kwargs(est))
-        if len(captured) != 1:
+        try:
+            prepared = prepare(post_grad_workload(gm, _graph_id(graph)), estimator=est, pre_bucketing=_PRE_BUCKETING,
+                               bucket_mode=_bucket_mode(), scheduler_kwargs=_scheduler_kwargs(),
+                               meta={"preset": self.preset_name}, greedy=False)
+        except NotScheduled:
             return  # the scheduler stopped early (nothing to bucket); it left the graph valid
-        inputs = captured[0]
-        bucketing = dict(max_bucket_memory_gb=inputs.kwargs.get("max_bucket_memory_gb", 2.0),
-                         bucket_mode=inputs.kwargs.get("bucket_mode"))
-        problem = extract_problem(graph, inputs.collective_info, inputs.scheduled, estimator=est,
-                                  meta={"source": "torch.compile", "graph": _graph_id(graph), "preset": self.preset_name,
-                                        "pre_bucketing": _PRE_BUCKETING},
-                                  **bucketing)
+        problem, inputs = prepared.problem, prepared.inputs
         event = GraphEvent(_graph_id(graph), _rank(), _graph_kind(graph), problem.fingerprint, before, before, "")
         with cpu_compat(est):
             if self.session.mode == "unbucketed":
                 finalize_with_torch(inputs, collective_bucketing=False)
                 event.outcome = "unbucketed"
             elif self.session.mode == "record":
-                self._record(problem, inputs, bucketing, event)
+                self._record(prepared, event)
                 finalize_with_torch(inputs)
             else:
-                self._use(problem, inputs, bucketing, event)
+                self._use(prepared, event)
         gm.recompile()
         event.collectives_after = _n_collectives(gm)
         self.session.events.append(event)
@@ -243,18 +259,15 @@ class PlanPass(CustomGraphPass):
                 log.warning("bucketplan: %s: cannot append to the index (%s)", self.session.plan_dir,
                             _one_line(e))
 
-    def _record(self, problem: planner.Problem, inputs, bucketing: dict, event: GraphEvent) -> None:
+    def _record(self, prepared, event: GraphEvent) -> None:
         """Write the problem and torch's greedy plan on it, once per fingerprint. A directory that
         cannot take them (a file where the problem's folder goes, a full disk) is one warning:
         compilation goes on with torch's bucketing, as it would without ``record``."""
-        from fxglue.greedy import greedy_plan
-
+        problem = prepared.problem
         try:
             where = problem_dir(self.session.plan_dir, problem.fingerprint)
             if not (where / PROBLEM).is_file():
-                greedy = greedy_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
-                                     problem_fingerprint=problem.fingerprint, estimator=self.estimator,
-                                     **bucketing, **inputs.bucketer_kwargs)
+                greedy = prepared.record_greedy()
                 planner.save(greedy, where / GREEDY)
                 planner.save(problem, where / PROBLEM)  # last: its presence means "recorded"
         except (OSError, ValueError) as e:
@@ -264,7 +277,7 @@ class PlanPass(CustomGraphPass):
             return
         event.outcome = "recorded"
 
-    def _use(self, problem: planner.Problem, inputs, bucketing: dict, event: GraphEvent) -> None:
+    def _use(self, prepared, event: GraphEvent) -> None:
         """Apply the cached plan for this graph; anything that stops it (no plan directory, no
         plan, unreadable, another problem's, refused by ``apply_plan``'s verification and cycle
         check, which run before any mutation) is one warning, and torch's greedy buckets the graph
@@ -272,6 +285,7 @@ class PlanPass(CustomGraphPass):
         from fxglue.apply import PlanError, apply_plan
         from fxglue.pipeline import finalize_with_torch
 
+        problem, inputs = prepared.problem, prepared.inputs
         why = _unusable_dir(self.session.plan_dir)
         path = None
         if why is None:
@@ -295,7 +309,9 @@ class PlanPass(CustomGraphPass):
                     try:
                         apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=problem,
                                    estimator=self.estimator,
-                                   insert_overlap_deps=bool(inputs.kwargs.get("insert_overlap_deps")), **bucketing)
+                                   insert_overlap_deps=bool(inputs.kwargs.get("insert_overlap_deps")),
+                                   max_bucket_memory_gb=prepared.max_bucket_memory_gb,
+                                   bucket_mode=prepared.bucket_mode)
                         event.outcome = "planned"
                         return
                     except PlanError as e:

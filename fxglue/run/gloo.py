@@ -4,9 +4,10 @@ Why this exists: a plan is only worth applying if the bucketed graph computes ex
 the original computed, on every rank. This module runs a built-in workload's structure (same
 layers, same collectives) at tiny fp32 shapes on N processes over gloo on 127.0.0.1 (a
 FileStore in a temporary folder), with real tensors from a fixed seed. Each rank traces its
-own graph, schedules it with torch's scheduler, plans and buckets it itself -- the rank is
-baked into gathered offsets, so graphs are per rank -- and compares loss and every gradient of
-the bucketed graph with the original one.
+own graph, makes its problem with ``fxglue.pipeline.prepare`` (torch's scheduler, extraction,
+blocks: the one way in, as ``bucketplan extract`` and the compile hook take it), plans and
+buckets it itself -- the rank is baked into gathered offsets, so graphs are per rank -- and
+compares loss and every gradient of the bucketed graph with the original one.
 """
 
 from __future__ import annotations
@@ -130,36 +131,23 @@ def _save_rank_problem(folder: str, problem, greedy) -> None:
     planner.save(problem, os.path.join(where, "problem.json"))
 
 
-def _bucket(gm, name, groups, planner_name, given_plan, bucket_mode, pre_bucketing, result: RankResult,
+def _bucket(traced, planner_name, given_plan, bucket_mode, pre_bucketing, result: RankResult,
             save_problems: str | None = None):
-    """Schedule and bucket ``gm`` in place with the chosen planner (a name of ``fxglue.planners``)
-    or ``given_plan`` (this rank's ``--plan``; ``apply_plan`` raises ``PlanError`` if it does not
-    fit this rank's problem); returns it. ``save_problems``: a folder that gets this rank's
-    problem and torch's greedy plan (``rank<R>/``) first."""
-    from torch._guards import detect_fake_mode
-
+    """Schedule and bucket ``traced.gm`` in place with the chosen planner (a name of
+    ``fxglue.planners``) or ``given_plan`` (this rank's ``--plan``; ``apply_plan`` raises
+    ``PlanError`` if it does not fit this rank's problem); returns it. ``save_problems``: a folder
+    that gets this rank's problem and torch's greedy plan (``rank<R>/``) first."""
     from fxglue import planners
     from fxglue.apply import apply_plan
     from fxglue.cpu_compat import cpu_compat
-    from fxglue.extract import extract_problem
-    from fxglue.greedy import greedy_plan
-    from fxglue.pipeline import estimator_for, finalize_with_torch, schedule
-    from fxglue.models.workloads import TracedWorkload
+    from fxglue.pipeline import finalize_with_torch, prepare
 
-    fake_mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
-    traced = TracedWorkload(name=name, gm=gm, fake_mode=fake_mode, groups=groups, trace_s=0.0)
-    est = estimator_for(traced)
-    inputs = schedule(traced, est, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode)
-    problem = extract_problem(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
-                              estimator=est)
+    gm, fake_mode = traced.gm, traced.fake_mode
+    prepared = prepare(traced, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode, greedy=False)
+    problem, inputs, est = prepared.problem, prepared.inputs, prepared.estimator
     result.problem_fingerprint = problem.fingerprint
-
-    def record_greedy():
-        return greedy_plan(gm.graph, inputs.collective_info, inputs.scheduled, bucket_mode=bucket_mode,
-                           problem_fingerprint=problem.fingerprint, estimator=est, **inputs.bucketer_kwargs)
-
     if save_problems:
-        _save_rank_problem(save_problems, problem, record_greedy())
+        _save_rank_problem(save_problems, problem, prepared.record_greedy())
     if given_plan is not None:
         plan = given_plan
     else:
@@ -169,7 +157,7 @@ def _bucket(gm, name, groups, planner_name, given_plan, bucket_mode, pre_bucketi
                 finalize_with_torch(inputs, **entry.finalize.as_kwargs())
             result.plan_fingerprint = f"torch-{entry.name}"
             return gm
-        plan = _rank0_plan(entry, problem, record_greedy)
+        plan = _rank0_plan(entry, problem, prepared.record_greedy)
     result.plan_fingerprint = repr([(b.members, b.start, b.wait) for b in plan.buckets])
     with fake_mode:
         apply_plan(gm.graph, inputs.collective_info, inputs.scheduled, plan, bucket_mode=bucket_mode,
@@ -228,16 +216,19 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     """One rank of ``check_workload``: trace, run, bucket, run again, compare."""
     result = RankResult(rank=rank)
     t0 = time.perf_counter()
+    from torch._guards import detect_fake_mode
+
     from fxglue.apply import PlanError
     from fxglue.models import parallel
     from fxglue.pipeline import count_collectives
-    from fxglue.models.workloads import get_workload, mesh_groups, trace_step, wrap_module
+    from fxglue.models.workloads import TracedWorkload, block_meta, mesh_groups, trace_step, wrap_module
 
     wl = _rank_workload(spec)
     groups = mesh_groups(wl.style, world, tp_size=spec.get("tp_size", 1))
     dp_rank = rank // groups.tp_size
     torch.manual_seed(spec["seed"])  # identical full parameters on every rank
     module, inputs, loss_fn = wl.build(groups)
+    blocks = block_meta(module)  # before wrapping renames the parameters
     wrapped = wrap_module(wl, module, groups, dp_rank)
     inputs = _rank_inputs(wl, groups, inputs, dp_rank, from_factory=bool(spec.get("model")))
     args = [p.detach() for p in parallel.stored_params(wrapped)] + list(inputs)
@@ -248,9 +239,12 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     with torch.no_grad():
         reference = gm(*args)
     given = spec["plans"][rank] if spec.get("plans") else None
+    graph = copy.deepcopy(gm)
+    fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.graph.find_nodes(op="placeholder")])
+    traced = TracedWorkload(name=wl.name, gm=graph, fake_mode=fake_mode, groups=groups, trace_s=0.0, meta=blocks)
     try:
-        bucketed = _bucket(copy.deepcopy(gm), wl.name, groups, spec["planner"], given, spec.get("bucket_mode"),
-                           spec.get("pre_bucketing", False), result, spec.get("save_problems"))
+        bucketed = _bucket(traced, spec["planner"], given, spec.get("bucket_mode"), spec.get("pre_bucketing", False),
+                           result, spec.get("save_problems"))
     except PlanError as e:
         if given is None:
             raise  # a planner's own plan refused: a bug, reported with its traceback
