@@ -109,20 +109,37 @@ def _final_chain(graph: fx.Graph, plan: planner.Plan, order, replaced: dict, coa
     return chain, moved
 
 
-def _merge_point(bucket, by_name: dict, colls: dict, graph: fx.Graph) -> fx.Node:
+def _merge_point(bucket, by_name: dict, original: list[fx.Node], graph: fx.Graph) -> fx.Node:
     """Where torch's merge inserts a bucket's nodes (its output buffer, copy-in, collective): at
-    the start anchor, or for a start issued later than that, before the named node, so the buffer
-    is not allocated early (torch's estimator counts a storage from the node that allocates it).
-    A start issued earlier is merged at its anchor, where its inputs exist, and moved ahead with
-    them (``_move_ahead``)."""
-    named = by_name.get(bucket.issue_before) if bucket.issue_before is not None else None
+    the start anchor, or for a start issued later than that, just before the named node's place in
+    the scheduled order (``original``), so the buffer is not allocated early (torch's estimator
+    counts a storage from the node that allocates it): before the named node, or, where an earlier
+    merge erased it, before the first node after it that is still there. A start issued earlier is
+    merged at its anchor, where its inputs exist, and moved ahead with them (``_move_ahead``)."""
     anchor = by_name[bucket.start]
-    if named is None or named.graph is not graph or named._erased:
+    if bucket.issue_before is None:
         return anchor
-    index = {n: i for i, n in enumerate(graph.nodes)}
-    if named not in index or index[named] <= index[anchor]:
+    at = {n: i for i, n in enumerate(original)}
+    named = by_name[bucket.issue_before]
+    if at[named] <= at[anchor]:
         return anchor
-    return named
+    for n in original[at[named]:]:
+        if not n._erased and n.graph is graph:
+            return n
+    return anchor
+
+
+def _copy_in_at_start(copy_in: dict[fx.Node, list[fx.Node]]) -> None:
+    """Each merged start's own preparation (its output buffer, the copy of its members' inputs)
+    right before it: where the order put the start later than the place it was merged at (a
+    named node another merge erased, or a start delayed behind another bucket's wait), the buffer
+    would otherwise be allocated that much earlier than the plan starts it (torch's estimator
+    counts a storage from the node that allocates it; ``planner.memory`` counts it at the start).
+    Moving these nodes later is always legal: their inputs come earlier, and their users are the
+    merge's own nodes up to the start."""
+    for start, nodes in copy_in.items():
+        for n in nodes:
+            start.prepend(n)
 
 
 def _move_ahead(graph: fx.Graph, moved: list[fx.Node], chain: list[fx.Node]) -> None:
@@ -257,16 +274,19 @@ def apply_plan(
     _check_contracted_graph_acyclic(graph, problem, plan, order)
 
     by_name = {n.name: n for n in graph.nodes}
+    original = list(graph.nodes)  # the scheduled order, before any merge erases a node
     colls = {c.name: c for c in problem.collectives}
     replaced: dict[str, fx.Node] = {}  # pinned event name -> node that now plays its part
     coalesced_waits: dict[str, list[fx.Node]] = {}
+    copy_in: dict[fx.Node, list[fx.Node]] = {}  # merged start -> the merge's nodes that feed it
     for b, bucket in enumerate(plan.buckets):
         if len(bucket.members) < 2:
             continue
         starts = [by_name[m] for m in bucket.members]
-        new_nodes, _ = _merge(graph, starts, mode, insert_before=_merge_point(bucket, by_name, colls, graph))
+        new_nodes, _ = _merge(graph, starts, mode, insert_before=_merge_point(bucket, by_name, original, graph))
         waits = [n for n in new_nodes if _get_collective_node_from_wait(n) is not None]
         new_start = _get_collective_node_from_wait(waits[0])
+        copy_in[new_start] = new_nodes[:new_nodes.index(new_start)]
         replaced[bucket.start] = new_start
         replaced[colls[bucket.wait].wait] = waits[0]
         if len(waits) > 1:  # coalesced mode: one start, one wait per member, all at the wait anchor
@@ -280,6 +300,7 @@ def apply_plan(
     if _has_cycle(graph, extra):  # cannot happen after the contracted check; torch's guard anyway
         raise RuntimeError("apply_plan: torch's cycle check failed after merging (bug: the contracted check passed)")
     _stable_topological_sort(graph, extra)
+    _copy_in_at_start(copy_in)
     graph.lint()
 
     index = {n: i for i, n in enumerate(graph.nodes)}

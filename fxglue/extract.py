@@ -16,6 +16,7 @@ node or collective, the field and the figure, before any plan is searched.
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections.abc import Iterable
 from contextlib import contextmanager
@@ -200,48 +201,108 @@ def memory_profile(graph: fx.Graph, sched: list[fx.Node], collective_info, pinne
     last user in this order), with torch's own ``GraphAliasTracker``. Every device is counted:
     torch's filter drops CPU storages, which would leave a CPU trace with nothing.
 
-    A collective's buffers are left out of the graph's own memory and recorded apart: the storage
-    its start allocates (the wait returns it) until its last user, and its input storage when the
-    start is that storage's last use. A plan moves those with its buckets (``planner.memory``)."""
+    A collective's buffers are left out of the graph's own memory and recorded apart, so a plan can
+    put them where its buckets start and wait (``planner.memory``): the storage its start allocates
+    (until its last user, the wait), the storage its wait allocates (torch's functional wait returns
+    a fresh one, until its last user), and its input storage when the start is that storage's last
+    use. The own memory is written twice: per segment between pinned nodes (``segment_peak_bytes``,
+    what earlier problems had) and exactly, in runs cut at every pinned node and every fixed
+    position where a buffer is allocated or freed, with what it holds just before each pinned node."""
     from torch._inductor.fx_passes.memory_estimator import GraphAliasTracker, _is_releasable
     from torch.fx.experimental.symbolic_shapes import optimization_hint
 
     inputs = [n for n in graph.nodes if n.op in ("placeholder", "get_attr")]
     order = inputs + [n for n in sched if n.op not in ("placeholder", "get_attr", "output")]
     pos = {n: i for i, n in enumerate(sched)}
-    tracker = GraphAliasTracker(order)
+    # the output node is a user, as in torch's own tracker: a storage the graph returns is never freed
+    tracker = GraphAliasTracker(order + list(graph.find_nodes(op="output")))
 
     def nbytes(key) -> int:
         return int(optimization_hint(key.storage.nbytes()))
 
+    end = len(sched) - 1  # a storage the graph returns lives to the end
+
+    def last_use(keys, at: int) -> int:
+        users = (tracker.storage_to_last_user.get(k) for k in keys)
+        return max((end if u is not None and u.op == "output" else pos.get(u, at) for u in users), default=at)
+
+    waits_of = {info.wait_node for info in collective_info.values()}
     buffers, apart = {}, set()
     for s in collective_info:
         outs = tracker.get_fresh_allocations(s)
+        wait = collective_info[s].wait_node
+        waits = [k for k in tracker.get_fresh_allocations(wait) if k not in outs]
         # another collective's output feeding this one stays that collective's buffer (counted once)
         freed = [k for k in tracker.get_storages_last_used(s) if _is_releasable(tracker.storage_to_allocator[k])
-                 and k not in outs and tracker.storage_to_allocator[k] not in collective_info]
-        last = max((pos.get(tracker.storage_to_last_user.get(k), pos[s]) for k in outs), default=pos[s])
+                 and k not in outs and tracker.storage_to_allocator[k] not in collective_info
+                 and tracker.storage_to_allocator[k] not in waits_of]
         alloc = max((pos.get(tracker.storage_to_allocator[k], -1) for k in freed), default=-1)
-        buffers[s.name] = planner.CollectiveBuffers(out_bytes=sum(map(nbytes, outs)), out_last_use=max(last, pos[s]),
-                                                    in_bytes=sum(map(nbytes, freed)), in_alloc=alloc)
-        apart.update(outs, freed)
+        fold = _folded_input(s, tracker, pos, nbytes, _is_releasable)
+        if fold.get("fold_in_last_use") is not None:
+            apart.update(fold.pop("storages"))
+        fold.pop("storages", None)
+        buffers[s.name] = planner.CollectiveBuffers(
+            out_bytes=sum(map(nbytes, outs)), out_last_use=max(last_use(outs, pos[s]), pos[s]),
+            in_bytes=sum(map(nbytes, freed)), in_alloc=alloc,
+            wait_bytes=sum(map(nbytes, waits)), wait_last_use=max(last_use(waits, pos[wait]), pos[wait]), **fold)
+        apart.update(outs, freed, waits)
+    own = _own_memory(order[len(inputs):], pos, tracker, apart, nbytes, _is_releasable,
+                      sum(nbytes(k) for n in inputs for k in tracker.get_fresh_allocations(n) if k not in apart))
     bounds = [pos[n] for n in pinned]
-    peaks = [0] * (len(pinned) + 1)
-    current = sum(nbytes(k) for n in inputs for k in tracker.get_fresh_allocations(n) if k not in apart)
-    segment = 0
-    for n in order[len(inputs):]:
-        while segment < len(bounds) and bounds[segment] <= pos[n]:
-            segment += 1  # segment j holds the positions from pinned node j - 1 up to pinned node j
-            peaks[segment] = current
+    segments = [0] * (len(pinned) + 1)
+    for p, (peak, _) in own.items():
+        j = bisect.bisect_right(bounds, p)  # segment j holds pinned node j - 1 up to pinned node j
+        segments[j] = max(segments[j], peak)
+    cuts = {0, *bounds, *(b + 1 for b in bounds)}
+    for buf in buffers.values():
+        cuts.update(x for x in (buf.in_alloc, buf.out_last_use + 1, buf.wait_last_use + 1) if x >= 0)
+        if buf.fold_in_last_use is not None:
+            cuts.update(x for x in (buf.fold_in_alloc, buf.fold_in_last_use + 1) if x >= 0)
+    starts = sorted(c for c in cuts if c < max(1, len(sched)))
+    peaks = [0] * len(starts)
+    for p, (peak, _) in own.items():
+        k = bisect.bisect_right(starts, p) - 1
+        peaks[k] = max(peaks[k], peak)
+    return planner.MemoryProfile(segment_peak_bytes=tuple(segments), buffers=buffers,
+                                 source="torch memory_estimator.GraphAliasTracker, every device",
+                                 run_starts=tuple(starts), run_peak_bytes=tuple(peaks),
+                                 before_bytes=tuple(own[b][1] if b in own else 0 for b in bounds))
+
+
+def _folded_input(s: fx.Node, tracker, pos: dict, nbytes, releasable) -> dict:
+    """For an all_gather whose dtype conversion torch's merge folds into its copy-in: the
+    ``CollectiveBuffers`` fields of the conversion's input (its bytes; where it is allocated and
+    freed, when the conversion is its last use), and its storages (``storages``); {} otherwise."""
+    from torch._inductor.fx_passes.bucketing import has_mergeable_all_gather_convert_dtype
+
+    if not has_mergeable_all_gather_convert_dtype(s):
+        return {}
+    conversion = s.args[0]
+    source = conversion.args[0]
+    keys = list(tracker.node_to_output_storages.get(source, ()))
+    fields: dict = {"fold_in_bytes": sum(map(nbytes, keys)), "storages": keys}
+    freed = [k for k in keys if tracker.storage_to_last_user.get(k) is conversion
+             and releasable(tracker.storage_to_allocator[k])]
+    if freed and len(freed) == len(keys):
+        fields.update(fold_in_alloc=max(pos.get(tracker.storage_to_allocator[k], -1) for k in keys),
+                      fold_in_last_use=pos[conversion])
+    return fields
+
+
+def _own_memory(nodes: list[fx.Node], pos: dict, tracker, apart: set, nbytes, releasable,
+                initial: int) -> dict[int, tuple[int, int]]:
+    """Per scheduled position of ``nodes``: (own bytes after the node's allocations, own bytes just
+    before it, after the frees of the node before), leaving out the storages ``apart`` (the
+    collectives' buffers)."""
+    out: dict[int, tuple[int, int]] = {}
+    current = initial
+    for n in nodes:
+        before = current
         current += sum(nbytes(k) for k in tracker.get_fresh_allocations(n) if k not in apart)
-        peaks[segment] = max(peaks[segment], current)
+        out[pos[n]] = (current, before)
         current -= sum(nbytes(k) for k in tracker.get_storages_last_used(n)
-                       if k not in apart and _is_releasable(tracker.storage_to_allocator[k]))
-    while segment < len(bounds):  # pinned nodes past the last node visited (none in practice)
-        segment += 1
-        peaks[segment] = current
-    return planner.MemoryProfile(segment_peak_bytes=tuple(peaks), buffers=buffers,
-                                 source="torch memory_estimator.GraphAliasTracker, every device")
+                       if k not in apart and releasable(tracker.storage_to_allocator[k]))
+    return out
 
 
 def extract_problem(

@@ -5,29 +5,37 @@ its input longer, and a merged bucket copies its members into buffers of its own
 ignore this drift to gigabytes of extra memory (a free-position search with no budget held
 4.6-9.5 GB more than torch's). Torch's overlap scheduler judges memory with
 ``torch/_inductor/fx_passes/memory_estimator.py``; this module replays the same accounting on
-a ``Problem`` without torch, for any plan, so budgets and reports agree with torch's figure.
+a ``Problem`` without torch, for any plan, so budgets and reports agree with torch's figure on the
+graph ``fxglue.apply`` leaves (``tests/test_memory.py``).
 
-The model (``Problem.memory``, written by ``fxglue.extract.memory_profile``):
-- the graph's own storages, as torch's estimator counts them in torch's scheduled order, are a
-  fixed curve: ``segment_peak_bytes`` per segment between pinned nodes (positions.py's scale);
-- a collective's output (``out_bytes``) is allocated at its bucket's merged start and freed after
-  its last user (a merged reduce_scatter or all_reduce returns views of one buffer, alive until
-  the last member's last user); its input (``in_bytes``, when the start is that storage's last
-  use) lives from its producer to the merged start. A merged wait frees nothing: torch frees a
-  storage after its last user, and every user of a collective's output comes after its wait;
-- a merged bucket's copies (``planner.problem.copy_bytes``): the copy-in buffer at its start, an
-  all_gather's copy-out buffer at its wait, each counted in that segment.
-An event just before a named node is counted in the whole segment that ends there, and a buffer
-freed at an event through that whole segment: a conservative rounding (never below torch's count
-on the applied graph) of at most one segment.
+The exact accounting (problems whose profile has runs, ``Problem.memory.run_starts``):
+- the graph's own storages are a fixed curve over *instants*: runs of scheduled positions (each
+  pinned node a run of its own, cut wherever a collective's buffer is allocated or freed at a fixed
+  position), and the moments just before a pinned node where a positioned start or wait sits
+  (``planner.positions``), which hold what the graph holds just before that node;
+- every collective's buffers are intervals of instants placed by its bucket's merged start ``S``
+  and merged wait ``W`` (``_bucket_buffers``): a lone collective keeps the buffers of its own graph
+  (its start's storage from ``S`` to ``W``, its wait's from ``W`` to its last user, its input until
+  ``S``); a merged bucket has what torch's merge functions (``torch/_inductor/fx_passes/
+  bucketing.py``) allocate, read off the graphs they leave: an all_gather bucket allocates its
+  output buffer and copies its members' shards in just before ``S`` (the output buffer and the
+  start's result are both alive at ``S``), its wait's storage is copied out into each member's
+  output right after ``W``; a reduce_scatter or all_reduce bucket concatenates its members' inputs
+  just before ``S`` (their storages and the copy both alive then) and its wait's storage is viewed
+  by every member, alive until the last member's last user; a coalesced reduce_scatter keeps
+  each member's own buffers at the bucket's positions;
+- the peak is the largest sum over instants.
+Problems extracted before the exact profile existed are counted per segment between pinned
+nodes (``_segment_peak``), at most one segment of conservative rounding, as before.
 
 ``rule10_extra`` is rule 10's accounting (the bytes a plan keeps alive beyond the unbucketed
-schedule by moving starts), the same buffers without the copies.
+schedule by moving starts), counted per segment, without the copies.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_right
+import math
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from planner.positions import bucket_positions
@@ -116,8 +124,100 @@ def _collective_buffers(problem: Problem, plan: Plan | None, copies: bool) -> li
     return spans.totals()
 
 
+# Instants just around a bucket's merged start and wait, on positions.py's scale (offsets
+# distinct from positions.py's and from each other): the merge's copy-in happens before the start
+# (its buffers and the inputs it reads are alive there), the copy-out right after the wait.
+BEFORE_START = 1 / 16
+AFTER_WAIT = 1 / 32
+
+
+def _exact(problem: Problem, plan: Plan | None) -> tuple[int, float]:
+    """The exact accounting (module docstring): the peak and the instant (positions.py's scale)
+    where it is first reached."""
+    m = problem.memory
+    runs = m.run_starts
+    pinned = {n.pos: k for k, n in enumerate(problem.nodes)}
+    intervals: list[tuple[float, float, int]] = []
+    for members, start, wait in _groups(problem, plan):
+        intervals += _bucket_buffers(problem, members, start, wait)
+    keys = sorted({float(r) for r in runs} | {x for a, b, _ in intervals for x in (a, b)
+                                               if x != int(x) or int(x) not in pinned and x >= 0})
+
+    def own(key: float) -> int:
+        at = math.ceil(key)
+        if key != at and at in pinned:  # just before a pinned node
+            return m.before_bytes[pinned[at]]
+        return m.run_peak_bytes[max(0, bisect_right(runs, at) - 1)]  # the run holding it
+
+    delta = [0] * (len(keys) + 1)
+    for a, b, nbytes in intervals:
+        i, j = bisect_left(keys, a), bisect_right(keys, b)
+        if nbytes and i < j:
+            delta[i] += nbytes
+            delta[j] -= nbytes
+    best, at, run = -1, 0.0, 0
+    for k, key in enumerate(keys):
+        run += delta[k]
+        total = run + own(key)
+        if total > best:
+            best, at = total, key
+    return best, at
+
+
+def _bucket_buffers(problem: Problem, members: list[Collective], start: float,
+                    wait: float) -> list[tuple[float, float, int]]:
+    """(first instant, last instant, bytes) of every buffer of one bucket at merged start ``start``
+    and merged wait ``wait`` (module docstring)."""
+    bufs = [buffers_of(problem, c) for c in members]
+    pre = start - BEFORE_START
+    if len(members) == 1:
+        (c,), (b,) = members, bufs
+        out_end = wait if b.out_last_use <= c.wait_pos else max(wait, b.out_last_use)
+        kept = [(b.fold_in_alloc, b.fold_in_last_use, b.fold_in_bytes)] if b.fold_in_last_use is not None else []
+        return [(start, out_end, b.out_bytes), (wait, max(wait, b.wait_last_use), b.wait_bytes),
+                (b.in_alloc, start, b.in_bytes), *kept]
+    kind, mode = members[0].kind, problem.bucket_mode
+    full = sum(c.wire_bytes for c in members)
+    last_use = max(b.wait_last_use for b in bufs)
+    out = [(start, wait, sum(b.out_bytes for b in bufs))]
+    if kind == "all_gather":  # coalesced mode merges all_gathers as the default mode does
+        out.append((pre, start, full))  # the bucket's output buffer, allocated before the copy-in
+        group = problem.link(members[0].pg).group_size
+        if mode not in ("custom_ops", "custom_ops_multidtype"):  # default: a cat of what is copied in
+            out.append((pre, pre, sum(b.fold_in_bytes if b.fold_in_bytes is not None else c.wire_bytes // group
+                                      for c, b in zip(members, bufs))))
+        out.append((wait, wait + AFTER_WAIT, full))  # the wait's storage, until it is copied out
+        out += [(wait + AFTER_WAIT, max(wait + AFTER_WAIT, b.wait_last_use), b.wait_bytes) for b in bufs]
+        # what the copy-in reads for the last time: an input, or the input of a dtype conversion the
+        # merge folds in (the conversion itself is erased, and its output with it)
+        out += [(b.in_alloc, pre, b.in_bytes) for b in bufs if b.fold_in_bytes is None]
+        out += [(b.fold_in_alloc, pre, b.fold_in_bytes) for b in bufs if b.fold_in_last_use is not None]
+        return out
+    if kind == "reduce_scatter" and mode == "coalesced":  # no copy: each member's own storages
+        out += [(wait, max(wait, b.wait_last_use), b.wait_bytes) for b in bufs]
+        out += [(b.in_alloc, start, b.in_bytes) for b in bufs]
+        return out
+    out.append((pre, start, full))  # the concatenated input, alive until the start has read it
+    out += [(b.in_alloc, pre, b.in_bytes) for b in bufs]
+    out.append((wait, max(wait, last_use), sum(b.wait_bytes for b in bufs)))  # viewed by every member
+    return out
+
+
 def peak_and_segment(problem: Problem, plan: Plan | None) -> tuple[int, int]:
-    """The planned schedule's peak bytes and the segment where it is first reached."""
+    """The planned schedule's peak bytes and the segment where it is first reached (segment j:
+    pinned node j - 1 up to pinned node j)."""
+    if _is_exact(problem):
+        peak, at = _exact(problem, plan)
+        return peak, bisect_right([n.pos for n in problem.nodes], at)
+    return _segment_peak(problem, plan)
+
+
+def _is_exact(problem: Problem) -> bool:
+    return problem.memory is not None and problem.memory.run_starts is not None
+
+
+def _segment_peak(problem: Problem, plan: Plan | None) -> tuple[int, int]:
+    """The per-segment accounting of problems extracted before the exact profile."""
     own = problem.memory.segment_peak_bytes if problem.memory is not None else None
     totals = _collective_buffers(problem, plan, copies=True)
     best, at = -1, 0

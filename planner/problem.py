@@ -247,15 +247,27 @@ class Timeline(_Frozen):
 
 class CollectiveBuffers(_Frozen):
     """What one collective allocates and frees, as torch's memory estimator sees it
-    (``torch/_inductor/fx_passes/memory_estimator.py``): its start allocates ``out_bytes`` (the
-    wait returns the same storage), alive until the scheduled position ``out_last_use`` of that
-    storage's last user; ``in_bytes``: its input storage when the start is that storage's last use
-    (freed there), allocated at scheduled position ``in_alloc`` (-1: a graph input)."""
+    (``torch/_inductor/fx_passes/memory_estimator.py``): its start allocates ``out_bytes``, alive
+    until the scheduled position ``out_last_use`` of that storage's last user (its wait);
+    ``in_bytes``: its input storage when the start is that storage's last use (freed there),
+    allocated at scheduled position ``in_alloc`` (-1: a graph input). ``wait_bytes``: the storage
+    its wait allocates (torch's functional wait returns a fresh one), alive until scheduled position
+    ``wait_last_use``; None in problems extracted before waits were recorded apart (their waits'
+    storages are in the graph's own memory there)."""
 
     out_bytes: int = _bytes()
     out_last_use: int = Field(ge=0)
     in_bytes: int = _bytes(default=0)
     in_alloc: int = Field(default=-1, ge=-1)
+    wait_bytes: int | None = _bytes(default=None)
+    wait_last_use: int | None = Field(default=None, ge=0)
+    # an all_gather whose dtype conversion torch's merge folds into the bucket's copy-in (torch's
+    # has_mergeable_all_gather_convert_dtype): the bytes of the conversion's input, read by that copy
+    # when merged; and when the conversion is that storage's last use, where it was allocated (-1: a
+    # graph input) and freed (the conversion's position) -- merged, it is freed at the copy-in
+    fold_in_bytes: int | None = _bytes(default=None)
+    fold_in_alloc: int | None = Field(default=None, ge=-1)
+    fold_in_last_use: int | None = Field(default=None, ge=0)
 
 
 class MemoryProfile(_Frozen):
@@ -265,12 +277,21 @@ class MemoryProfile(_Frozen):
     ``segment_peak_bytes[j]``: the most bytes the graph's own storages hold at any node of segment
     ``j``, as torch's estimator counts them (after a node's allocations, before its frees): segment
     0 is the scheduled positions before the first pinned node, segment ``j`` (j >= 1) those from
-    pinned node ``j - 1`` up to pinned node ``j``. Written by ``fxglue.extract`` with torch's own
-    alias tracker; every device counted (a CPU trace would count nothing under torch's filter)."""
+    pinned node ``j - 1`` up to pinned node ``j``. Where the exact profile (runs) is present, the
+    waits' storages are buffers too and not counted here. Written by ``fxglue.extract`` with torch's
+    own alias tracker; every device counted (a CPU trace would count nothing under torch's filter)."""
 
     segment_peak_bytes: tuple[int, ...]
     buffers: dict[str, CollectiveBuffers]
     source: str = ""
+    # The exact profile (``planner.memory``), absent from problems extracted before it: the graph's
+    # own memory in runs of scheduled positions, cut at every pinned node (each pinned node a run of
+    # its own) and wherever a collective's buffer is allocated or freed at a fixed position, so that
+    # every buffer is alive over whole runs; and what the graph's own storages hold just before
+    # each pinned node, where a start or wait placed before that node happens.
+    run_starts: tuple[int, ...] | None = Field(default=None, description="first scheduled position of each run")
+    run_peak_bytes: tuple[int, ...] | None = Field(default=None, description="own bytes at the fullest node of each run")
+    before_bytes: tuple[int, ...] | None = Field(default=None, description="own bytes just before each pinned node")
 
 
 def _canonical(data: dict) -> bytes:
@@ -300,6 +321,14 @@ class Problem(_Frozen):
         for added in ("bucketing", "memory"):
             if data[added] is None:
                 del data[added]
+        if data.get("memory") is not None:
+            for added in ("run_starts", "run_peak_bytes", "before_bytes"):
+                if data["memory"][added] is None:
+                    del data["memory"][added]
+            for buf in data["memory"]["buffers"].values():
+                for added in ("wait_bytes", "wait_last_use", "fold_in_bytes", "fold_in_alloc", "fold_in_last_use"):
+                    if buf[added] is None:
+                        del buf[added]
         for node in data["nodes"]:
             if not node["unpinned_ms"]:
                 del node["unpinned_ms"]
@@ -439,6 +468,27 @@ class Problem(_Frozen):
                 raise ValueError(f"memory.buffers[{name!r}]: output last used at {buf.out_last_use} or input "
                                  f"allocated at {buf.in_alloc}, outside the scheduled order around its start "
                                  f"({c.start_pos})")
+            if (buf.wait_bytes is None) != (buf.wait_last_use is None) or (
+                    buf.wait_last_use is not None and not c.wait_pos <= buf.wait_last_use < self.n_scheduled):
+                raise ValueError(f"memory.buffers[{name!r}]: wait_bytes and wait_last_use go together, last used "
+                                 f"from its wait ({c.wait_pos}) on")
+        self._check_runs()
+
+    def _check_runs(self) -> None:
+        """The exact profile: all three or none, runs ascending from 0 within the schedule, one
+        ``before_bytes`` per pinned node, and every buffer's position recorded there."""
+        m = self.memory
+        given = [x is not None for x in (m.run_starts, m.run_peak_bytes, m.before_bytes)]
+        if not any(given):
+            return
+        if not all(given) or len(m.run_starts) != len(m.run_peak_bytes) or len(m.before_bytes) != len(self.nodes):
+            raise ValueError("memory: run_starts, run_peak_bytes (one per run) and before_bytes (one per pinned "
+                             "node) go together")
+        if not m.run_starts or m.run_starts[0] != 0 or any(b <= a for a, b in zip(m.run_starts, m.run_starts[1:])) \
+                or m.run_starts[-1] >= max(1, self.n_scheduled):
+            raise ValueError("memory.run_starts: strictly increasing scheduled positions from 0")
+        if any(b.wait_bytes is None for b in m.buffers.values()):
+            raise ValueError("memory: an exact profile records every collective's wait storage (wait_bytes)")
 
     # -- convenience lookups (cheap; the model is frozen so callers may cache them) --
     def collective_index(self) -> dict[str, int]:

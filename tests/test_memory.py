@@ -13,7 +13,7 @@ from planner.memory import memory_timeline, rule10_extra
 from tests.strategies import two_gathers
 
 LINK = planner.Link(pg="0", group_size=8, latency_ms=0.5, bandwidth_gbps=10.0)
-TOLERANCE = 0.05  # issue 26: within 5% of torch's estimator
+TOLERANCE = 0.01  # within 1% of torch's estimator on the applied graph, and never below it
 
 
 def torch_peak(graph) -> int:
@@ -27,32 +27,60 @@ def torch_peak(graph) -> int:
         memory_estimator.device_filter = filter_
 
 
+def assert_agrees(ours: int, theirs: int, what) -> None:
+    assert theirs <= ours <= theirs * (1 + TOLERANCE), (what, ours / 1e9, theirs / 1e9)
+
+
 SMALL = ["llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "hf-qwen3-2", "hf-qwen3-moe-2"]
 LARGER = ["llama3-70b-fsdp-2", "llama3-70b-2d-2", "llama3-8b-fsdp-8", "hf-qwen3-8"]
 
 
-def _agrees_with_torch(name: str, solve_s: float = 5) -> None:
+def _applied_peak(prepared, plan) -> int:
     from fxglue.apply import apply_plan
-    from fxglue.pipeline import prepare
 
-    prepared = prepare(name, greedy=False)
-    problem = prepared.problem
-    assert problem.memory is not None
-    unbucketed = memory_timeline(problem)
-    assert unbucketed.peak_bytes == pytest.approx(torch_peak(prepared.inputs.gm.graph), rel=TOLERANCE)
-    plan = planner.solve(problem, time_limit_s=solve_s, objective="count", workers=1).plan
-    assert sum(len(b.members) > 1 for b in plan.buckets) >= 2, "a plan that merges something"
-    inputs = prepared.inputs
+    inputs, problem = prepared.inputs, prepared.problem
     apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=problem,
                bucket_mode=problem.bucket_mode)
-    theirs = torch_peak(inputs.gm.graph)
-    ours = memory_timeline(problem, plan).peak_bytes
-    assert ours == pytest.approx(theirs, rel=TOLERANCE), (name, ours, theirs)
+    return torch_peak(inputs.gm.graph)
+
+
+def _agrees_with_torch(name: str, solve_s: float = 5, bucket_mode=None, preset=None) -> None:
+    from fxglue.pipeline import prepare
+
+    prepared = prepare(name, greedy=False, bucket_mode=bucket_mode, preset=preset)
+    problem = prepared.problem
+    assert problem.memory is not None and problem.memory.run_starts is not None
+    assert_agrees(memory_timeline(problem).peak_bytes, torch_peak(prepared.inputs.gm.graph), (name, "unbucketed"))
+    plan = planner.solve(problem, time_limit_s=solve_s, objective="count", workers=1).plan
+    assert sum(len(b.members) > 1 for b in plan.buckets) >= 2, "a plan that merges something"
+    assert_agrees(memory_timeline(problem, plan).peak_bytes, _applied_peak(prepared, plan), (name, bucket_mode))
 
 
 @pytest.mark.parametrize("name", SMALL)
 def test_the_peak_agrees_with_torchs_estimator_unbucketed_and_on_the_applied_plan(name):
     _agrees_with_torch(name)
+
+
+@pytest.mark.parametrize("name, mode", [("llama3-8b-fsdp-2", "custom_ops"), ("llama3-8b-fsdp-2", "coalesced"),
+                                        ("llama3-8b-fsdp-mp-2", "custom_ops"), ("llama3-8b-ddp-2", "custom_ops")])
+def test_the_peak_agrees_under_every_bucket_mode(name, mode):
+    """Each mode merges with other functions (torch's bucketing.py): a custom op that copies in,
+    NCCL's coalesced reduce_scatter with no copy, a mixed-precision gather whose conversion is
+    folded into the copy."""
+    _agrees_with_torch(name, bucket_mode=mode)
+
+
+def test_torch_manual_passes_problem_agrees_with_its_graph():
+    """Torch's manual per-block pass leaves few pinned nodes (long segments): counted per segment,
+    planner.memory read 9.265 GB where torch's estimator reads 8.214 on this graph."""
+    from fxglue.manual import manual_bucketing_problem
+    from fxglue.models.workloads import trace
+    from fxglue.pipeline import estimator_for, resolve_preset
+
+    preset = resolve_preset("h100-8nodes")
+    traced = trace("llama3-8b-fsdp-2", world_size=preset.world_size, tp=preset.tp)
+    problem, _ = manual_bucketing_problem(traced, estimator_for(traced, preset=preset))
+    assert_agrees(memory_timeline(problem).peak_bytes, torch_peak(traced.gm.graph), "torch manual")
 
 
 @pytest.mark.long
@@ -115,24 +143,31 @@ def test_the_peak_counts_a_merged_bucket_copies_and_an_early_start():
     assert merged.extra_peak_bytes == SIZE and not merged.profiled
 
 
-def test_the_peak_of_an_applied_positioned_plan_agrees_with_torchs_estimator():
-    """A plan that issues gathers ahead and defers reduce_scatter waits, within the unbucketed
-    peak, applied by apply_plan (which merges a late start at its named node, so its buffer is
-    not allocated early): torch's figure on the applied graph against planner.memory's."""
+def _positioned_agrees(name: str, evaluations: int) -> None:
     import time
 
-    from fxglue.apply import apply_plan
     from fxglue.pipeline import prepare
     from planner.memory import peak_bytes
     from planner.position_search import position_search
 
-    prepared = prepare("llama3-8b-fsdp-2", preset="h100-8nodes")
+    prepared = prepare(name, preset="h100-8nodes")
     problem = prepared.problem
     budget = peak_bytes(problem)
     result = position_search(problem, [prepared.greedy], peak_memory_bytes=budget,
-                             deadline=time.perf_counter() + 60, max_evaluations=1500)
+                             deadline=time.perf_counter() + 600, max_evaluations=evaluations)
     assert sum(1 for b in result.plan.buckets if b.issue_before or b.wait_before) >= 2
-    inputs = prepared.inputs
-    apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, result.plan, problem=problem,
-               bucket_mode=problem.bucket_mode)
-    assert result.peak_bytes == pytest.approx(torch_peak(inputs.gm.graph), rel=TOLERANCE)
+    assert_agrees(result.peak_bytes, _applied_peak(prepared, result.plan), (name, "positioned"))
+
+
+def test_the_peak_of_an_applied_positioned_plan_agrees_with_torchs_estimator():
+    """A plan that issues gathers ahead and defers reduce_scatter waits, within the unbucketed
+    peak, applied by apply_plan (which merges a late start at its named place, so its buffer is
+    not allocated early): torch's figure on the applied graph against planner.memory's."""
+    _positioned_agrees("llama3-8b-fsdp-2", 1500)
+
+
+@pytest.mark.long
+def test_the_peak_of_an_applied_positioned_plan_agrees_at_eight_layers():
+    """At 8 layers a later bucket may name a node an earlier merge erased (a member's start):
+    its buffer must still be allocated where the plan starts it."""
+    _positioned_agrees("llama3-8b-fsdp-8", 3000)
