@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,7 @@ def read_profile(path: str | Path, ranks_per_node: int) -> Profile:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise ProfileError(f"{path}: not a Chrome trace (no traceEvents list; torch.profiler's "
                            "export_chrome_trace writes one)")
+    _check_events(data["traceEvents"], str(path))
     parsed = ProfileData()
     try:
         parsed._parse_pg_configs(data)
@@ -90,11 +92,59 @@ def read_profile(path: str | Path, ranks_per_node: int) -> Profile:
         parsed._build_indices()
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ProfileError(f"{path}: torch's trace parser cannot read it ({type(e).__name__}: {e})") from None
+    from planner.problem import MAX_MS
+
+    long_op = next((op for op in parsed.ops if not op.duration_us / 1e3 < MAX_MS), None)
+    if long_op is not None:  # the sum of its kernels: each was checked, their sum is a price too
+        raise ProfileError(f"{path}: op {long_op.op_name} ran {long_op.duration_us:g} µs in its kernels, beyond any "
+                           f"step (below {MAX_MS * 1e3:g})")
     series = _collective_series(parsed, str(path), ranks_per_node)
     if not series and not parsed.ops:
         raise ProfileError(f"{path}: no GPU kernel with an op's input shapes or a collective's metadata "
                            "(record with torch.profiler, record_shapes=True)")
     return Profile(str(path), parsed, series, hashlib.sha256(text.encode()).hexdigest()[:8])
+
+
+def _check_events(events: list, path: str) -> None:
+    """Refuse, naming the event, what torch's parser would take silently and price wrongly: a GPU
+    kernel whose duration is not a finite time below ``planner.problem.MAX_MS``; an NCCL kernel
+    whose message element counts are not whole numbers within ``MAX_BYTES``, whose dtype torch does
+    not know (its parser would count 1 byte an element) or whose group names a rank twice."""
+    import torch
+
+    from planner.problem import MAX_BYTES, MAX_MS
+
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict) or ev.get("cat") != "kernel":
+            continue
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        where = f"{path}: traceEvents[{i}] ({str(ev.get('name', '?'))[:60]})"
+        dur = ev.get("dur", 0.0)
+        if isinstance(dur, bool) or not isinstance(dur, (int, float)) or not math.isfinite(dur) or dur < 0 \
+                or dur >= MAX_MS * 1e3:
+            raise ProfileError(f"{where}: dur {dur!r} is not a duration in µs from 0 to below {MAX_MS * 1e3:g}")
+        if "Collective name" not in args:
+            continue
+        dtype = args.get("dtype", "")
+        known = isinstance(dtype, str) and isinstance(getattr(torch, dtype.lower(), None), torch.dtype)
+        if not known:
+            raise ProfileError(f"{where}: dtype {dtype!r} is not a dtype torch knows (e.g. BFloat16, Float)")
+        size = getattr(torch, dtype.lower()).itemsize
+        for field in ("In msg nelems", "Out msg nelems"):
+            n = args.get(field, 0)
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0 or n * size >= MAX_BYTES:
+                raise ProfileError(f"{where}: {field} {n!r} is not a whole number of elements below "
+                                   f"{MAX_BYTES // size:,}")
+        ranks = args.get("Process Group Ranks", "")
+        if isinstance(ranks, str) and ranks.startswith("["):
+            try:
+                listed = json.loads(ranks)
+            except ValueError:
+                listed = None
+            if not isinstance(listed, list) or not all(type(r) is int and r >= 0 for r in listed):
+                raise ProfileError(f"{where}: Process Group Ranks {ranks[:60]!r} is not a list of ranks")
+            if len(set(listed)) != len(listed):
+                raise ProfileError(f"{where}: Process Group Ranks {ranks[:60]!r} names a rank twice")
 
 
 def _collective_series(parsed, path: str, ranks_per_node: int) -> list[Series]:

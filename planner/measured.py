@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.io import read_regular_text
-from planner.problem import Link
+from planner.problem import MAX_BYTES, MAX_MS, Link
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 CSV_HEADER = ("kind", "group", "ranks_per_node", "bytes", "ms")
@@ -76,13 +76,16 @@ def _size(b: int) -> str:
     return f"{b} B"
 
 
-def _number(text: str, where: str, what: str, kind=float):
+def _number(text: str, where: str, what: str, kind=float, below: float | None = None):
+    """``text`` as a finite number >= 0 (and below ``below``), else one MeasuredError naming it."""
     try:
         value = kind(text)
     except ValueError:
         raise MeasuredError(f"{where}: {what} {text!r} is not a number") from None
     if not value >= 0 or value != value or value == float("inf"):
         raise MeasuredError(f"{where}: {what} {text!r} must be a finite number >= 0")
+    if below is not None and value >= below:
+        raise MeasuredError(f"{where}: {what} {text!r} is beyond any machine (below {below:g})")
     return value
 
 
@@ -130,12 +133,12 @@ def parse_nccl_tests(text: str, path: str, *, ranks: int | None = None,
         if len(fields) < 8:
             raise MeasuredError(f"{where}: a result row needs size count type redop root time algbw busbw, "
                                 f"got {len(fields)} field(s)")
-        size = _number(fields[0], where, "size", int)
+        size = _number(fields[0], where, "size", int, below=MAX_BYTES)
         count = _number(fields[1], where, "count", int)
         type_name, redop = fields[2], fields[3]
         if type_name not in TYPE_BYTES:
             raise MeasuredError(f"{where}: unknown data type {type_name!r} (nccl-tests names: {', '.join(TYPE_BYTES)})")
-        time_us = _number(fields[5], where, "out-of-place time", float)
+        time_us = _number(fields[5], where, "out-of-place time", float, below=MAX_MS * 1e3)
         if size == 0:
             continue  # nccl-tests prints 0-byte rows for sizes below one element per rank
         if redop == "none":
@@ -159,7 +162,7 @@ def parse_nccl_tests(text: str, path: str, *, ranks: int | None = None,
     if ranks is None or ranks_per_node is None:
         raise MeasuredError(f"{path}: no '#  Rank N Group G Pid P on HOST' lines to count the ranks and hosts; "
                             "give them (--collective-ranks N/PER_NODE)")
-    return Series(kind, _series_points(rows, kind), f"nccl-tests {Path(path).name}", ranks=ranks,
+    return Series(kind, _series_points(rows, kind), f"nccl-tests {path}", ranks=ranks,
                   ranks_per_node=min(ranks, ranks_per_node or ranks))
 
 
@@ -191,16 +194,18 @@ def parse_csv(text: str, path: str) -> list[Series]:
         if size is not None and size < 1:
             raise MeasuredError(f"{where}: group size must be at least 1")
         key = (kind, size, None if size is not None else group, min(per_node, size or per_node))
-        groups.setdefault(key, []).append((_number(nbytes, where, "bytes", int), _number(ms, where, "ms"), where))
+        groups.setdefault(key, []).append((_number(nbytes, where, "bytes", int, below=MAX_BYTES),
+                                           _number(ms, where, "ms", below=MAX_MS), where))
     if not groups:
         raise MeasuredError(f"{path}: no measurements after the header")
-    return [Series(kind, _series_points(rows, kind), f"{Path(path).name}", ranks=size, ranks_per_node=per_node,
+    return [Series(kind, _series_points(rows, kind), str(path), ranks=size, ranks_per_node=per_node,
                    group=name) for (kind, size, name, per_node), rows in groups.items()]
 
 
 def read_series(path: str | Path, *, ranks: int | None = None, ranks_per_node: int | None = None) -> list[Series]:
     """Every series of one measurement file (nccl-tests output or CSV)."""
     text = read_regular_text(path, MAX_FILE_BYTES, "collectives file")  # BadFileError: not a file, not UTF-8
+    text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheets save CSV with one)
     first = next((line for line in text.splitlines() if line.strip()), "")
     if first.replace(" ", "").lower().startswith("kind,"):
         return parse_csv(text, str(path))
@@ -215,6 +220,10 @@ class Measured:
 
     series: list[Series]
     used: dict[str, dict[str, Series]] = field(default_factory=dict)  # group -> kind -> series it took
+
+    def __post_init__(self) -> None:
+        for s in self.series:
+            rising_end(s)
 
     @classmethod
     def read(cls, paths, *, ranks: int | None = None, ranks_per_node: int | None = None) -> "Measured":
@@ -266,6 +275,17 @@ class Measured:
                     out.append(f"group {pg}: {kind} measured from {_size(lo)} to {_size(hi)}; "
                                f"{below} collective(s) below (taken flat), {above} above (last segment extended)")
         return out
+
+
+def rising_end(s: Series) -> None:
+    """Refuse a series whose time falls between its two largest sizes: the last segment is
+    extended above them, and a falling one would price larger collectives ever cheaper, down to
+    nothing (a noisy or misread last row; measure further, or drop the row)."""
+    if len(s.points) >= 2:
+        (b0, t0), (b1, t1) = s.points[-2], s.points[-1]
+        if t1 < t0:
+            raise MeasuredError(f"{s.source}: {s.kind} takes {t1:g} ms at {_size(b1)} but {t0:g} ms at {_size(b0)}: "
+                                "a time that falls at the largest size cannot be extended above it")
 
 
 def measured_table(points) -> tuple[tuple[int, float], ...]:

@@ -168,6 +168,15 @@ BAD = {
     "bad_kind.csv": ("kind,group,ranks_per_node,bytes,ms\nbroadcast,8,8,1024,0.1\n", ":2:"),
     "bad_ms.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,fast\n", ":2:"),
     "twice.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,0.1\nall_gather,8,8,1024,0.2\n", ":3:"),
+    # figures beyond any machine: a problem could not hold them (planner.problem.MAX_BYTES, MAX_MS)
+    "huge_bytes.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,4611686018427387904,0.1\n", ":2:"),
+    "huge_ms.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,1e9\n", ":2:"),
+    "huge_size.txt": ("# Collective test starting: all_gather_perf\n"
+                      "4611686018427387904 8 float none -1 20.0 0.1 0.1 0\n", ":2:"),
+    "nan_time.txt": ("# Collective test starting: all_gather_perf\n1024 8 float none -1 nan 0.1 0.1 0\n", ":2:"),
+    # a time that falls at the largest size would be extended below zero above it
+    "falling.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1048576,1.0\nall_gather,8,8,2097152,0.5\n",
+                    "cannot be extended above it"),
 }
 
 
@@ -268,3 +277,13 @@ def test_torchs_override_size_is_turned_back_into_the_full_tensor(fsdp_measured)
         for full in (wire, 3 * wire):  # the member itself, and a bucket three times its size
             given = torch_bytes(kind, full, link.group_size)
             assert est.collective_ms(n, override_size=given) == pytest.approx(link.time_ms(kind, full), rel=1e-3)
+
+
+def test_a_csv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Spreadsheets save CSV with a UTF-8 byte-order mark; it was taken for nccl-tests output."""
+    text = "kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1048576,0.1\nall_gather,8,8,2097152,0.15\n"
+    plain, marked = tmp_path / "plain.csv", tmp_path / "marked.csv"
+    plain.write_text(text)
+    marked.write_bytes("\ufeff".encode() + text.encode())
+    assert Measured.read([marked]).series[0].points == Measured.read([plain]).series[0].points
+

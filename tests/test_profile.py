@@ -94,6 +94,36 @@ BAD = {
 }
 
 
+def _nccl_event(**over) -> dict:
+    args = {"Collective name": "_allgather_base", "Process Group Name": "0", "Process Group Ranks": json.dumps(RANKS),
+            "Group size": len(RANKS), "In msg nelems": 1024, "Out msg nelems": 1024 * len(RANKS),
+            "dtype": "BFloat16"}
+    dur = over.pop("dur", 100.0)
+    args.update(over)
+    return {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllGather", "ts": 0, "dur": dur, "args": args}
+
+
+def _trace(*events) -> str:
+    return json.dumps({"traceEvents": list(events)}, allow_nan=True)
+
+
+# what torch's parser took silently and priced wrongly (a 1-byte dtype, 4 ranks of one, 0 ms)
+BAD.update({
+    "unknown dtype": (_trace(_nccl_event(dtype="Weird")), "dtype 'Weird' is not a dtype torch knows"),
+    "a rank twice": (_trace(_nccl_event(**{"Process Group Ranks": "[0, 0, 0, 0]"})), "names a rank twice"),
+    "nan duration": (_trace(_nccl_event(dur=float("nan"))), "dur nan is not a duration"),
+    "inf duration": (_trace(_nccl_event(dur=float("inf"))), "dur inf is not a duration"),
+    "huge duration": (_trace(_nccl_event(dur=1e15)), "is not a duration"),
+    "huge nelems": (_trace(_nccl_event(**{"Out msg nelems": 1e30})), "Out msg nelems 1e+30 is not a whole number"),
+    "negative nelems": (_trace(_nccl_event(**{"In msg nelems": -5})), "In msg nelems -5 is not a whole number"),
+    "huge kernel": (_trace({"ph": "X", "cat": "kernel", "name": "gemm", "ts": 0, "dur": 1e12, "args": {}}),
+                    "is not a duration"),
+    "falling": (_trace(_nccl_event(dur=100.0), _nccl_event(dur=50.0, **{"In msg nelems": 2048,
+                                                                        "Out msg nelems": 2048 * len(RANKS)})),
+                "cannot be extended above it"),
+})
+
+
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_trace_is_one_line_naming_the_file_exit_2(tmp_path, case):
     text, message = BAD[case]
