@@ -50,8 +50,10 @@ def test_every_solver_configuration_completes():
     assert proc.stdout.count("\nok ") + proc.stdout.startswith("ok ") == 25, proc.stdout
 
 
+@pytest.mark.long
 def test_count_solve_on_the_problem_that_aborted_returns_its_plan_from_the_cli(tmp_path):
-    """The issue's command, as a user types it: a 60 s count solve with two workers."""
+    """The command that aborted, as a user types it: a 60 s count solve with two workers (the
+    library's solve with its probes brought forward runs in the default tier, above)."""
     data = ROOT / "tests" / "data" / "problems"
     problem = tmp_path / "problem.json.gz"
     problem.write_bytes((data / "llama3-8b-fsdp-8--ab-ib8.json.gz").read_bytes())
