@@ -420,30 +420,36 @@ def _memory_budget(gb: float | None) -> int | None:
 
 def _position_search_and_report(args, problem, anchored, hint, t_start: float) -> int:
     """``solve --positions free``: the positioned search from CP-SAT's plan, the hint and the
-    per-block seed, within the peak budget; reports as solve does."""
+    per-block seed, within the peak budget; reports as solve does. ``--deterministic``: a number of
+    evaluations instead of seconds (EVALUATIONS_PER_S of the positioned share), the wall clock only
+    a guard, and no creation time in the plan: two runs write the same bytes."""
     import planner
     from planner.bounds import free_position_floor
     from planner.memory import memory_timeline
-    from planner.position_search import position_search
+    from planner.position_search import EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE, position_search
+    from planner.solver import DETERMINISTIC_WALL_FACTOR
 
     budget = _peak_budget(args.peak_memory_gb, problem, hint)
     starts = [p for p in (anchored.plan, hint) if p is not None]
-    deadline = t_start + args.time_limit
+    evaluations = (int(EVALUATIONS_PER_S * (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit)
+                   if args.deterministic else None)
+    deadline = t_start + args.time_limit * (DETERMINISTIC_WALL_FACTOR if args.deterministic else 1.0)
     _progress(args.quiet)(f"positioned search within a peak of {budget / 1e9:.3f} GB, "
-                          f"{max(0.0, deadline - time.perf_counter()):.0f} s")
+                          + (f"{evaluations} evaluations" if evaluations is not None
+                             else f"{max(0.0, deadline - time.perf_counter()):.0f} s"))
     try:
         result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline, seed=args.seed,
-                                 keep_overlap=args.keep_overlap)
+                                 keep_overlap=args.keep_overlap, max_evaluations=evaluations)
     except ValueError as e:  # nothing fits the budget
         raise CLIError(f"--peak-memory-gb: {e}") from None
     except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified anchored plan is the best so far
         if anchored.plan is None:
             raise
-        planner.save(anchored.plan, args.output)
+        planner.save(_stamped(anchored.plan, args), args.output)
         print(f"interrupted before the positioned search had a plan: wrote CP-SAT's anchored plan "
               f"({anchored.objective:.3f} ms; verified, not held to --peak-memory-gb) to {args.output}", file=sys.stderr)
         return 130
-    planner.save(result.plan, args.output)
+    planner.save(_stamped(result.plan, args), args.output)
     floor = free_position_floor(problem).floor_ms
     gap = (result.step_ms - floor) / result.step_ms if result.step_ms > 0 else 0.0
     note = "; interrupted: the best verified plan so far" if result.stats.get("interrupted") else ""
@@ -458,9 +464,19 @@ def _position_search_and_report(args, problem, anchored, hint, t_start: float) -
               + (" (over the budget: fitted before the search)" if over > budget else ""))
     print(f"gap                 {gap:.1%}")
     print(_memory_line(problem, result.plan) + f"; budget {budget / 1e9:.3f} GB")
-    print(f"wall                {time.perf_counter() - t_start:.1f}s (a wall-clock limit: another run may differ)")
+    guarded = evaluations is not None and result.stats["evaluations"] < evaluations
+    print(f"wall                {time.perf_counter() - t_start:.1f}s" + (
+        " (a wall-clock limit: another run may differ)" if evaluations is None else
+        " (stopped by the wall-clock guard before its evaluations: another run may differ)" if guarded else
+        f" ({result.stats['evaluations']} evaluations: the same plan on any machine)"))
     print(f"wrote               {args.output}")
     return 130 if result.stats.get("interrupted") else 0
+
+
+def _stamped(plan, args):
+    """The plan as written: a deterministic run records no creation time, so two runs write the
+    same bytes."""
+    return plan.model_copy(update={"created": ""}) if args.deterministic else plan
 
 
 def _peak_budget(gb: float | None, problem, hint) -> int:
@@ -601,7 +617,7 @@ def _solve_and_report(args, window: int | str | None, budget: int | None) -> int
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1
     try:
-        planner.save(result.plan, args.output)
+        planner.save(_stamped(result.plan, args), args.output)
     except OSError as e:  # checked up front; this is a race (the folder changed during the search)
         raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
     notes = []
