@@ -248,7 +248,7 @@ def apply_plan(
     passed when already extracted from the same arguments.
     """
     from torch._dynamo.graph_deduplication import _has_cycle, _stable_topological_sort
-    from torch._inductor.fx_passes.bucketing import _default_bucket_mode, _get_collective_node_from_wait
+    from torch._inductor.fx_passes.bucketing import _default_bucket_mode
 
     from fxglue.extract import extract_problem
 
@@ -274,24 +274,8 @@ def apply_plan(
     _check_contracted_graph_acyclic(graph, problem, plan, order)
 
     by_name = {n.name: n for n in graph.nodes}
-    original = list(graph.nodes)  # the scheduled order, before any merge erases a node
     colls = {c.name: c for c in problem.collectives}
-    replaced: dict[str, fx.Node] = {}  # pinned event name -> node that now plays its part
-    coalesced_waits: dict[str, list[fx.Node]] = {}
-    copy_in: dict[fx.Node, list[fx.Node]] = {}  # merged start -> the merge's nodes that feed it
-    for b, bucket in enumerate(plan.buckets):
-        if len(bucket.members) < 2:
-            continue
-        starts = [by_name[m] for m in bucket.members]
-        new_nodes, _ = _merge(graph, starts, mode, insert_before=_merge_point(bucket, by_name, original, graph))
-        waits = [n for n in new_nodes if _get_collective_node_from_wait(n) is not None]
-        new_start = _get_collective_node_from_wait(waits[0])
-        copy_in[new_start] = new_nodes[:new_nodes.index(new_start)]
-        replaced[bucket.start] = new_start
-        replaced[colls[bucket.wait].wait] = waits[0]
-        if len(waits) > 1:  # coalesced mode: one start, one wait per member, all at the wait anchor
-            coalesced_waits[colls[bucket.wait].wait] = waits
-
+    replaced, coalesced_waits, copy_in = _merge_buckets(graph, plan, mode, by_name, colls)
     chain, moved = _final_chain(graph, plan, order, replaced, coalesced_waits, by_name)
     _move_ahead(graph, moved, chain)
     extra: dict[fx.Node, OrderedSet[fx.Node]] = {}
@@ -310,6 +294,31 @@ def apply_plan(
         _check_hidden_kept(graph, plan, colls, replaced, by_name)
     if insert_overlap_deps:  # keep that order through inductor (after the check: this rewrites nodes)
         _insert_overlap_deps(graph, extra)
+
+
+def _merge_buckets(graph: fx.Graph, plan: planner.Plan, mode, by_name: dict, colls: dict):
+    """Each bucket of two or more merged by torch's merge functions at its merge point:
+    (pinned event name -> the node that now plays its part, a coalesced wait anchor -> its waits,
+    merged start -> the merge's nodes that feed it)."""
+    from torch._inductor.fx_passes.bucketing import _get_collective_node_from_wait
+
+    original = list(graph.nodes)  # the scheduled order, before any merge erases a node
+    replaced: dict[str, fx.Node] = {}
+    coalesced_waits: dict[str, list[fx.Node]] = {}
+    copy_in: dict[fx.Node, list[fx.Node]] = {}
+    for bucket in plan.buckets:
+        if len(bucket.members) < 2:
+            continue
+        starts = [by_name[m] for m in bucket.members]
+        new_nodes, _ = _merge(graph, starts, mode, insert_before=_merge_point(bucket, by_name, original, graph))
+        waits = [n for n in new_nodes if _get_collective_node_from_wait(n) is not None]
+        new_start = _get_collective_node_from_wait(waits[0])
+        copy_in[new_start] = new_nodes[:new_nodes.index(new_start)]
+        replaced[bucket.start] = new_start
+        replaced[colls[bucket.wait].wait] = waits[0]
+        if len(waits) > 1:  # coalesced mode: one start, one wait per member, all at the wait anchor
+            coalesced_waits[colls[bucket.wait].wait] = waits
+    return replaced, coalesced_waits, copy_in
 
 
 def _check_hidden_kept(graph: fx.Graph, plan: planner.Plan, colls: dict, replaced: dict, by_name: dict) -> None:
