@@ -3,11 +3,13 @@
 Why this exists: users meet collectives in graphs they already have -- torch's minifier and AOT
 repro files (``torch._dynamo.repro.after_aot.save_graph_repro``: a ``Repro`` module, a
 ``load_args(reader)`` function and, for distributed graphs, ``setup_fake_process_groups({...})``
-under ``__main__``), graphs other tools dump, the forward and the backward graph a compile
-produces separately. ``load_graph`` turns such a file into a ``TracedWorkload`` that goes
-through the same ``fxglue.pipeline.prepare`` as a built-in workload; ``save_graph`` writes a
-traced workload in that format (torch's own writer, plus what bucketplan needs to read it back
-as it was: the groups' roles, the parameter names and the transformer blocks).
+under ``__main__``), graphs other tools dump (AutoParallel's overlap simulator keeps its
+``get_pg_config()`` and ``get_colls_estimations_file()`` beside them), the forward and the
+backward graph a compile produces separately, mostly of CUDA runs. ``load_graph`` turns such a
+file into a ``TracedWorkload`` that goes through the same ``fxglue.pipeline.prepare`` as a
+built-in workload; ``save_graph`` writes a traced workload in that format (torch's own writer,
+plus what bucketplan needs to read it back as it was: the groups' roles, the parameter names and
+the transformer blocks).
 
 How a file is read:
 - It is Python and is executed as a module (never as ``__main__``, so its ``run_repro`` does not
@@ -19,19 +21,31 @@ How a file is read:
   and the torch configs it changes are put back afterwards.
 - ``Repro`` is built with every non-CPU device literal (``.to("cuda:0")``, ``device='cuda:0'``,
   ``.cuda()``: what torch's writer emits for parameters, buffers and constants) sent to the meta
-  device, so nothing needs a GPU or memory; its forward is traced by ``torch.fx`` and every device
-  literal in it (``device(type='cuda', index=0)``) is mapped to the CPU; every parameter, buffer
+  device, so nothing needs a GPU or memory; its forward is traced by ``torch.fx`` with every op
+  of literals alone recorded as a node rather than run (``_ConstantOpsAsNodes``: the tensors a
+  graph makes -- ``full``, ``empty``, ``zeros``, ``arange``, ``scalar_tensor``, ``empty_strided``,
+  ``new_*``, 0-d scalars that ``index_put`` takes --, which torch.fx alone would run on a GPU
+  this machine lacks or bake in as real constants), and every device literal in it
+  (``device(type='cuda', index=0)``, ``'cuda:0'``, a bare CUDA index where the op's schema says
+  Device) is mapped to the CPU, so the trace makes each a fake CPU tensor; every parameter, buffer
   and tensor constant becomes a fake CPU tensor of its shape and dtype, and ``load_args`` is
   answered by a reader that makes fake CPU tensors of the recorded shapes, strides and dtypes (no
   data is read: storages shared between inputs become separate tensors); then the graph is
   traced once more under that ``FakeTensorMode``, as built-in workloads are
-  (``workloads.trace_step``). A tensor of ``planner.problem.MAX_BYTES`` or more is refused by name.
+  (``workloads.trace_step``). A tensor of ``planner.problem.MAX_BYTES`` or more is refused by name;
+  an op that does not trace (a bool mask's data-dependent ``index``) is one line naming its
+  node as the file names it, its op and its line (``_trace_failure``).
 - Process groups: ``--group NAME=SIZE[@RANKS_PER_NODE][:dp|tp]`` flags, else the file's
   ``get_pg_config()`` (``{name: {"size": N, "role": "tp", "ranks_per_node": R}}``, role and ranks
   per node optional), else the ``setup_fake_process_groups({...})`` literal torch writes. Every
   group a collective names must be sized by one of them, at the size its all_gathers and
   reduce_scatters name (the graph's shapes are those of that size). Groups are data-parallel
   unless marked ``tp``; ranks per node default to the cluster preset's layout for that role.
+- Measured collectives: a file with ``get_colls_estimations_file()`` names a table of collective
+  times (AutoParallel's format, ``planner.measured``; a path relative to the file), read when
+  the file is loaded and recorded in the workload's meta (``collectives_table``);
+  ``fxglue.pipeline.prepare`` prices the groups it covers by it, under any measurement the
+  caller gave (``--collectives``, ``--profile``).
 """
 
 from __future__ import annotations
@@ -46,6 +60,7 @@ import math
 import os
 import re
 import signal
+import sys
 import threading
 import time
 import warnings
@@ -57,6 +72,7 @@ import torch
 import torch.distributed as dist
 import torch.fx as fx
 from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten
 
 from fxglue.models.base import Groups, TracedWorkload, WorkloadError
 
@@ -328,6 +344,155 @@ class _FileCode:
         return result
 
 
+# torch-level factories a dumped forward may call with literals only (the repro format calls
+# ``torch.ops.aten.*``); recorded as nodes like the ops, so their device literal is mapped too
+_TORCH_FACTORIES = frozenset(
+    getattr(torch, name) for name in ("empty", "empty_strided", "zeros", "ones", "full", "arange", "scalar_tensor",
+                                      "tensor", "eye", "linspace", "rand", "randn", "randint"))
+
+
+class _ConstantOpsAsNodes(TorchFunctionMode):
+    """``torch.fx`` records an op only when a Proxy is among its arguments: an op of literals alone
+    -- every factory of a repro graph (``full([], 0, ..., device=...)``, ``empty.memory_format(...,
+    device=device(type='cuda', index=0))``, ``arange``, ``scalar_tensor``, ...) -- would run for real
+    while the forward is traced, on a GPU this machine does not have, and its result would be baked
+    in as a constant. Here such a call becomes a node of the graph like any other, so its device
+    literal is mapped to the CPU and the trace makes it a fake tensor of the trace's own mode."""
+
+    def __init__(self, tracer: fx.Tracer):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        op = isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket))
+        if (op or func in _TORCH_FACTORIES) and not _has_proxy((args, kwargs)):
+            return self.tracer.create_proxy("call_function", func, args, kwargs)
+        return func(*args, **kwargs)
+
+
+class _FileTracer(fx.Tracer):
+    """``fx.Tracer`` that remembers, for every node, where in the graph file it was made
+    (``graph_file_at``: the forward's code and instruction offset; ``_file_line`` turns it into
+    a line), so a node that does not trace is named as the file names it. The file's forward runs
+    in one frame for the whole trace: it is found once, and only its instruction offset is read
+    for each node -- a line number is computed by scanning the code's line table, and per node
+    on a forward of 8,000 lines that tripled the time of the trace."""
+
+    def __init__(self, filename: str):
+        super().__init__()
+        self.filename = filename
+        self._forward = None
+
+    def trace(self, root, *args, **kwargs):
+        try:
+            return super().trace(root, *args, **kwargs)
+        finally:
+            self._forward = None  # the frame holds the forward's locals
+
+    def create_proxy(self, kind, target, args, kwargs, *rest, **more):
+        proxy = super().create_proxy(kind, target, args, kwargs, *rest, **more)
+        if self._forward is None:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename != self.filename:
+                frame = frame.f_back
+            self._forward = frame  # None before the forward runs (its inputs): looked for again
+        if self._forward is not None:
+            proxy.node.meta["graph_file_at"] = (self._forward.f_code, self._forward.f_lasti)
+        return proxy
+
+
+def _file_line(node: fx.Node) -> int | None:
+    """The line of the graph file that made ``node`` (``_FileTracer``), if it is known."""
+    at = node.meta.get("graph_file_at")
+    if at is None:
+        return None
+    code, offset = at
+    return next((line for start, end, line in code.co_lines() if start <= offset < end), None)
+
+
+def _has_proxy(tree) -> bool:
+    return any(isinstance(x, fx.Proxy) for x in tree_flatten(tree)[0])
+
+
+def _symbolic_trace(repro: torch.nn.Module, filename: str) -> fx.GraphModule:
+    """``fx.symbolic_trace`` with the ops of literals recorded as nodes (``_ConstantOpsAsNodes``)
+    and each node's line of the file remembered (``_FileTracer``)."""
+    tracer = _FileTracer(filename)
+    with _ConstantOpsAsNodes(tracer):
+        graph = tracer.trace(repro)
+    return fx.GraphModule(tracer.root, graph, type(repro).__name__)
+
+
+def _assigned_names(source: str) -> dict[int, str]:
+    """Line -> the name a simple assignment on it binds (``index_put_3 = torch.ops...``): how the
+    file names each node."""
+    names = {}
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            for line in range(node.lineno, (node.end_lineno or node.lineno) + 1):
+                names.setdefault(line, node.targets[0].id)
+    return names
+
+
+@contextmanager
+def _plain_graph_module_calls():
+    """A GraphModule called as any module. torch's wrapper around its call prints the generated
+    code to stderr when an error is raised in that code itself (an index out of range in a
+    ``getitem``), and strips the error's traceback; a graph file that does not trace is one line,
+    and the traceback is what names its node (``_failing_node``)."""
+    from torch.fx.graph_module import _WrappedCall
+
+    wrapped = _WrappedCall.__call__
+
+    def plain(self, obj, *args, **kwargs):
+        if self.cls_call is not None:
+            return self.cls_call(obj, *args, **kwargs)
+        return super(self.cls, obj).__call__(*args, **kwargs)
+
+    _WrappedCall.__call__ = plain
+    try:
+        yield
+    finally:
+        _WrappedCall.__call__ = wrapped
+
+
+def _failing_node(e: BaseException) -> fx.Node | None:
+    """The graph node whose op raised ``e``: the innermost frame of a GraphModule's generated
+    forward in the traceback, mapped to its node by the module's own line map."""
+    node = None
+    tb = e.__traceback__
+    while tb is not None:
+        gm = tb.tb_frame.f_locals.get("self")
+        if (isinstance(gm, fx.GraphModule) and getattr(gm, "_lineno_map", None)
+                and tb.tb_frame.f_code.co_name == "forward"):
+            index = gm._lineno_map.get(tb.tb_lineno - getattr(gm, "_prologue_start", 0))
+            nodes = list(gm.graph.nodes)
+            if index is not None and 0 <= index < len(nodes):
+                node = nodes[index]
+        tb = tb.tb_next
+    return node
+
+
+def _trace_failure(path: Path, e: BaseException, source: str) -> GraphFileError:
+    """One line for a graph that does not trace: the node (as the file names it, where it can be
+    told) and its op, then the first line of what torch raised."""
+    node = _failing_node(e)
+    where = ""
+    if node is not None:
+        line = _file_line(node)
+        name = _assigned_names(source).get(line, node.name) if line is not None else node.name
+        target = node.target
+        op = (f"{target.namespace}.{target._opname}.{target._overloadname}" if isinstance(target, torch._ops.OpOverload)
+              else getattr(target, "__name__", str(target)))
+        where = f"node {name} ({op}{f', line {line}' if line is not None else ''}): "
+    return GraphFileError(f"{path}: the graph does not trace on fake CPU tensors: {where}{_first_line(e)}")
+
+
 def _exec_module(path: Path):
     """The file run as a module, not as ``__main__`` (inside ``_FileCode.call``)."""
     name = "bucketplan_graph_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
@@ -376,24 +541,58 @@ def _config_groups(path: Path, code: _FileCode, module, source: str) -> tuple[li
     return groups, said
 
 
+def _is_device_type(t) -> bool:
+    """Whether a schema argument's type is ``Device`` or ``Device?``."""
+    if isinstance(t, torch.OptionalType):
+        t = t.getElementType()
+    return isinstance(t, torch.DeviceObjType)
+
+
 def _map_devices(gm: fx.GraphModule) -> int:
-    """Every device literal of the graph on the CPU (a trace here has no GPU); how many were mapped."""
+    """Every device literal of the graph on the CPU (a trace here has no GPU); how many were mapped.
+    A ``torch.device`` is mapped wherever it stands; a string (``'cuda:0'``) or a bare index (``0``,
+    a CUDA device to torch) only where the op's schema says the argument is a device, so no other
+    string or int argument is touched."""
     from torch.utils._pytree import tree_map
 
     mapped = 0
+    cpu = torch.device("cpu")
 
     def to_cpu(x):
         nonlocal mapped
         if isinstance(x, torch.device) and x.type != "cpu":
             mapped += 1
-            return torch.device("cpu")
+            return cpu
+        return x
+
+    def literal_to_cpu(x):
+        nonlocal mapped
+        if isinstance(x, str) or (isinstance(x, int) and not isinstance(x, bool)):
+            try:
+                device = torch.device(x)
+            except (RuntimeError, TypeError):
+                return x  # not a device: torch says what is wrong when the op runs
+            if device.type != "cpu":
+                mapped += 1
+                return cpu
         return x
 
     for n in gm.graph.nodes:
-        n.args, n.kwargs = tree_map(to_cpu, n.args), tree_map(to_cpu, n.kwargs)
-        if isinstance(n.kwargs.get("device"), str) and n.kwargs["device"] != "cpu":
-            n.kwargs = {**n.kwargs, "device": torch.device("cpu")}
-            mapped += 1
+        args, kwargs = tree_map(to_cpu, n.args), tree_map(to_cpu, n.kwargs)
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if n.op == "call_method" and n.target == "to" and len(args) > 1:  # x.to('cuda:0', ...)
+            args = (args[0], literal_to_cpu(args[1]), *args[2:])
+        if schema is not None:
+            for i, a in enumerate(schema.arguments):
+                if not _is_device_type(a.type):
+                    continue
+                if i < len(args) and not a.kwarg_only:
+                    args = (*args[:i], literal_to_cpu(args[i]), *args[i + 1:])
+                if a.name in kwargs:
+                    kwargs = {**kwargs, a.name: literal_to_cpu(kwargs[a.name])}
+        elif "device" in kwargs:  # a torch-level factory or a method (torch.empty(..., device='cuda'))
+            kwargs = {**kwargs, "device": literal_to_cpu(kwargs["device"])}
+        n.args, n.kwargs = args, kwargs
     gm.recompile()
     return mapped
 
@@ -475,26 +674,45 @@ def graph_group_names(gm: fx.GraphModule) -> list[str]:
 
 def _register_groups(path: Path, groups: list[GroupSpec]) -> None:
     """The graph's group names registered on torch's fake process group (rank 0): a group as large
-    as the world is the world group, a smaller one a new group of the first ranks."""
+    as the world is the world group, a smaller one a new group of the first ranks. Names are
+    often small integers ('0', '1'), and an earlier trace in this process may have left one
+    registered at another size (a 2-D mesh's groups): then the fake world is started afresh, so
+    what a file reads as does not depend on what ran before it."""
     from torch._C._distributed_c10d import _register_process_group
     from torch.distributed.distributed_c10d import _get_group_size_by_name
 
+    from fxglue.models import workloads
     from fxglue.models.workloads import ensure_fake_world
 
+    def registered(name: str) -> int | None:
+        try:
+            return _get_group_size_by_name(name)
+        except Exception:  # not registered yet
+            return None
+
     ensure_fake_world(max(g.size for g in groups))
+    if dist.get_backend() == "fake" and any(registered(g.name) not in (None, g.size) for g in groups):
+        world = dist.get_world_size()
+        dist.destroy_process_group()
+        workloads._MESH_CACHE.clear()
+        ensure_fake_world(world)
     world = dist.get_world_size()
     for g in groups:
-        try:
-            size = _get_group_size_by_name(g.name)
-        except Exception:  # not registered yet
-            size = None
+        size = registered(g.name)
         if size == g.size:
             continue
         if size is not None:
             raise GraphFileError(f"{path}: group {g.name!r} of {g.size} ranks: that name is taken by a group of "
                                  f"{size} ranks in this process (the world group is {dist.group.WORLD.group_name!r})")
-        pg = dist.group.WORLD if g.size == world else dist.new_group(list(range(g.size)))
+        # a hashed name (use_local_synchronization), not the next of torch's counter ('1', '2', ...),
+        # which is often the very name the file gives one of its groups
+        pg = dist.group.WORLD if g.size == world else dist.new_group(list(range(g.size)),
+                                                                     use_local_synchronization=True)
         _register_process_group(g.name, pg)
+        if g.name.isdecimal():  # torch's counter names later groups: let it count past this one
+            from torch.distributed import distributed_c10d
+
+            distributed_c10d._world.group_count = max(distributed_c10d._world.group_count, int(g.name) + 1)
 
 
 def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -> TracedWorkload:
@@ -505,6 +723,7 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
     from planner.io import read_regular_text
 
     path = Path(path)
+    home = Path(os.path.abspath(path)).parent  # before the file's code runs: it may change directory
     t0 = time.perf_counter()
     try:
         source = read_regular_text(path, 256 << 20, "graph file")
@@ -527,7 +746,7 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
         if getattr(load_args, "_version", 0) > 0:
             raise GraphFileError(f"{path}: load_args is version {load_args._version}; torch {torch.__version__} "
                                  "writes version 0")
-        gm = code.call("the Repro module does not trace", fx.symbolic_trace, repro)
+        gm = code.call("the Repro module does not trace", _symbolic_trace, repro, str(path))
         mapped = _map_devices(gm)
         _fake_state(path, gm, fake_mode)
         used = graph_group_names(gm)
@@ -552,23 +771,49 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
             code.call("load_args(reader) failed", load_args, reader)
         if reader.refused is not None:  # load_args caught the refusal and went on
             raise reader.refused
+        table = _collectives_table(path, home, code, module)
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     level = fake_log.level
     fake_log.setLevel(logging.CRITICAL)  # it logs an op's failure with its traceback; the failure is our one line
     try:
-        traced_gm = trace_step(gm, reader.args, fake_mode=fake_mode)
+        with _plain_graph_module_calls():
+            traced_gm = trace_step(gm, reader.args, fake_mode=fake_mode)
     except Exception as e:
-        raise GraphFileError(f"{path}: the graph does not trace on fake CPU tensors: {_first_line(e)}") from None
+        raise _trace_failure(path, e, source) from None
     finally:
         fake_log.setLevel(level)
     groups = _workload_groups(path, in_use)
     return TracedWorkload(name=GraphFile(str(path)).name, gm=traced_gm, fake_mode=fake_mode,
                           groups=groups, trace_s=time.perf_counter() - t0,
                           meta={**_saved_meta(module), "graph_file": str(path), "devices_mapped": mapped,
+                                **({"collectives_table": str(table)} if table is not None else {}),
                                 "groups": {"dp": groups.dp, "tp": groups.tp},  # as built-in workloads record them
                                 "graph_groups": {g.name: {"size": g.size, "role": g.role} for g in in_use},
                                 "group_ranks_per_node": {g.role: g.ranks_per_node for g in in_use
                                                          if g.ranks_per_node is not None}})
+
+
+def _collectives_table(path: Path, home: Path, code: _FileCode, module) -> Path | None:
+    """The measured collectives table the file names with ``get_colls_estimations_file()``, as
+    AutoParallel's overlap-simulator repro files do (``planner.measured``: its format): a path
+    relative to the graph file (where AutoParallel keeps them, beside its repro files) or
+    absolute, read here once so a bad table is refused while the file is loaded. None: the file
+    names none."""
+    from planner.measured import read_series
+
+    name_table = getattr(module, "get_colls_estimations_file", None)
+    if not callable(name_table):
+        return None
+    name = code.call("get_colls_estimations_file() failed", name_table)
+    if not isinstance(name, (str, os.PathLike)) or not str(name).strip():
+        raise GraphFileError(f"{path}: get_colls_estimations_file() returned {name!r}, not the path of a collectives "
+                             "table")
+    table = home / name  # an absolute name stays as it is
+    try:
+        read_series(table)
+    except (OSError, ValueError) as e:  # MeasuredError names the table and line; BadFileError the table
+        raise GraphFileError(f"{path}: get_colls_estimations_file() names {str(name)!r}: {e}") from None
+    return table
 
 
 def _workload_groups(path: Path, groups: list[GroupSpec]) -> Groups:

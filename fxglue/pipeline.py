@@ -128,6 +128,46 @@ class NotScheduled(RuntimeError):
     graph is left valid."""
 
 
+@contextlib.contextmanager
+def _no_reentrant_waits():
+    """Torch 2.13's scheduler, handling an exposed wait, first forces the waits of collectives
+    issued before it on the same group, and each forced wait that is exposed overlaps collectives
+    of other groups; when such a collective depends on the wait being handled, scheduling its
+    path handles that wait again, which forces the same earlier wait again: the recursion never
+    ends (RecursionError). Measured on an AutoParallel-shaped 2-D forward priced by its own
+    collectives table (``tests/data/repro/autoparallel_2d.py``): the FSDP gather of an MLP
+    weight was prefetched before the embedding's, and handling the embedding's wait forced the
+    MLP weight's, which overlapped the sequence-parallel reduce_scatter that needs the embedding. Within this context a collective whose
+    path runs through a wait still being handled is not taken for overlap -- it cannot start
+    before that wait anyway. Only runs that would never end otherwise are changed: a wait
+    handled twice is removed from flight twice, which torch's own code cannot survive."""
+    import torch._inductor.fx_passes.overlap_scheduling as overlap_scheduling
+
+    cls = overlap_scheduling.OverlapScheduler
+    handle_wait, find_path = cls._handle_wait, cls._find_schedulable_path
+    handling: list[fx.Node] = []
+
+    def guarded_handle_wait(self, node):
+        handling.append(node)
+        try:
+            return handle_wait(self, node)
+        finally:
+            handling.pop()
+
+    def guarded_find_path(self, target, curr_overlap_node, why):
+        path = find_path(self, target, curr_overlap_node, why)
+        if path is not None and any(n in path for n in handling):
+            why("path blocked by a wait still being handled")
+            return None
+        return path
+
+    cls._handle_wait, cls._find_schedulable_path = guarded_handle_wait, guarded_find_path
+    try:
+        yield
+    finally:
+        cls._handle_wait, cls._find_schedulable_path = handle_wait, find_path
+
+
 # what ``schedule`` itself decides; a caller's scheduler keywords may not say otherwise
 _OWN_SCHEDULER_KEYS = ("custom_runtime_estimation", "pre_bucketing_fsdp_collectives", "bucket_mode")
 
@@ -147,7 +187,8 @@ def schedule(traced: TracedWorkload, estimator: Estimator, *, pre_bucketing: boo
               **scheduler_kwargs, "custom_runtime_estimation": estimator,
               "pre_bucketing_fsdp_collectives": pre_bucketing, "bucket_mode": bucket_mode}
     _fsdp_logger_inherits()
-    with cpu_compat(estimator), estimator.torch_topology(), capture_bucketing_inputs() as captured, traced.fake_mode:
+    with (cpu_compat(estimator), estimator.torch_topology(), capture_bucketing_inputs() as captured,
+          _no_reentrant_waits(), traced.fake_mode):
         overlap_scheduling.schedule_overlap_bucketing(traced.gm, **kwargs)
     if len(captured) != 1:
         raise NotScheduled("torch's scheduler did not reach the bucketing step (no collectives?)")
@@ -248,9 +289,12 @@ def prepare(
     post-grad graph -- as it is), schedule with torch's overlap scheduler, extract the problem,
     record each collective's block and phase (``blocks.with_blocks``), and record torch's greedy
     plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2, the
-    α-β ``hardware`` (the ``ab-ib8`` figures). ``estimator``: the cost model itself, instead of
-    the preset's (the preset then only sizes the trace); it prices torch's scheduler and the
-    problem alike. ``scheduler_kwargs``: further keywords of torch's scheduler (``schedule``);
+    α-β ``hardware`` (the ``ab-ib8`` figures). A graph file that names a collectives table
+    (``get_colls_estimations_file()``) is priced by it where the preset's own measurements do
+    not reach (``presets.with_graph_table``; ``Prepared.preset`` is then that preset).
+    ``estimator``: the cost model itself, instead of the preset's (the preset then only sizes the
+    trace, and a graph file's table is not read); it prices torch's scheduler and the problem
+    alike. ``scheduler_kwargs``: further keywords of torch's scheduler (``schedule``);
     ``meta``: entries of the problem's ``meta`` (provenance, not fingerprinted) over ours.
     Raises ``NotScheduled`` when torch's scheduler stops before bucketing."""
     say = progress or (lambda msg: None)
@@ -259,6 +303,8 @@ def prepare(
     traced = trace_for(workload, preset, say)
     if traced is not workload:
         timings["trace_s"] = traced.trace_s
+    if estimator is None and traced.meta.get("collectives_table"):
+        preset = _with_graph_table(traced, preset)
     estimator = estimator or estimator_for(traced, hardware, preset)
     say("scheduling with torch's overlap scheduler")
     t0 = time.perf_counter()
@@ -278,6 +324,21 @@ def prepare(
         say("running torch's greedy bucket search")
         prepared.record_greedy()
     return prepared
+
+
+def _with_graph_table(traced: TracedWorkload, preset: Preset | None) -> Preset:
+    """The preset priced also by the collectives table the traced graph file names (read when it
+    was loaded; read again here, so a table changed or removed since is one line too). Without a
+    preset (the α-β figures of ``hardware``), the table prices its groups on the ``ab-ib8`` preset,
+    which is those figures."""
+    from fxglue.graph_file import GraphFileError
+    from fxglue.presets import with_graph_table
+
+    table = traced.meta["collectives_table"]
+    try:
+        return with_graph_table(preset or get_preset("ab-ib8"), table)
+    except ValueError as e:  # MeasuredError and BadFileError name the table and line
+        raise GraphFileError(f"{traced.meta.get('graph_file', traced.name)}: its collectives table: {e}") from None
 
 
 def _finalize_by_torch(prepared: Prepared, finalize: planners.TorchFinalize) -> float:
@@ -324,6 +385,7 @@ class PipelineResult:
     collectives_before: dict[str, int] = field(default_factory=dict)
     collectives_after: dict[str, int] = field(default_factory=dict)
     solve_result: Any = None
+    preset: Preset | None = None  # what priced it: the caller's, with a graph file's collectives table
 
 
 def _registry_entry(planner_: str | planner.Plan | os.PathLike) -> planners.Planner | None:
@@ -398,4 +460,4 @@ def run_pipeline(
         inputs.gm.recompile()
     return PipelineResult(name=traced.name, gm=inputs.gm, problem=problem, plan=plan, timings=timings,
                           collectives_before=before, collectives_after=count_collectives(inputs.gm),
-                          solve_result=solve_result)
+                          solve_result=solve_result, preset=prepared.preset)

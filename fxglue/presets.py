@@ -150,6 +150,23 @@ def with_measurements(preset: Preset, paths, *, ranks: int | None = None,
                    description=f"{preset.description}; collectives measured ({', '.join(map(str, paths))})")
 
 
+def with_graph_table(preset: Preset, path) -> Preset:
+    """``preset`` priced also by the collectives table a graph file names (``get_colls_estimations_file()``,
+    ``fxglue.graph_file``) wherever no measurement the preset already has (``--collectives``,
+    ``--profile``) covers a group and kind: the user's own figures win, the file's fill in.
+    A bad table raises ``MeasuredError`` (or ``BadFileError``), naming it."""
+    from planner.measured import Measured, read_series
+
+    table = read_series(path)
+    earlier = preset.measured
+    measured = Measured(list(earlier.series) if earlier is not None else [],
+                        fallback=[*(earlier.fallback if earlier is not None else []), *table])
+    # a plan recorded on one table is not taken for another: the name carries its digest
+    digest = hashlib.sha256(repr(table).encode()).hexdigest()[:8]
+    return replace(preset, measured=measured, name=f"{preset.name}+table-{digest}",
+                   description=f"{preset.description}; collectives measured by the graph's table ({path})")
+
+
 def get_preset(name: str, *, ranks: int | None = None, tp: int | None = None) -> Preset:
     """A preset by name, optionally at another world size (filling nodes of the preset's size
     in order) or TP degree."""

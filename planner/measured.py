@@ -1,11 +1,11 @@
-"""Measured collective times: nccl-tests output and plain CSV tables, as ``Link`` tables.
+"""Measured collective times (nccl-tests output, CSV, AutoParallel's tables) as ``Link`` tables.
 
 Why this exists: torch's NCCL model, which every preset uses, can be several times off a real
 cluster (issue 28 lists 2.5-8x across nodes), and the right figure depends on how a group is laid
 out over the nodes. A user who has measured their cluster feeds the measurements here, and the
 problem (and torch's scheduler, through ``fxglue.estimator``) is priced by them.
 
-Two formats, told apart by their first line:
+Three formats, told apart by their first line:
 - **nccl-tests** output (``all_gather_perf``, ``reduce_scatter_perf``, ``all_reduce_perf``). Its
   ``size`` column is ``max(send bytes, receive bytes)`` of one rank: the gathered output of an
   all_gather, the scattered input of a reduce_scatter, the buffer of an all_reduce, which is
@@ -20,12 +20,32 @@ Two formats, told apart by their first line:
 - **CSV** with the header ``kind,group,ranks_per_node,bytes,ms``: ``group`` is a group size (an
   integer) or ``pg:NAME``, a process-group name of the graph (names are often digits);
   ``bytes`` the full tensor.
+- **AutoParallel's collectives table** (its overlap simulator's ``colls*.table``, named by a
+  repro file's ``get_colls_estimations_file()``; read as ``CollectiveEstimationParser`` of
+  AutoParallel's ``autoparallel/tools/overlap_simulator/run.py`` reads it): a header ``Group
+  Group Size Collective  1MB (ms)  2MB (ms) ... 2048MB (ms)``, a line of dashes, then one row
+  per process group, group size and collective -- ``0  32  all_gather_into_tensor  1.0136
+  1.7497 ...`` -- with milliseconds at each size. The size is that of the collective's *input*
+  tensor in MiB (AutoParallel looks rows up by ``node.args[0]``'s bytes / 2**20): the shard an
+  all_gather sends, the full tensor a reduce_scatter scatters, the buffer of an all_reduce; so
+  an all_gather's wire bytes are the column's size times the group size (in its own tables an
+  all_gather at X MB costs what a reduce_scatter at X times the group size does). Rows of
+  ``all_gather_into_tensor_out`` and torch's other functional collectives are read and not used:
+  AutoParallel prices every all_gather by the ``all_gather_into_tensor`` row, and bucketplan
+  plans none of the others. A row names its group, so it prices only the graph's group of that
+  name and size (AutoParallel takes any group whose name contains the row's; a table here is
+  matched exactly). Between columns the time is linear in bytes, as AutoParallel interpolates,
+  except that it takes a column's time for any size whose whole MiB is that column (1.5 MB as 1
+  MB); below the first column the first column's time holds, as in AutoParallel; above the last,
+  the last segment extends.
 
 A graph's group takes a measurement of the same name, else one of the same size and ranks per
 node (a data-parallel group with one rank per node is not one spanning whole nodes). Below the
 smallest measured size the smallest's time holds (latency-bound); above the largest the last
 segment extends (bandwidth-bound). Both are reported (``Measured.range_notes``). Kinds a group has no
-measurement for keep the model it had.
+measurement for keep the model it had. Measurements a graph file carries (``Measured.fallback``:
+the table its ``get_colls_estimations_file()`` names) count only where the caller's own have none
+for the group and kind.
 """
 
 from __future__ import annotations
@@ -62,7 +82,7 @@ class Series:
     source: str  # file (and what in it) the points came from
     ranks: int | None = None  # group size; None: matched by name only
     ranks_per_node: int | None = None
-    group: str | None = None  # a process-group name of the graph, where the CSV gave one
+    group: str | None = None  # a process-group name of the graph, where the CSV or the table gave one
 
     def describe(self) -> str:
         lo, hi = self.points[0][0], self.points[-1][0]
@@ -78,14 +98,18 @@ def _size(b: int) -> str:
 
 def _number(text: str, where: str, what: str, kind=float, below: float | None = None):
     """``text`` as a finite number >= 0 (and below ``below``), else one MeasuredError naming it."""
+    shown = repr(text) if len(text) <= 40 else repr(text[:37] + "...")  # a field may be any length
     try:
         value = kind(text)
     except ValueError:
-        raise MeasuredError(f"{where}: {what} {text!r} is not a number") from None
+        if text.strip().isdecimal():  # more digits than int() converts (sys.get_int_max_str_digits)
+            raise MeasuredError(f"{where}: {what} {shown} is beyond any machine "
+                                f"({len(text.strip())} digits)") from None
+        raise MeasuredError(f"{where}: {what} {shown} is not a number") from None
     if not value >= 0 or value != value or value == float("inf"):
-        raise MeasuredError(f"{where}: {what} {text!r} must be a finite number >= 0")
+        raise MeasuredError(f"{where}: {what} {shown} must be a finite number >= 0")
     if below is not None and value >= below:
-        raise MeasuredError(f"{where}: {what} {text!r} is beyond any machine (below {below:g})")
+        raise MeasuredError(f"{where}: {what} {shown} is beyond any machine (below {below:g})")
     return value
 
 
@@ -121,7 +145,7 @@ def parse_nccl_tests(text: str, path: str, *, ranks: int | None = None,
             continue
         if stripped.startswith("#"):
             if m := _RANK_LINE.match(stripped):
-                hosts[int(m.group(1))] = m.group(2)
+                hosts[_number(m.group(1), where, "rank", int)] = m.group(2)
             elif m := _STARTING.search(stripped):
                 named = _kind_from(m.group(1))
                 if named is None:
@@ -187,8 +211,9 @@ def parse_csv(text: str, path: str) -> list[Series]:
         per_node = _number(per_node, where, "ranks_per_node", int)
         if per_node < 1:
             raise MeasuredError(f"{where}: ranks_per_node must be at least 1")
-        # process-group names are often digits too ("0"): a name is written pg:NAME, a bare integer is a size
-        size = int(group) if group.isdigit() else None
+        # process-group names are often digits too ("0"): a name is written pg:NAME, a bare integer is a
+        # size (isdecimal: "²" is a digit to isdigit but no integer to int)
+        size = _number(group, where, "group size", int) if group.isdecimal() else None
         if group.startswith("pg:") and group[3:]:
             group = group[3:]
         if size is not None and size < 1:
@@ -202,13 +227,101 @@ def parse_csv(text: str, path: str) -> list[Series]:
                    group=name) for (kind, size, name, per_node), rows in groups.items()]
 
 
+# AutoParallel's names of torch's functional collectives -> the kinds bucketplan plans
+TABLE_KINDS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+               "all_reduce": "all_reduce"}
+# rows a table may carry that price nothing here (module docstring): the out= variant of the
+# gather, which AutoParallel prices by the all_gather_into_tensor row, and the functional
+# collectives nobody buckets
+TABLE_UNUSED = ("all_gather_into_tensor_out", "all_gather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced",
+                "all_reduce_coalesced", "all_to_all_single", "broadcast")
+MIB = 1 << 20
+# ranks of one group: beyond any cluster built, as fxglue.graph_file.MAX_GROUP_SIZE
+MAX_TABLE_GROUP = 1 << 20
+_TABLE_COLUMN = re.compile(r"^(\d+)MB$")
+_TABLE_UNIT = re.compile(r"^\((\w+)\)$")
+
+
+def is_colls_table(first_line: str) -> bool:
+    """Whether a file's first line is the header of AutoParallel's collectives table."""
+    return first_line.split()[:1] == ["Group"]
+
+
+def parse_colls_table(text: str, path: str) -> list[Series]:
+    """AutoParallel's collectives table (see the module docstring): one series per row of a
+    collective bucketplan plans, named by its group and sized by its group size."""
+    lines = text.splitlines()
+    numbered = [(i, line) for i, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
+        raise MeasuredError(f"{path}: empty")
+    (head_no, header), rest = numbered[0], numbered[1:]
+    words = header.split()
+    if words[:4] != ["Group", "Group", "Size", "Collective"]:
+        raise MeasuredError(f"{path}:{head_no}: a collectives table's header starts 'Group  Group Size  Collective', "
+                            f"then one column per size ('1MB (ms)'); got {header.strip()[:60]!r}")
+    sizes: list[int] = []
+    for word in words[4:]:
+        if m := _TABLE_COLUMN.match(word):
+            sizes.append(_number(m.group(1), f"{path}:{head_no}", "column size (MB)", int, below=MAX_BYTES / MIB))
+        elif (m := _TABLE_UNIT.match(word)) and sizes:
+            if m.group(1) != "ms":  # the times are read as milliseconds, as AutoParallel reads them
+                raise MeasuredError(f"{path}:{head_no}: column {sizes[-1]}MB is in {m.group(1)}; the table's times "
+                                    "are milliseconds ('(ms)')")
+        else:
+            raise MeasuredError(f"{path}:{head_no}: header word {word[:40]!r} is not a size column ('1MB', "
+                                "optionally followed by '(ms)')")
+    if not sizes:
+        raise MeasuredError(f"{path}:{head_no}: no size columns ('1MB (ms)  2MB (ms) ...') in the header")
+    if len(set(sizes)) != len(sizes):
+        raise MeasuredError(f"{path}:{head_no}: column {next(x for x in sizes if sizes.count(x) > 1)}MB is given twice")
+    if not rest or set(rest[0][1].strip()) - {"-", " "}:
+        # AutoParallel skips the line under the header unread: a row there would be lost
+        raise MeasuredError(f"{path}:{rest[0][0] if rest else head_no + 1}: the line under the header must be the "
+                            "rule of dashes the table's writer puts there")
+    series: list[Series] = []
+    seen: dict[tuple[str, int, str], str] = {}
+    for number, line in rest[1:]:
+        where = f"{path}:{number}"
+        fields = line.split()
+        if len(fields) != 3 + len(sizes):
+            raise MeasuredError(f"{where}: {len(fields)} field(s); a row is group, group size, collective and "
+                                f"{len(sizes)} time(s), one per column of the header")
+        group, size_text, name = fields[:3]
+        if name not in TABLE_KINDS and name not in TABLE_UNUSED:
+            raise MeasuredError(f"{where}: collective {name[:40]!r} is not one of "
+                                f"{', '.join((*TABLE_KINDS, *TABLE_UNUSED))}")
+        if not size_text.isdecimal() or not 1 <= (ranks := _number(size_text, where, "group size", int,
+                                                                   below=MAX_TABLE_GROUP + 1)):
+            raise MeasuredError(f"{where}: group size {size_text[:40]!r} is not a count of ranks (1 or more)")
+        times = [_number(t, where, f"time at {mb}MB", below=MAX_MS) for mb, t in zip(sizes, fields[3:])]
+        key = (group, ranks, name)
+        if key in seen:
+            raise MeasuredError(f"{where}: group {group} of {ranks} ranks: {name} is also given on {seen[key]}")
+        seen[key] = where
+        if name not in TABLE_KINDS:
+            continue
+        kind = TABLE_KINDS[name]
+        per_byte = ranks if kind == "all_gather" else 1  # the column is the input: an all_gather's shard
+        wire = [mb * MIB * per_byte for mb in sizes]
+        if wire[-1] >= MAX_BYTES:
+            raise MeasuredError(f"{where}: {name} at {max(sizes)}MB on {ranks} ranks moves {wire[-1]:.3g} bytes, "
+                                "beyond what a problem records")
+        rows = [(b, ms, where) for b, ms in zip(wire, times)]
+        series.append(Series(kind, _series_points(rows, kind), where, ranks=ranks, group=group))
+    if not seen:
+        raise MeasuredError(f"{path}: no rows under the header")
+    return series
+
+
 def read_series(path: str | Path, *, ranks: int | None = None, ranks_per_node: int | None = None) -> list[Series]:
-    """Every series of one measurement file (nccl-tests output or CSV)."""
+    """Every series of one measurement file (nccl-tests output, CSV or AutoParallel's table)."""
     text = read_regular_text(path, MAX_FILE_BYTES, "collectives file")  # BadFileError: not a file, not UTF-8
     text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheets save CSV with one)
     first = next((line for line in text.splitlines() if line.strip()), "")
     if first.replace(" ", "").lower().startswith("kind,"):
         return parse_csv(text, str(path))
+    if is_colls_table(first):
+        return parse_colls_table(text, str(path))
     if not text.strip():
         raise MeasuredError(f"{path}: empty")
     return [parse_nccl_tests(text, str(path), ranks=ranks, ranks_per_node=ranks_per_node)]
@@ -220,9 +333,12 @@ class Measured:
 
     series: list[Series]
     used: dict[str, dict[str, Series]] = field(default_factory=dict)  # group -> kind -> series it took
+    # series a group takes only where ``series`` has none for it and the kind: what a graph file
+    # carries (its collectives table), under what the user gave (--collectives, --profile)
+    fallback: list[Series] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        for s in self.series:
+        for s in (*self.series, *self.fallback):
             rising_end(s)
 
     @classmethod
@@ -239,12 +355,17 @@ class Measured:
         return cls(series)
 
     def find(self, kind: str, pg: str, ranks: int, ranks_per_node: int) -> Series | None:
-        """The series for a group: by its name first, else by size and ranks per node."""
-        by_name = [s for s in self.series if s.kind == kind and s.group == pg]
-        if by_name:
-            return by_name[0]
-        return next((s for s in self.series if s.kind == kind and s.group is None and s.ranks == ranks
-                     and s.ranks_per_node == min(ranks, ranks_per_node)), None)
+        """The series for a group: by its name first (and its size, where the series gives one),
+        else by size and ranks per node; ``fallback`` only where ``series`` has none."""
+        for pool in (self.series, self.fallback):
+            by_name = [s for s in pool if s.kind == kind and s.group == pg and s.ranks in (None, ranks)]
+            if by_name:
+                return by_name[0]
+            found = next((s for s in pool if s.kind == kind and s.group is None and s.ranks == ranks
+                          and s.ranks_per_node == min(ranks, ranks_per_node)), None)
+            if found is not None:
+                return found
+        return None
 
     def link(self, base: Link, ranks_per_node: int) -> Link:
         """``base`` with every kind measured for its group replaced by the measured table."""

@@ -292,7 +292,8 @@ def test_a_graph_file_that_exits_is_refused_in_one_line(tmp_path, capsys, where,
     ("exits.py", _file(load="    import os\n    os._exit(0)\n"), "load_args(reader) failed: its code exited"),
     # torch logs a fake kernel's failure with its traceback; the refusal is the one line
     ("misshaped.py", _file().replace("(4, 4))\ndef get_pg_config", "(5, 5))\ndef get_pg_config"),
-     "does not trace on fake CPU tensors: RuntimeError: a and b must have same reduction dim"),
+     "does not trace on fake CPU tensors: node mm_default (aten.mm.default, line 9): RuntimeError: a and b must "
+     "have same reduction dim"),
 ], ids=["os._exit-at-import", "os._exit-in-load_args", "misshaped"])
 def test_a_graph_file_refused_in_its_own_process_is_one_line(tmp_path, name, text, named):
     import subprocess

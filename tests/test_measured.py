@@ -174,6 +174,10 @@ BAD = {
     "huge_size.txt": ("# Collective test starting: all_gather_perf\n"
                       "4611686018427387904 8 float none -1 20.0 0.1 0.1 0\n", ":2:"),
     "nan_time.txt": ("# Collective test starting: all_gather_perf\n1024 8 float none -1 nan 0.1 0.1 0\n", ":2:"),
+    # more digits than int() converts: a ValueError of Python's, naming neither file nor line
+    "huge_group.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather," + "9" * 5000 + ",8,1024,0.1\n", ":2:"),
+    "huge_rank.txt": ("# Collective test starting: all_gather_perf\n#  Rank " + "9" * 5000 + " Group 0 Pid 1 on h0\n"
+                      "1024 8 float none -1 20.0 0.1 0.1 0\n", ":2:"),
     # a time that falls at the largest size would be extended below zero above it
     "falling.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1048576,1.0\nall_gather,8,8,2097152,0.5\n",
                     "cannot be extended above it"),
@@ -287,3 +291,21 @@ def test_a_csv_saved_with_a_byte_order_mark_reads_as_without(tmp_path):
     marked.write_bytes("\ufeff".encode() + text.encode())
     assert Measured.read([marked]).series[0].points == Measured.read([plain]).series[0].points
 
+
+def test_a_group_that_is_a_digit_to_isdigit_but_no_integer_is_a_name(tmp_path):
+    """A superscript two is a digit to str.isdigit and no integer to int(): the group is a name,
+    as any other non-integer."""
+    path = tmp_path / "t.csv"
+    path.write_text("kind,group,ranks_per_node,bytes,ms\nall_gather,\u00b2,8,1024,0.1\n", encoding="utf-8")
+    (s,) = Measured.read([path]).series
+    assert (s.group, s.ranks) == ("\u00b2", None)
+
+
+def test_a_falling_nccl_tests_series_names_file_kind_and_both_sizes(tmp_path):
+    path = tmp_path / "all_gather_perf.txt"
+    path.write_text("# Collective test starting: all_gather_perf\n#  Rank  0 Group  0 Pid 1 on h0 device 0\n"
+                    "1024 256 float none -1 20.0 0.1 0.1 0\n2048 512 float none -1 10.0 0.1 0.1 0\n")
+    with pytest.raises(MeasuredError) as e:
+        Measured.read([path])
+    assert str(path) in str(e.value) and "all_gather" in str(e.value)
+    assert "at 2 KiB" in str(e.value) and "at 1 KiB" in str(e.value)
