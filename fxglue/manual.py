@@ -97,7 +97,7 @@ import torch.nn as nn
 
 import planner
 from fxglue.blocks import (_loss_ancestors, _module_of, _owner, _plan_index, block_of_collectives,  # noqa: F401
-                           collective_params, parameter_names, transformer_block_plans)
+                           block_source, collective_params, parameter_names, transformer_block_plans)
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator, collective_kind
 
@@ -188,9 +188,10 @@ def run_manual_pass(traced, plans: list[list[str] | str] | None = None, *, estim
     t0 = time.perf_counter()
     estimator = estimator or estimator_for(traced)
     if param_names is None or plans is None:
-        module = _module_of(traced)
-        param_names = param_names or [n for n, _ in module.named_parameters()]
-        plans = plans if plans is not None else transformer_block_plans(module)
+        # those recorded with the trace (a torchtitan workload has no module to rebuild), else the module's
+        names, blocks = block_source(traced)
+        param_names = param_names or names
+        plans = plans if plans is not None else blocks
     gm = traced.gm
     before = count_collectives(gm)
     names_before = {n.name for n in gm.graph.nodes}

@@ -44,6 +44,11 @@ class Workload:
     # FSDP gathers each parameter in this dtype (mixed precision: fp32 shards, bf16 gathers and
     # compute, as SimpleFSDP's and FSDP2's param_dtype); None: in the parameter's own dtype
     gather_dtype: torch.dtype | None = None
+    # a workload traced by another framework's own code (torchtitan's parallelize function and
+    # tracer, ``fxglue.models.titan``): ``tracer(world_size, tp) -> TracedWorkload``, called on the
+    # fake process group of ``world_size`` ranks, replaces build, wrap and make_fx; ``build`` is
+    # never called
+    tracer: Callable[[int, int], "TracedWorkload"] | None = None
 
 
 @dataclass

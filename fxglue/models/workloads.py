@@ -8,7 +8,8 @@ parallelism style; tracing happens under ``FakeTensorMode`` with torch's fake pr
 Names: ``llama3-8b-{fsdp,2d,ddp}-{2,8,32,80}``, ``llama3-8b-fsdp-mp-{2,8,32}`` (fp32
 parameters gathered in bf16), ``llama3-70b-{fsdp,2d}-{2,8,80}``,
 ``llama3-405b-{fsdp,2d}-126`` and, with the
-``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.models.hf_models``). The world size and TP degree
+``models`` extra, ``hf-<arch>-<layers>`` (see ``fxglue.models.hf_models``), and with the ``torchtitan``
+extra ``titan-<arch>-<layers>``, traced by torchtitan's own code (``fxglue.models.titan``). The world size and TP degree
 are chosen when tracing (``trace(..., world_size, tp)``; the cluster presets of
 ``fxglue.estimator`` fix both).
 """
@@ -86,6 +87,9 @@ def _registry() -> dict[str, Workload]:
         hf_models = None
     if hf_models is not None:
         reg.update(hf_models.workloads())
+    from fxglue.models import titan  # imports no torchtitan: its workloads are listed when it is installed
+
+    reg.update(titan.workloads())
     return reg
 
 
@@ -97,6 +101,9 @@ def workloads() -> dict[str, Workload]:
 def get_workload(name: str, *, small: bool = False) -> Workload:
     reg = workloads()
     if name not in reg:
+        from fxglue.models import titan
+
+        titan.check_available(name)  # a torchtitan workload without torchtitan: say what to install
         raise WorkloadError(f"unknown workload {name!r}; `bucketplan workloads` lists them")
     wl = reg[name]
     if small:
@@ -106,6 +113,9 @@ def get_workload(name: str, *, small: bool = False) -> Workload:
 
 def small_variant(wl: Workload) -> Workload:
     """The same structure (layers, collectives) at shapes small enough to run for real."""
+    if wl.tracer is not None:
+        raise WorkloadError(f"{wl.name}: traced by {wl.family}'s own code on fake tensors; `bucketplan check` runs "
+                            "only bucketplan's own wrappers on gloo ranks (extract, solve, compare and apply take it)")
     if wl.family in ("llama3-8b", "llama3-70b", "llama3-405b"):
         from fxglue.models.llama import LLAMA_TINY
 
@@ -246,6 +256,9 @@ def trace(name_or_workload: str | Workload, *, world_size: int = FAKE_WORLD_SIZE
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     wl = get_workload(name_or_workload) if isinstance(name_or_workload, str) else name_or_workload
+    if wl.tracer is not None:
+        ensure_fake_world(world_size)
+        return wl.tracer(world_size, tp)
     if wl.style == "2d" and (tp < 1 or world_size % tp or world_size == tp):
         raise WorkloadError(f"{wl.name}: TP degree {tp} must divide the world size {world_size} and leave a "
                             "data-parallel group of at least 2")
