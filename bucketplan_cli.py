@@ -65,10 +65,12 @@ def _preset(args):
         ranks, per_node = _collective_ranks(getattr(args, "collective_ranks", None))
         preset = _compute_rates(preset, args)
         preset = with_measurements(preset, getattr(args, "collectives", None), ranks=ranks, ranks_per_node=per_node)
+        if getattr(args, "profile_cpu", False) and not getattr(args, "profile", None):
+            raise CLIError("--profile-cpu: give the CPU run's trace with --profile TRACE.json")
         if getattr(args, "profile", None):
             from fxglue.profile import with_profile  # torch's trace parser
 
-            preset = with_profile(preset, args.profile)
+            preset = with_profile(preset, args.profile, cpu=getattr(args, "profile_cpu", False))
         return preset
     except ValueError as e:  # planner.measured.MeasuredError and BadFileError are ValueErrors
         raise CLIError(str(e)) from None
@@ -105,13 +107,17 @@ def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:
 
 
 def _measured_notes(preset, problem) -> None:
-    """On stderr: which groups the measured files priced, and sizes outside what they measured."""
+    """On stderr: which groups the measurements (--collectives, --profile, a graph file's collectives
+    table) priced and by what, and sizes outside what they measured."""
     measured = getattr(preset, "measured", None)
     if measured is None:
         return
     if not measured.used:
-        print("note: no --collectives measurement matches a group of this graph (sizes and ranks per node "
-              "differ); torch's model priced every collective", file=sys.stderr)
+        print("note: no measurement (--collectives, --profile or the graph's collectives table) matches a group "
+              "of this graph (names, sizes and ranks per node differ); torch's model priced every collective",
+              file=sys.stderr)
+    for pg, used in measured.used.items():
+        print(f"note: group {pg} priced by " + "; ".join(s.describe() for s in used.values()), file=sys.stderr)
     for line in measured.range_notes(problem.collectives):
         print(f"note: {line}", file=sys.stderr)
 
@@ -226,7 +232,7 @@ def cmd_extract(args) -> int:
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     problem, plan = result.problem, result.plan
-    _measured_notes(preset, problem)
+    _measured_notes(result.preset or preset, problem)
     try:
         planner.save(problem, out / "problem.json")
         planner.save(plan, out / "greedy-plan.json")
@@ -526,15 +532,21 @@ def cmd_solve(args) -> int:
 
 
 def _scenario_list(text: str, flag: str) -> list[str]:
-    """A comma-separated list of scenario names (planner.scenarios.SCENARIOS) or measured files."""
-    from planner.scenarios import SCENARIOS
+    """A comma-separated list of scenario names (planner.scenarios.SCENARIOS, contention=F) or
+    measured files."""
+    from planner.scenarios import SCENARIOS, contention_of, is_named
 
     names = [x.strip() for x in text.split(",") if x.strip()]
     for name in names:
-        if name not in SCENARIOS and not Path(name).is_file():
-            raise CLIError(f"{flag}: unknown scenario {name!r}; choose from {', '.join(SCENARIOS)} or give a "
-                           "measured collectives file")
-        if name not in SCENARIOS:  # a bad file is refused now, not after minutes of search
+        if not is_named(name) and not Path(name).is_file():
+            raise CLIError(f"{flag}: unknown scenario {name!r}; choose from {', '.join(SCENARIOS)}, contention=F or "
+                           "give a measured collectives file")
+        if is_named(name):
+            try:
+                contention_of(name)  # contention=F: F a factor from 1
+            except ValueError as e:
+                raise CLIError(f"{flag}: {e}") from None
+        else:  # a bad file is refused now, not after minutes of search
             from planner.scenarios import measured_series
 
             try:
@@ -551,7 +563,7 @@ def _robust_and_report(args, budget: int | None) -> int:
     under the policy the flags give; flags its search cannot honour are refused."""
     import planner
     from planner.policy import Policy
-    from planner.scenarios import SCENARIOS, ScenarioError, robust_plan
+    from planner.scenarios import ScenarioError, describe, robust_plan
 
     scenarios = _scenario_list(args.robust, "--robust")
     if args.positions == "free" or args.objective != "step":
@@ -574,7 +586,7 @@ def _robust_and_report(args, budget: int | None) -> int:
         raise CLIError(f"{args.hint}: {e}") from None
     planner.save(result.plan, args.output)
     for s in scenarios:
-        print(f"scenario {s}: {SCENARIOS.get(s, 'measured collectives file')}")
+        print(f"scenario {s}: {describe(s)}")
     print()
     print("\n".join(result.judged.markdown()))
     print(f"\nregret: a plan's step over the least step any plan here reaches under that scenario, minus 1. "
@@ -957,8 +969,8 @@ def _add_many_parsers(sub) -> None:
     _add_cluster_options(s)
     s.add_argument("--scenarios", metavar="A,B,...",
                    help="also re-price every plan under these cost scenarios and report its step and regret "
-                        "(torch, published-comm, published-mfu, published, or a measured collectives file; "
-                        "planner/scenarios.py); written to scenarios.md")
+                        "(torch, published-comm, published-mfu, published, contention, contention=F, or a measured "
+                        "collectives file; planner/scenarios.py); written to scenarios.md")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.add_argument("-v", "--verbose", action="store_true",
                    help="the searches' own progress too: incumbents, bounds, polish moves (default: one line per "
@@ -1004,8 +1016,8 @@ def _add_solve_parsers(sub) -> None:
                         "this (default: the --hint plan's peak, or the unbucketed schedule's)")
     s.add_argument("--robust", metavar="A,B,...",
                    help="the plan with the least worst-case regret across these cost scenarios (torch, "
-                        "published-comm, published-mfu, published, or a measured collectives file; "
-                        "planner/scenarios.py), within --time-limit")
+                        "published-comm, published-mfu, published, contention, contention=F, or a measured "
+                        "collectives file; planner/scenarios.py), within --time-limit")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     s.set_defaults(func=cmd_solve)
 
@@ -1078,6 +1090,9 @@ def _add_cluster_options(s) -> None:
                    help="a Chrome trace of the step on the cluster (torch.profiler, record_shapes=True): its op "
                         "times replace the roofline of the nodes it timed, its NCCL kernels the collective model "
                         "of the groups they cover (torch's profile-guided estimation; docs/commands.md)")
+    s.add_argument("--profile-cpu", action="store_true",
+                   help="the --profile trace is of a CPU run (no GPU kernels): its ops' CPU times price the nodes "
+                        "it timed; it has no collective times (docs/commands.md)")
     s.add_argument("--collective-ranks", metavar="N/PER_NODE",
                    help="ranks and ranks per node of nccl-tests files whose header lists no ranks (e.g. 64/8)")
 

@@ -322,9 +322,9 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
 def scenario_tables(rows: list[WorkloadRow], scenarios: list[str]) -> list[str]:
     """Markdown lines: per workload, each row's plan re-priced under each scenario, with its regret
     (``planner.scenarios``); the same plans as the main table, nothing searched again."""
-    from planner.scenarios import SCENARIOS, ScenarioError, judge_each
+    from planner.scenarios import ScenarioError, describe, judge_each
 
-    lines = ["Scenarios: " + "; ".join(f"`{s}`: {SCENARIOS.get(s, 'measured collectives file')}" for s in scenarios),
+    lines = ["Scenarios: " + "; ".join(f"`{s}`: {describe(s)}" for s in scenarios),
              ""]
     for row in rows:
         unbucketed = {"unbucketed": (row.problem, None)} if row.problem is not None else {}

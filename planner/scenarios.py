@@ -16,6 +16,15 @@ Scenarios (``SCENARIOS``; or a measurement file, ``planner.measured``):
 - ``published-mfu``: compute at published MFU: every compute node 1.5x slower (the presets'
   achievable 800 TFLOP/s is ~60% of H100's dense bf16 peak, published training 33-43%: ~40%).
 - ``published``: both.
+- ``contention``: overlap is not free. NCCL's kernels take SMs and memory bandwidth from the
+  compute they run beside, so compute that runs while a collective is in flight is slower
+  (``CONTENTION_SLOWDOWN``, a published measurement; ``contention=F`` for a factor measured on
+  your own cluster, e.g. from ``examples/train_compiled.py bench``'s traces). Which compute
+  overlaps a collective depends on the plan, so this is not a re-pricing of the problem: the
+  costs stay as extracted and the simulator slows the overlapped compute
+  (``planner.simulate(..., contention=F)``). It charges for what the other scenarios let
+  overlap hide for free, so it is where a plan's gain from overlap can turn out smaller than
+  simulated.
 ``regret`` of a plan under a scenario: its step over the best step any candidate reaches there,
 minus 1. ``robust_choice`` picks the candidate with the least worst-case regret.
 """
@@ -43,18 +52,64 @@ PUBLISHED_BUSBW = {
     "one_per_node": {"all_gather": 48.0, "reduce_scatter": 48.0, "all_reduce": 48.0},
 }
 PUBLISHED_COMPUTE_SCALE = 1.5
+# Compute slow-down while a collective runs. Lee et al., "Characterizing Compute-Communication
+# Overlap in GPU-Accelerated Distributed Deep Learning: Performance and Power Implications"
+# (arXiv:2507.03114, 2025), measured GPT and Llama training on 4 A100s, 4 H100s, MI250 and MI210:
+# compute overlapped with communication ran on average 18.9% slower than the same compute alone
+# (at most 40.0%). The average is taken. A single GEMM can fare worse: one H100 GEMM sized to
+# one wave of 132 SMs ran ~2x slower beside an all_gather whose 24 blocks pushed part of it into a
+# second wave (NVIDIA developer forums, "Compute-Communication Overlap Causes Severe GEMM
+# Performance Degradation because of Tail Effect", 2025); ``contention=2`` prices that case.
+CONTENTION_SLOWDOWN = 1.189
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 SCENARIOS = {
     "torch": "as extracted: torch's NCCL model on the preset, roofline compute at the preset's rates",
     "published-comm": "cross-node groups at published nccl-tests bus bandwidths (planner.scenarios.PUBLISHED_BUSBW)",
     "published-mfu": f"compute {PUBLISHED_COMPUTE_SCALE:g}x slower (published MFU ~40%, the presets' ~60%)",
     "published": "published-comm and published-mfu together",
+    "contention": f"compute {CONTENTION_SLOWDOWN:g}x slower while a collective runs (measured average over A100 "
+                  "and H100 training, arXiv:2507.03114); contention=F for another factor",
 }
+_CONTENTION = "contention="
 _PER_NODE = re.compile(r"(\d+) ranks on (\d+) node\(s\), (\d+) per node")
 
 
 class ScenarioError(ValueError):
     """A scenario that cannot be applied to this problem (unknown name, no group layout)."""
+
+
+def contention_of(scenario: str) -> float:
+    """The compute slow-down a scenario simulates while a collective runs: 1 (overlap is free)
+    but for ``contention`` and ``contention=F``; a bad factor raises ScenarioError."""
+    if scenario == "contention":
+        return CONTENTION_SLOWDOWN
+    if not scenario.startswith(_CONTENTION):
+        return 1.0
+    from planner.simulator import check_contention
+
+    text = scenario[len(_CONTENTION):]
+    try:
+        factor = float(text)
+    except ValueError:
+        raise ScenarioError(f"scenario {scenario!r}: {text!r} is not a number (e.g. contention=1.3)") from None
+    try:
+        return check_contention(factor)
+    except ValueError as e:
+        raise ScenarioError(f"scenario {scenario!r}: {e}") from None
+
+
+def is_named(scenario: str) -> bool:
+    """A scenario given by name (``SCENARIOS`` or ``contention=F``), not by a measurement file."""
+    return scenario in SCENARIOS or scenario.startswith(_CONTENTION)
+
+
+def describe(scenario: str) -> str:
+    """One line saying what a scenario prices."""
+    if scenario in SCENARIOS:
+        return SCENARIOS[scenario]
+    if scenario.startswith(_CONTENTION):
+        return f"compute {contention_of(scenario):g}x slower while a collective runs (your factor)"
+    return "measured collectives file"
 
 
 def layout(problem: Problem, link: Link) -> tuple[int, int]:
@@ -94,10 +149,15 @@ def _scaled_compute(problem: Problem, scale: float) -> tuple:
 
 
 def reprice(problem: Problem, scenario: str) -> Problem:
-    """``problem`` under a scenario: a name of ``SCENARIOS`` or a measurement file's path."""
+    """``problem`` under a scenario: a name of ``SCENARIOS``, ``contention=F``, or a measurement
+    file's path. A contention scenario keeps the costs (``contention_of`` says how much the
+    simulator slows the overlapped compute); only its ``meta`` names it."""
     update: dict = {}
     if scenario == "torch":
         return problem
+    if scenario == "contention" or scenario.startswith(_CONTENTION):
+        contention_of(scenario)  # a factor that is none raises here
+        return problem.model_copy(update={"meta": {**(problem.meta or {}), "scenario": scenario}})
     if scenario in ("published-comm", "published"):
         update["links"] = tuple(_published_link(problem, link) for link in problem.links)
     if scenario in ("published-mfu", "published"):
@@ -106,8 +166,8 @@ def reprice(problem: Problem, scenario: str) -> Problem:
         from pathlib import Path
 
         if not Path(scenario).exists():
-            raise ScenarioError(f"unknown scenario {scenario!r}: choose {', '.join(SCENARIOS)} or a measured "
-                                "collectives file")
+            raise ScenarioError(f"unknown scenario {scenario!r}: choose {', '.join(SCENARIOS)}, contention=F or a "
+                                "measured collectives file")
         from planner.measured import Measured
 
         measured = Measured(list(measured_series(scenario)))  # fresh: ``used`` is per problem
@@ -171,7 +231,8 @@ def judge(problem: Problem, plans: dict[str, Plan | None], scenarios: list[str])
 
 def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: list[str]) -> Judged:
     """Every (problem, plan) simulated under every scenario, each plan on its own problem re-priced
-    (compare's rows: torch's default plan is of the pre-bucketed problem, manual's of its own)."""
+    (compare's rows: torch's default plan is of the pre-bucketed problem, manual's of its own), with
+    the scenario's contention."""
     from planner.simulator import step_ms
 
     priced: dict[tuple[str, str], Problem] = {}
@@ -183,7 +244,8 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
             if key not in priced:
                 priced[key] = reprice(problem, s)
             p = priced[key]
-            steps[name][s] = step_ms(p, rebound(plan, p) if plan is not None else None)
+            steps[name][s] = step_ms(p, rebound(plan, p) if plan is not None else None,
+                                     contention=contention_of(s))
     return Judged(list(scenarios), steps)
 
 
@@ -205,9 +267,11 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
     """The plan with the least worst-case regret across ``scenarios`` that this search finds.
 
     Candidates: a step-objective CP-SAT plan for each scenario (its re-priced problem, an equal
-    share of the time, ``workers`` CP-SAT workers), ``hint`` and the unbucketed schedule. Then a
-    local search (``polish``'s moves, every plan verified on ``problem``) minimizes the worst regret
-    from the most robust candidate, restarting from the others, with the last share of the time.
+    share of the time, ``workers`` CP-SAT workers; none again for costs searched already, as a
+    contention scenario's: CP-SAT's step model has no contention), ``hint`` and the unbucketed
+    schedule. Then a local search (``polish``'s moves, every plan verified on ``problem``)
+    minimizes the worst regret from the most robust candidate, restarting from the others, with
+    the last share of the time.
     Regret is against the best step any plan judged reaches under each scenario, the result
     included. Every candidate and the result keep ``policy`` (which the plan's params record). A
     Ctrl-C stops the search at once: the most robust verified plan so far is returned, marked
@@ -235,7 +299,12 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
     if hint is not None:
         candidates[hint.planner or "hint"] = hint
     wall_hit = interrupted = False
+    searched: dict[str, str] = {}  # fingerprint of a re-priced problem -> the scenario searched on it
     for s, p in priced.items():
+        if searched.setdefault(p.fingerprint, s) != s:
+            say(f"scenario {s}: the costs of {searched[p.fingerprint]}, searched already (CP-SAT's step model has "
+                "no contention); the regret search weighs it")
+            continue
         say(f"step search under scenario {s} ({share:.0f} s)")
         r = solve(p, time_limit_s=share, objective="step", seed=seed, workers=workers,
                   protect_partly=policy.protect_partly, memory_budget_bytes=policy.memory_budget_bytes,
@@ -248,7 +317,7 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
             break
     starts = {n: c for n, c in candidates.items() if c is not None}  # each verified (solve's, or the hint above)
     judged = judge(problem, candidates, scenarios)
-    indexes = {s: replay_index(p) for s, p in priced.items()}
+    indexes = {s: replay_index(p, contention_of(s)) for s, p in priced.items()}
 
     def worst_regret_pct(plan: Plan) -> float:
         return 100 * max(step_ms(p, rebound(plan, p), indexes[s]) / judged.best[s] - 1 for s, p in priced.items())

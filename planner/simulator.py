@@ -22,7 +22,12 @@ The model (see ``planner/README.md`` for the assumptions):
   before it is issued and an all_gather bucket's output copy right after its wait (see
   ``planner.problem.BucketingCost``). Without it merging is free, as in earlier problems;
 - a dtype conversion torch's merge folds into a bucket's copy (``Collective.folded``) runs, for
-  its ``est_ms``, right before that bucket is issued instead of at its own position.
+  its ``est_ms``, right before that bucket is issued instead of at its own position;
+- ``contention`` (1 by default: overlap is free): while any collective runs on any stream, work on
+  the compute stream progresses ``contention`` times slower, because NCCL's kernels take SMs and
+  memory bandwidth from the kernels they overlap (``planner.scenarios``' ``contention`` scenario,
+  with its published figure). Stalls on a wait are not work and are not slowed; the collectives'
+  own times are left as priced.
 """
 
 from __future__ import annotations
@@ -127,6 +132,7 @@ class ReplayIndex:
     compute_ms: float  # the whole graph's
     compute_nodes: tuple[tuple[int, str, float, float], ...]  # (pos, name, begin before delays, est_ms)
     folded: dict[str, tuple[tuple[str, int, float], ...]]  # collective -> (node, pos, est_ms) it folds
+    contention: float = 1.0  # compute-stream slow-down while a collective runs (1: overlap is free)
     prices: dict[tuple[str, ...], "_Price"] = field(default_factory=dict, compare=False)  # by members, as met
 
 
@@ -167,7 +173,25 @@ def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _P
     return got
 
 
-def replay_index(problem: Problem) -> ReplayIndex:
+# a slow-down beyond this is no measurement of overlap (the worst published is 2x: a GEMM whose
+# single wave NCCL's blocks split in two, ``planner.scenarios``)
+MAX_CONTENTION = 10.0
+
+
+def check_contention(contention: float) -> float:
+    """``contention`` as a slow-down factor: a finite number from 1 (overlap is free) to
+    ``MAX_CONTENTION``; anything else raises ValueError."""
+    if isinstance(contention, bool) or not isinstance(contention, (int, float)) \
+            or not 1.0 <= contention <= MAX_CONTENTION:
+        raise ValueError(f"contention {contention!r}: give a slow-down factor from 1 (overlap is free) to "
+                         f"{MAX_CONTENTION:g}")
+    return float(contention)
+
+
+def replay_index(problem: Problem, contention: float = 1.0) -> ReplayIndex:
+    """What every replay of ``problem`` reads, computed once; ``contention``: see the module
+    docstring (it is the index's, so a search scores every plan under the same one)."""
+    contention = check_contention(contention)
     acc, before, nodes = 0.0, {}, []
     for node in problem.nodes:
         acc += node.unpinned_ms  # scheduled before this node: it runs before what is issued or waited here
@@ -182,7 +206,7 @@ def replay_index(problem: Problem) -> ReplayIndex:
                        node_pos={n.name: n.pos for n in problem.nodes}, compute_before=before, compute_ms=acc,
                        compute_nodes=tuple(nodes),
                        folded={c.name: tuple((f, by_name[f].pos, by_name[f].est_ms) for f in c.folded)
-                               for c in problem.collectives if c.folded})
+                               for c in problem.collectives if c.folded}, contention=contention)
 
 
 @dataclass(frozen=True)
@@ -216,15 +240,96 @@ class _GraphRuns:
         self.folds = folds
         self.runs: list[ComputeRun] = []
 
-    def until(self, upto: float | None, delay: float) -> None:
+    def until(self, upto: float | None, delay: float, warp=None) -> None:
         """Record the nodes scheduled before ``upto`` (None: all), ``delay`` later than scheduled;
-        a moved folded conversion runs at its bucket's start instead."""
+        a moved folded conversion runs at its bucket's start instead. ``warp`` (under contention):
+        the clock at which the compute done so far reaches a point of the schedule, instead."""
         while self.next is not None and (upto is None or self.next[0] < upto):
             at, name, begin, ms = self.next
             if ms > 0 and name not in self.folds.names:
-                begin += delay - self.folds.before(at)
-                self.runs.append(ComputeRun(name, begin, begin + ms, "compute"))
+                begin -= self.folds.before(at)
+                if warp is None:
+                    self.runs.append(ComputeRun(name, begin + delay, begin + delay + ms, "compute"))
+                else:
+                    self.runs.append(ComputeRun(name, warp(begin), warp(begin + ms), "compute"))
             self.next = next(self.pending, None)
+
+
+class _Contention:
+    """The compute stream's clock when collectives slow it down: work progresses ``factor``
+    times slower while any collective issued so far occupies its stream."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.busy: list[tuple[float, float]] = []  # (begin, end) on a stream, of collectives issued so far
+
+    def add(self, begin: float, end: float) -> None:
+        if end > begin:
+            self.busy.append((begin, end))
+
+    def finish(self, clock: float, work_ms: float) -> float:
+        """When ``work_ms`` of compute begun at ``clock`` ends. The compute clock only moves
+        forward, so collectives that ended before ``clock`` are forgotten."""
+        self.busy = [(a, b) for a, b in self.busy if b > clock]
+        if work_ms <= 0:
+            return clock
+        t, left = clock, work_ms
+        for a, b in _union(self.busy, clock):
+            if a > t:  # free until the next collective begins
+                if left <= a - t:
+                    return t + left
+                left, t = left - (a - t), a
+            done = (b - t) / self.factor  # work done while it runs
+            if left <= done:
+                return t + left * self.factor
+            left, t = left - done, b
+        return t + left
+
+
+class _ComputeStream:
+    """The compute stream's work during a replay. At a point ``here`` of the schedule (the
+    graph's compute before it) the stream's clock is ``here + delay``, ``delay`` (the replay's)
+    being everything else it has run or waited: stalls, launches, copies, moved conversions and,
+    under contention, how much longer its work took beside collectives (each stretch of work is
+    timed against those in flight)."""
+
+    def __init__(self, index: ReplayIndex, record: bool, folds: _Folds):
+        self.record = record
+        self.colls = index.colls
+        self.graph_runs = _GraphRuns(index, folds, record)
+        self.runs = self.graph_runs.runs
+        self.slow = _Contention(index.contention) if index.contention != 1.0 else None
+        self.mark = 0.0  # under contention: the point of the schedule the stream had reached
+
+    def reach(self, here: float, pos: float, delay: float) -> float:
+        """Under contention: run the graph's compute up to ``here``, where the event at ``pos``
+        happens, and return the new ``delay`` (without contention it is unchanged)."""
+        since, mark, slow = self.mark + delay, self.mark, self.slow
+        self.graph_runs.until(pos, delay, lambda x: slow.finish(since, x - mark))
+        self.mark = here
+        return slow.finish(since, here - mark) - here
+
+    def work(self, clock: float, ms: float, kind: str, name: str = "", bucket: tuple = ()) -> float:
+        """How long ``ms`` of work begun at ``clock`` takes: a moved conversion (``name``) or a
+        launch or copy of ``bucket`` (``kind``)."""
+        if ms <= 0:
+            return 0.0
+        took = ms if self.slow is None else self.slow.finish(clock, ms) - clock
+        if self.record:  # labels only then: a local search replays thousands of plans
+            label = name or f"{kind}: {self.colls[bucket[0]].kind} x{len(bucket)}"
+            self.runs.append(ComputeRun(label, clock, clock + took, kind))
+        return took
+
+
+def _union(spans: list[tuple[float, float]], since: float) -> list[tuple[float, float]]:
+    """The times at or after ``since`` covered by any of ``spans``, as sorted disjoint intervals."""
+    out: list[list[float]] = []
+    for a, b in sorted((max(a, since), b) for a, b in spans):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def _folded_moves(index: ReplayIndex, buckets: list) -> _Folds:
@@ -247,11 +352,12 @@ def _folded_moves(index: ReplayIndex, buckets: list) -> _Folds:
                   frozenset(f for runs in per_bucket.values() for f, _ in runs))
 
 
-def simulate(problem: Problem, plan: Plan | None = None) -> Simulation:
+def simulate(problem: Problem, plan: Plan | None = None, *, contention: float = 1.0) -> Simulation:
     """Replay the final schedule of ``plan`` on ``problem`` (``None``: unbucketed). A plan made
-    for another problem raises ``PlanMismatchError`` (it would be priced on the wrong graph)."""
+    for another problem raises ``PlanMismatchError`` (it would be priced on the wrong graph).
+    ``contention``: compute slowed that many times while a collective runs (module docstring)."""
     _check_arguments(problem, plan)
-    return _replay(problem, plan, replay_index(problem), record=True)
+    return _replay(problem, plan, replay_index(problem, contention), record=True)
 
 
 def _check_arguments(problem: Problem, plan: Plan | None) -> None:
@@ -262,11 +368,15 @@ def _check_arguments(problem: Problem, plan: Plan | None) -> None:
         check_fingerprint(problem, plan)
 
 
-def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | None = None) -> float:
-    """``simulate(problem, plan).step_ms``, without recording the runs (a local search scores
-    thousands of plans). ``index``: ``replay_index(problem)`` when the caller has it."""
+def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | None = None, *,
+            contention: float = 1.0) -> float:
+    """``simulate(problem, plan, contention=...).step_ms``, without recording the runs (a local
+    search scores thousands of plans). ``index``: ``replay_index(problem, contention)`` when the
+    caller has it (its contention is the one used)."""
     _check_arguments(problem, plan)
-    return _replay(problem, plan, index or replay_index(problem), record=False).step_ms
+    if index is not None and contention != 1.0 and contention != index.contention:
+        raise ValueError(f"contention {contention!r} differs from the index's ({index.contention!r})")
+    return _replay(problem, plan, index or replay_index(problem, contention), record=False).step_ms
 
 
 def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: bool) -> Simulation:
@@ -282,37 +392,30 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
     folds = _folded_moves(index, buckets)
     events = sorted([(start, b, 0) for b, (_, start, _) in enumerate(buckets)]
                     + [(wait, b, 1) for b, (_, _, wait) in enumerate(buckets)])
-    delay = 0.0  # on the compute stream besides the graph's compute: stalls, launches, copies
+    delay = 0.0  # on the compute stream besides the graph's compute (``_ComputeStream``)
+    stream = _ComputeStream(index, record, folds)
     stream_free: dict[str, float] = {}  # per process group: when its FIFO stream is idle again
     exposed = dict.fromkeys(index.links, 0.0)
     issued: dict[int, dict] = {}  # in flight: issued, not yet waited
     done: dict[int, BucketRun] = {}
     issue_order: list[int] = []
-    graph_runs = _GraphRuns(index, folds, record)
-    compute = graph_runs.runs
     overhead_ms = last_end = 0.0
-
-    def overhead(clock: float, what: str, bucket: tuple, ms: float) -> None:
-        nonlocal delay
-        if ms > 0:
-            if record:  # labels only then: a local search replays thousands of plans
-                label = f"{what}: {colls[bucket[0]].kind} x{len(bucket)}"
-                compute.append(ComputeRun(label, clock, clock + ms, what))
-            delay += ms
+    work, slow, until = stream.work, stream.slow, stream.graph_runs.until
 
     for pos, b, is_wait in events:
-        graph_runs.until(pos, delay)
         here = index.compute_before[place_of(pos)] - folds.before(place_of(pos))
+        if slow is None:
+            until(pos, delay)
+        else:
+            delay = stream.reach(here, pos, delay)
         if not is_wait:
             members = buckets[b][0]
             price = _price(problem, index, members)
             for name, ms in folds.at.get(b, ()):  # its folded conversions, as the first part of its copy-in
-                if record and ms > 0:
-                    compute.append(ComputeRun(name, here + delay, here + delay + ms, "compute"))
-                delay += ms
+                delay += work(here + delay, ms, "compute", name)
             before = delay
-            overhead(here + delay, "launch", members, price.launch_ms)
-            overhead(here + delay, "copy-in", members, price.copy_in_ms)
+            delay += work(here + delay, price.launch_ms, "launch", "", members)
+            delay += work(here + delay, price.copy_in_ms, "copy-in", "", members)
             overhead_ms += delay - before
             clock = here + delay
             # The comm stream waits on the compute stream at issue (ProcessGroupNCCL syncs the
@@ -321,6 +424,8 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
             end = begin + price.duration_ms
             stream_free[price.pg] = end
             last_end = max(last_end, end)
+            if slow is not None:
+                slow.add(begin, end)
             issue_order.append(b)
             issued[b] = dict(members=members, kind=price.kind, pg=price.pg, wire_bytes=price.wire_bytes,
                              issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=price.copy_out_ms)
@@ -335,9 +440,11 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
             exposed[run["pg"]] += blocked
             done[b] = BucketRun(**run, wait_ms=clock, blocked_ms=blocked) if record else run
             delay += blocked
-            overhead(here + delay, "copy-out", run["members"], copy_out_ms)
-            overhead_ms += copy_out_ms
-    graph_runs.until(None, delay)
+            took = work(here + delay, copy_out_ms, "copy-out", "", run["members"])
+            delay += took
+            overhead_ms += took
+    # every collective has been waited by now: the rest of the graph's compute runs alone
+    until(None, delay)
     if issued:  # cannot happen for a valid problem: every collective has a wait
         raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
 
@@ -345,7 +452,7 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
     compute_end = index.compute_ms - folds.total_ms + delay
     return Simulation(step_ms=max(compute_end, last_end), compute_ms=index.compute_ms,
                       exposed_ms_by_pg=exposed, buckets=tuple(done[b] for b in issue_order) if record else (),
-                      compute=tuple(compute), overhead_ms=overhead_ms)
+                      compute=tuple(stream.runs), overhead_ms=overhead_ms)
 
 
 def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:

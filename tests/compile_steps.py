@@ -3,7 +3,8 @@
 ``compiled_step(rank, world, spec)`` runs on every rank of a ``fxglue.run.gloo.GlooWorld``:
 eager (``mode="eager"``), compiled as torch compiles by default, without overlap scheduling or
 bucketing (``"plain"``), with torch's overlap schedule and nothing merged
-(``"unbucketed"``), or compiled inside ``fxglue.run.compile.record`` / ``use`` on ``spec["plan_dir"]``. It returns the loss, every stored parameter's gradient and the pass's events.
+(``"unbucketed"``), with torch's manual per-block pass (``"manual"``), or compiled inside
+``fxglue.run.compile.record`` / ``use`` on ``spec["plan_dir"]``. It returns the loss, every stored parameter's gradient and the pass's events.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ def compiled_step(rank: int, world: int, spec: dict) -> dict:
     fn = step if mode == "eager" else torch.compile(step, backend="inductor")
     session = None
     # inductor's caches as a user has them (on by default), in this test's own folder
-    if mode in ("record", "use", "unbucketed"):
-        where = () if mode == "unbucketed" else (spec["plan_dir"],)
+    if mode in ("record", "use", "unbucketed", "manual"):
+        where = () if mode in ("unbucketed", "manual") else (spec["plan_dir"],)
         ctx = getattr(bucketplan_compile, mode)(*where, preset=spec.get("preset", "h100-8nodes"),
                                                 tp_group=groups.tp, tp_size=groups.tp_size)
         with ctx as session:

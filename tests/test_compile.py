@@ -198,6 +198,25 @@ def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
         assert _same(r, plain[rank]), f"rank {rank}: the positioned plan changed the numbers"
 
 
+@pytest.mark.long  # two more 2-rank compiles: about 3 minutes on 2 cores
+def test_torchs_manual_pass_runs_inside_the_compile_and_keeps_the_numbers(world, tmp_path):
+    """``manual``: torch's manual per-block pass at the post-grad hook, as torchtitan runs it. It
+    merges each block's FSDP gathers and reduce_scatters, inductor's code runs them in the order
+    the pass left (the dependencies torch would insert, inserted after the problem is extracted),
+    and the step's numbers are those of the unbucketed compile. Each graph's problem is kept in
+    the session (``fxglue.run.bench`` simulates it)."""
+    plain = _run(world, "fsdp", "unbucketed", tmp_path)
+    manual = _run(world, "fsdp", "manual", tmp_path, step=compiled_step_with_orders)
+    _assert_code_keeps_the_order(manual)
+    for rank, r in enumerate(manual):
+        assert r["warnings"] == [] and [e["kind"] for e in r["events"]] == ["forward", "backward"]
+        for e in r["events"]:
+            assert e["outcome"] == "manual" and e["fingerprint"].startswith("sha256:")
+            assert e["collectives_after"] < e["collectives_before"], e
+        assert _same(r, plain[rank]), f"rank {rank}: torch's manual pass changed the numbers " \
+                                      f"(max |diff| {_max_diff(r, plain[rank]):.3g})"
+
+
 def test_recorded_problems_have_blocks_and_are_prepares_problems(tmp_path):
     """What ``record`` writes is ``fxglue.pipeline.prepare``'s problem for the graph the pass
     received (the one way in: the same schedule, extraction and blocks), and its FSDP gathers and

@@ -8,6 +8,7 @@ bus bandwidth across 8 nodes: issue 28).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -136,3 +137,67 @@ def test_a_bad_trace_is_one_line_naming_the_file_exit_2(tmp_path, case):
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], r.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _op_trace(*durs) -> str:
+    """A matmul whose kernels ran ``durs`` µs (torch's parser sums an op's kernels)."""
+    op = {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 10,
+          "args": {"External id": 1, "Input Dims": MM_SHAPE, "Input Strides": [[4096, 1], [1, 4096]],
+                   "Input type": ["c10::BFloat16", "c10::BFloat16"]}}
+    kernels = [{"ph": "X", "cat": "kernel", "name": "gemm", "ts": 20, "dur": d, "args": {"External id": 1}}
+               for d in durs]
+    return _trace(op, *kernels)
+
+
+def _nested(depth: int) -> str:
+    dims = "[" * depth + "4" + "]" * depth
+    return ('{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "args": {"External id": 1, '
+            f'"Input Dims": [{dims}]}}}}, {{"ph": "X", "cat": "kernel", "name": "g", "dur": 5, '
+            '"args": {"External id": 1}}]}')
+
+
+# the same checks, read directly (no CLI start-up): where torch's parser, json or Python itself
+# raised something else than one line naming the file
+DIRECT = {
+    "an op kernel of inf": (_op_trace(float("inf")), "traceEvents[1] (gemm): dur inf is not a duration"),
+    "an op's kernels summing past a step": (_op_trace(6e11, 6e11), "op aten::mm ran 1.2e+12 µs in its kernels"),
+    # JSON integers have no bound: float() of this one overflows
+    "a duration of 400 digits": (_trace(_nccl_event(dur=10**400)),
+                                 "traceEvents[0] (ncclDevKernel_AllGather): dur 1000"),
+    "an integer of 5000 digits": ('{"traceEvents": [{"cat": "kernel", "dur": 1' + "0" * 5000 + "}]}",
+                                  "not a Chrome trace (Exceeds the limit"),
+    # torch's parser takes a group's ranks from distributedInfo.pg_config where the event lists none
+    "a rank twice in pg_config": (
+        json.dumps({"distributedInfo": {"pg_config": [{"pg_name": "0", "ranks": [0, 0, 0, 0]}]},
+                    "traceEvents": [_nccl_event(**{"Process Group Ranks": ""})]}),
+        "distributedInfo.pg_config '0': ranks [0, 0, 0, 0] names a rank twice"),
+    "a rank that is no integer in pg_config": (
+        json.dumps({"distributedInfo": {"pg_config": {"0": {"ranks": [0.5, 1.5]}}},
+                    "traceEvents": [_nccl_event(**{"Process Group Ranks": ""})]}), "is not a list of ranks"),
+    "JSON nested past the stack": ("[" * 100_000 + "]" * 100_000, "nested deeper than Python can read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DIRECT))
+def test_a_bad_trace_read_directly_is_one_line_naming_the_file(tmp_path, case):
+    from fxglue.profile import ProfileError, read_profile
+
+    text, message = DIRECT[case]
+    path = tmp_path / "trace.json"
+    path.write_text(text)
+    with pytest.raises(ProfileError) as e:
+        read_profile(path, 8)
+    assert len(str(e.value).splitlines()) == 1 and str(e.value).startswith(str(path)) and message in str(e.value), \
+        str(e.value)
+    assert len(str(e.value)) < 300
+
+
+def test_shapes_nested_past_the_stack_are_one_line_however_deep_the_reader_gets(tmp_path):
+    """Shallow enough for json, deep enough for torch's parser, which recurses into shapes (which
+    of the two gives up depends on the stack already in use; either is one line)."""
+    from fxglue.profile import ProfileError, read_profile
+
+    path = tmp_path / "trace.json"
+    path.write_text(_nested(sys.getrecursionlimit() - 50))
+    with pytest.raises(ProfileError, match="^" + re.escape(str(path))):
+        read_profile(path, 8)

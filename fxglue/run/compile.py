@@ -6,6 +6,10 @@
     with bucketplan_compile.use("plans/"):          # 3. compile again; our plans are applied
         step(...)
 
+Two more contexts give the references a plan is measured against (``fxglue.run.bench``):
+``unbucketed`` (torch's schedule, nothing merged) and ``manual`` (torch's manual per-block pass,
+torchtitan's ``transformer_block_bucketing``, instead of torch's overlap scheduler).
+
 Why it hooks where it does: torch 2.13 runs its overlap scheduler (and the greedy bucketer at
 its end) inside ``post_grad_passes``, after the user's ``post_grad_custom_post_pass``, and the
 only supported place to change what happens to a post-grad graph is that custom pass (a
@@ -40,6 +44,19 @@ would skip the post-grad passes and record nothing); under ``use`` they stay as 
 the pass's ``uuid()`` hashes every plan in the directory, the preset and TP layout, and the
 source of the ``planner`` and ``fxglue`` packages, so a new or changed plan or bucketplan is a
 new cache key.
+
+``manual`` runs torch's ``manual_overlap_bucketing`` at the same hook, as torchtitan's inductor
+backend does for ``transformer_block_bucketing`` (there it is the ``post_grad_custom_post_pass``
+itself, with ``insert_overlap_deps=True``). torchtitan names the blocks from its model; the pass
+here has only the graph, so each collective's block comes from its node's module stack
+(``fxglue.blocks.compiled_graph_blocks``: the blocks ``transformer_block_plans`` names, and the
+modules before and after them), and the graph's blocks are the pass's ``module_bucket_plans``.
+Torch's pass runs without its overlap dependencies, the problem of the order it leaves is
+extracted as ``fxglue.manual`` extracts it for ``bucketplan compare`` (torch's bookkeeping replayed
+over that order, so ``planner.simulate(problem, None)`` prices torch's manual plan), and then
+the same dependencies torch would have inserted are inserted; with inductor's peak-memory and
+compute-communication reorderings off, as torchtitan sets them for this pass, inductor keeps
+that order (without that it moved a gather's wait ahead of seven matmuls).
 
 Differences from inductor's own call site: overlap scheduling and bucketing are on (that is what
 there is to plan); the estimator is the named cluster preset's (as in ``bucketplan extract``);
@@ -98,11 +115,14 @@ class GraphEvent:
 
 @dataclass
 class Session:
-    """Handed out by ``record`` / ``use``: the directory and what happened to each graph."""
+    """Handed out by ``record`` / ``use`` / ``unbucketed`` / ``manual``: the directory, what
+    happened to each graph, and each graph's problem by fingerprint (what ``fxglue.run.bench``
+    simulates: ``unbucketed`` and ``manual`` write none to disk)."""
 
-    plan_dir: Path | None  # None: unbucketed()
+    plan_dir: Path | None  # None: unbucketed() and manual()
     mode: str
     events: list[GraphEvent] = field(default_factory=list)
+    problems: dict[str, "planner.Problem"] = field(default_factory=dict)
 
 
 def _rank() -> int:
@@ -112,8 +132,12 @@ def _rank() -> int:
 
 
 def _graph_kind(graph: fx.Graph) -> str:
-    from fxglue.blocks import compiled_graph_phase
+    from fxglue.blocks import compiled_graph_phase, is_compiled_graph
 
+    # a make_fx trace of forward, loss and backward in one graph (torchtitan's graph_trainer,
+    # ``graph_pass``): not AOT autograd's, and autograd marked its backward nodes
+    if not is_compiled_graph(graph) and any(n.meta.get("autograd_backward") for n in graph.nodes):
+        return "joint"
     return compiled_graph_phase(graph)
 
 
@@ -226,6 +250,9 @@ class PlanPass(CustomGraphPass):
         gm = graph.owning_module
         if not graph.find_nodes(op="call_function", target=torch.ops._c10d_functional.wait_tensor.default):
             return
+        if self.session.mode == "manual":
+            self._manual(gm)
+            return
         from fxglue.cpu_compat import cpu_compat
         from fxglue.pipeline import NotScheduled, finalize_with_torch, prepare
 
@@ -238,6 +265,7 @@ class PlanPass(CustomGraphPass):
         except NotScheduled:
             return  # the scheduler stopped early (nothing to bucket); it left the graph valid
         problem, inputs = prepared.problem, prepared.inputs
+        self.session.problems[problem.fingerprint] = problem
         event = GraphEvent(_graph_id(graph), _rank(), _graph_kind(graph), problem.fingerprint, before, before, "")
         with cpu_compat(est):
             if self.session.mode == "unbucketed":
@@ -258,6 +286,62 @@ class PlanPass(CustomGraphPass):
             except (OSError, ValueError) as e:  # the index is informative; the problem is recorded
                 log.warning("bucketplan: %s: cannot append to the index (%s)", self.session.plan_dir,
                             _one_line(e))
+
+    def _manual(self, gm: fx.GraphModule) -> None:
+        """Torch's manual per-block pass on this graph, its problem extracted, its order pinned
+        (the module docstring). A graph whose problem cannot be extracted still runs torch's
+        pass: the event says why it is not priced."""
+        import torch.nn as nn
+        import torch._inductor.fx_passes.overlap_manual_scheduling as oms
+        from torch._inductor.fx_passes.control_dependencies import preserve_node_ordering
+
+        from fxglue.blocks import compiled_graph_blocks
+        from fxglue.cpu_compat import cpu_compat
+        from fxglue.manual import MANUAL_BUCKET_MODE, fixed_order_problem
+
+        graph = gm.graph
+        before = _n_collectives(gm)
+        labels = compiled_graph_blocks(graph)
+        block = {n: labels[n.name][0] for n in graph.nodes if n.name in labels}
+        plans = list(dict.fromkeys(block.values()))  # each block once, in graph order
+
+        def module_stack_fn(node: fx.Node) -> list:
+            return [(block[node], nn.Module)] if node in block else []
+
+        deps: dict = {}
+        move = oms._move_overlap_nodes
+
+        def keep_deps(g, overlap_deps, node_types):  # the dependencies torch would insert
+            deps.update(overlap_deps)
+            return move(g, overlap_deps, node_types)
+
+        oms._move_overlap_nodes = keep_deps
+        try:
+            with cpu_compat(self.estimator):
+                oms.manual_overlap_bucketing(gm, plans, insert_overlap_deps=False, module_stack_fn=module_stack_fn,
+                                             bucket_mode=MANUAL_BUCKET_MODE)
+        finally:
+            oms._move_overlap_nodes = move
+        graph_id = _graph_id(graph)
+        event = GraphEvent(graph_id, _rank(), _graph_kind(graph), "", before, before, "manual")
+        try:
+            with cpu_compat(self.estimator):
+                problem, _ = fixed_order_problem(post_grad_workload(gm, graph_id), self.estimator,
+                                                 bucket_mode=MANUAL_BUCKET_MODE,
+                                                 meta={"preset": self.preset_name,
+                                                       "manual_bucketing": {"module_bucket_plans": plans}})
+        except Exception as e:  # torch's pass has run: the graph compiles as it left it, unpriced
+            event.outcome = f"manual (not priced: {_one_line(e)})"
+            log.warning("bucketplan: %s graph %s: torch's manual pass ran, its problem was not extracted: %s",
+                        event.kind, graph_id, _one_line(e))
+        else:
+            event.fingerprint = problem.fingerprint
+            self.session.problems[problem.fingerprint] = problem
+        if deps:
+            preserve_node_ordering(graph, deps)
+        gm.recompile()
+        event.collectives_after = _n_collectives(gm)
+        self.session.events.append(event)
 
     def _record(self, prepared, event: GraphEvent) -> None:
         """Write the problem and torch's greedy plan on it, once per fingerprint. A directory that
@@ -339,6 +423,27 @@ def _unusable_dir(plan_dir: Path) -> str | None:
     return None
 
 
+def graph_pass(mode: str, plan_dir: str | os.PathLike | None = None, *, preset: str = "h100-8nodes",
+               tp_group: str | None = None, tp_size: int = 1, collectives=()) -> PlanPass:
+    """The pass of ``record`` / ``use`` / ``unbucketed`` (``mode``) alone, for a compiler that calls
+    its graph passes itself (torchtitan's graph_trainer: ``fxglue.run.titan``); call it on a graph
+    (``pass(gm.graph)``) with torch's ``overlap_scheduling_autofix_cycles`` on, as the contexts set
+    it. Checked as the contexts check: an unknown preset or bad ``collectives`` file, or (record) a
+    directory that cannot take problems, raises ``ValueError`` here."""
+    from fxglue.pipeline import preset_estimator
+
+    if mode not in ("record", "use", "unbucketed"):
+        raise PlanCacheError(f"unknown mode {mode!r}: record, use or unbucketed")
+    if plan_dir is None and mode != "unbucketed":
+        raise PlanCacheError(f"{mode} needs a plan directory")
+    resolved = _resolved(preset, collectives)
+    if mode == "record":
+        _writable_dir(plan_dir)
+    session = Session(Path(plan_dir) if mode != "unbucketed" else None, mode)
+    return PlanPass(session, preset_estimator(resolved, tp_group=tp_group, tp_size=tp_size), resolved.name, tp_group,
+                    tp_size)
+
+
 @contextlib.contextmanager
 def _session(plan_dir, mode: str, preset, tp_group: str | None, tp_size: int):
     import torch._functorch.config as functorch_config
@@ -356,6 +461,8 @@ def _session(plan_dir, mode: str, preset, tp_group: str | None, tp_size: int):
              # torch's greedy fails its own cycle check on DDP graphs (experiments/torch_cycle_repro):
              # where torch buckets (record, and use's fallback) its own escape hatch keeps the compile alive
              "aten_distributed_optimizations.overlap_scheduling_autofix_cycles": True}
+    if mode == "manual":  # as torchtitan sets them for this pass: inductor keeps the order it leaves
+        patch.update({"reorder_for_peak_memory": False, "reorder_for_compute_comm_overlap": False})
     caches = contextlib.nullcontext()
     if mode != "use":
         patch["fx_graph_cache"] = False
@@ -376,40 +483,60 @@ def _writable_dir(plan_dir) -> Path:
     return path
 
 
-def _resolved(preset: str, collectives) -> "Preset":
-    """The named preset, priced by the measured ``collectives`` files where they cover a group;
-    an unknown name or a bad file raises ValueError, before anything compiles."""
+def _resolved(preset: str, collectives, profile=None, profile_cpu: bool = False) -> "Preset":
+    """The named preset, priced by the measured ``collectives`` files where they cover a group and
+    by a ``profile`` trace (``fxglue.profile``; ``profile_cpu``: a trace of a CPU run) where it has
+    times; an unknown name or a bad file raises ValueError, before anything compiles."""
     from fxglue.presets import get_preset, with_measurements
 
-    return with_measurements(get_preset(preset), collectives)
+    resolved = with_measurements(get_preset(preset), collectives)
+    if profile:
+        from fxglue.profile import with_profile
+
+        resolved = with_profile(resolved, profile, cpu=profile_cpu)
+    return resolved
 
 
 def record(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group: str | None = None,
-           tp_size: int = 1, collectives=()):
+           tp_size: int = 1, collectives=(), profile=None, profile_cpu: bool = False):
     """Context manager: ``torch.compile`` runs as usual (torch's scheduler and greedy bucketer);
     every post-grad graph with collectives is also written to ``plan_dir`` as a problem priced on
     ``preset``, with torch's greedy plan. ``tp_group``/``tp_size`` name the tensor-parallel group
     of a 2-D model (priced as the preset's in-node links). ``collectives``: measured collective
-    files (nccl-tests output or CSV, ``planner.measured``) that price the groups they cover."""
-    resolved = _resolved(preset, collectives)
+    files (nccl-tests output or CSV, ``planner.measured``) that price the groups they cover.
+    ``profile``: a Chrome trace of the step (``torch.profiler``, ``record_shapes=True``; e.g. one
+    ``fxglue.run.bench`` wrote) whose op and collective times price what it timed
+    (``fxglue.profile``); ``profile_cpu``: it is a trace of a CPU run (its ops' CPU times)."""
+    resolved = _resolved(preset, collectives, profile, profile_cpu)
     _writable_dir(plan_dir)
     return _session(plan_dir, "record", resolved, tp_group, tp_size)
 
 
-def unbucketed(*, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1, collectives=()):
+def unbucketed(*, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1, collectives=(),
+               profile=None, profile_cpu: bool = False):
     """Context manager: the same pass with torch's schedule kept and nothing merged -- the
     reference a plan's numbers are compared with (same order, same overlap dependencies, so
     inductor generates the same kernels but for bucketing's copies)."""
-    return _session(None, "unbucketed", _resolved(preset, collectives), tp_group, tp_size)
+    return _session(None, "unbucketed", _resolved(preset, collectives, profile, profile_cpu), tp_group, tp_size)
+
+
+def manual(*, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1, collectives=(),
+           profile=None, profile_cpu: bool = False):
+    """Context manager: torch's manual per-block pass (``manual_overlap_bucketing``, torchtitan's
+    ``transformer_block_bucketing``) instead of torch's overlap scheduler, one bucket per block and
+    collective kind, the next block's all_gather prefetched and reduce_scatter waits deferred; it
+    buckets FSDP all_gathers and reduce_scatters only (never all_reduce). Each graph's problem,
+    priced on ``preset``, is kept in the session (the module docstring)."""
+    return _session(None, "manual", _resolved(preset, collectives, profile, profile_cpu), tp_group, tp_size)
 
 
 def use(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1,
-        collectives=()):
+        collectives=(), profile=None, profile_cpu: bool = False):
     """Context manager: at the same hook, each graph's plan is looked up by fingerprint in
     ``plan_dir``, verified and applied; a missing, corrupt, foreign or infeasible plan logs one
-    warning and torch's greedy bucketing runs instead. Give the same preset and ``collectives`` as
-    ``record`` (they are part of each graph's fingerprint)."""
-    resolved = _resolved(preset, collectives)
+    warning and torch's greedy bucketing runs instead. Give the same preset, ``collectives`` and
+    ``profile`` as ``record`` (they price each graph, so they are part of its fingerprint)."""
+    resolved = _resolved(preset, collectives, profile, profile_cpu)
     # a missing or unreadable directory is not an error here: like a missing plan, each graph
     # warns once and torch buckets it (compilation never fails because of the plan cache)
     return _session(plan_dir, "use", resolved, tp_group, tp_size)

@@ -1,0 +1,220 @@
+"""The ``contention`` scenario: compute slowed while a collective runs (``planner.simulate(...,
+contention=F)``, ``planner.scenarios``). The simulator is checked against timelines worked out
+by hand in the comments below, not against its own arithmetic; the scenario through the command
+line on a small problem: ``compare --scenarios torch,contention`` re-prices every row and
+``solve --robust torch,contention`` reports its plan's worst-case regret."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+import planner
+from planner.scenarios import CONTENTION_SLOWDOWN, contention_of, describe, judge, reprice
+from tests.chain import chain_problem, pairs_plan
+
+N, C = planner.Node, planner.Collective
+
+
+def _flat(ms: float) -> dict:
+    return {"all_gather": ((0, ms), (1 << 40, ms))}
+
+
+def _hand(nodes, collectives, links) -> planner.Problem:
+    """A problem from (name, kind, est_ms) nodes in scheduled order; every collective is an
+    all_gather priced by a flat table (the same time at any size)."""
+    pos = {name: i for i, (name, _, _) in enumerate(nodes)}
+    starts = {c[0]: c for c in collectives}
+    waits = {c[1]: c for c in collectives}
+    built = []
+    for i, (name, kind, ms) in enumerate(nodes):
+        deps = (pos[waits[name][0]],) if name in waits else ()
+        built.append(N(name=name, kind=kind, pos=i, est_ms=ms, deps=deps))
+    cs = tuple(C(name=s, wait=w, kind="all_gather", pg=pg, key=f"all_gather/{pg}/bfloat16", dtype="bfloat16",
+                 size_bytes=1 << 20, wire_bytes=2 << 20, est_ms=0.0, exposed_ms=0.0, start_pos=pos[s],
+                 wait_pos=pos[w], status="hidden") for s, w, pg in collectives)
+    return planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=len(built), collectives=cs,
+                           nodes=tuple(built), timelines=(),
+                           links=tuple(planner.Link(pg=pg, group_size=2, table=_flat(ms)) for pg, ms in links)
+                           ).with_fingerprint()
+
+
+def _runs(sim) -> dict[str, tuple[float, float]]:
+    return {r.name: (r.begin_ms, r.end_ms) for r in sim.compute}
+
+
+def _one_gather(collective_ms: float) -> planner.Problem:
+    # ag issued first; mm_1, mm_2 (10 ms each) run while it is in flight; waited before mm_3 (5 ms)
+    return _hand([("ag", "start", 0.0), ("mm_1", "compute", 10.0), ("mm_2", "compute", 10.0), ("w", "wait", 0.0),
+                  ("mm_3", "compute", 5.0)], [("ag", "w", "0")], [("0", collective_ms)])
+
+
+def test_compute_beside_a_collective_is_slowed_and_the_rest_is_not():
+    p = _one_gather(6.0)
+    # Without contention: mm_1 0-10, mm_2 10-20, the gather (0-6) is done by its wait, mm_3 20-25.
+    free = planner.simulate(p)
+    assert free.step_ms == 25.0 and _runs(free) == {"mm_1": (0, 10), "mm_2": (10, 20), "mm_3": (20, 25)}
+    # At 1.5x: from 0 to 6 the gather runs and mm_1 does 6 / 1.5 = 4 ms of its work; its other
+    # 6 ms run alone, 6-12. mm_2 12-22 and mm_3 22-27 run alone.
+    slow = planner.simulate(p, contention=1.5)
+    assert slow.step_ms == pytest.approx(27.0)
+    assert _runs(slow) == pytest.approx({"mm_1": (0, 12), "mm_2": (12, 22), "mm_3": (22, 27)})
+    assert slow.exposed_ms == 0
+
+
+def test_a_stall_is_not_slowed_and_hides_less_of_the_collective():
+    p = _one_gather(30.0)
+    # Without contention: the compute ends at 20, the wait stalls until the gather ends at 30
+    # (10 ms exposed), mm_3 30-35.
+    free = planner.simulate(p)
+    assert free.step_ms == 35.0 and free.exposed_ms == pytest.approx(10.0)
+    # At 2x: mm_1's 10 ms take 0-20; mm_2 does (30 - 20) / 2 = 5 ms by the gather's end and its
+    # other 5 ms 30-35. The wait at 35 finds the gather done: nothing exposed; mm_3 35-40.
+    slow = planner.simulate(p, contention=2.0)
+    assert slow.step_ms == pytest.approx(40.0) and slow.exposed_ms == 0
+    assert _runs(slow) == pytest.approx({"mm_1": (0, 20), "mm_2": (20, 35), "mm_3": (35, 40)})
+
+
+def _two_gathers(same_stream: bool) -> planner.Problem:
+    pg_b = "0" if same_stream else "1"
+    return _hand([("ag_a", "start", 0.0), ("mm_1", "compute", 2.0), ("ag_b", "start", 0.0),
+                  ("mm_2", "compute", 10.0), ("w_a", "wait", 0.0), ("w_b", "wait", 0.0), ("mm_3", "compute", 5.0)],
+                 [("ag_a", "w_a", "0"), ("ag_b", "w_b", pg_b)], [("0", 20.0), ("1", 10.0)] if not same_stream
+                 else [("0", 20.0)])
+
+
+def test_two_collectives_in_flight_slow_the_compute_once_not_twice():
+    # At 2x. ag_a runs 0-20 on stream 0. mm_1 (2 ms) takes 0-4. ag_b is issued at 4 and runs
+    # 4-14 on stream 1 (10 ms), inside ag_a. mm_2 (10 ms) from 4: the span 4-20 is covered by a
+    # collective, 8 ms of work; the last 2 ms run alone, 20-22. Both waits at 22 find their
+    # gathers done; mm_3 22-27. (Slowed twice over 4-14 it would end later.)
+    slow = planner.simulate(_two_gathers(same_stream=False), contention=2.0)
+    assert _runs(slow) == pytest.approx({"mm_1": (0, 4), "mm_2": (4, 22), "mm_3": (22, 27)})
+    assert slow.step_ms == pytest.approx(27.0)
+
+
+def test_a_queued_collective_slows_the_compute_from_when_it_runs():
+    # One stream, at 2x: ag_a 0-20; ag_b, issued at 4, waits in the FIFO until 20 and runs 20-40
+    # (the stream's one table: 20 ms). mm_2 from 4: 4-24 covered, 10 ms of work take 20 ms, it
+    # ends at 24. w_a at 24 (done at 20); w_b stalls 24-40, not slowed; mm_3 40-45.
+    slow = planner.simulate(_two_gathers(same_stream=True), contention=2.0)
+    assert _runs(slow) == pytest.approx({"mm_1": (0, 4), "mm_2": (4, 24), "mm_3": (40, 45)})
+    assert slow.step_ms == pytest.approx(45.0) and slow.exposed_ms == pytest.approx(16.0)
+
+
+def test_no_contention_is_the_simulator_as_it_was():
+    chain = _busy_chain()
+    plan = pairs_plan(chain)
+    assert planner.simulate(chain, plan, contention=1.0) == planner.simulate(chain, plan)
+    from planner.simulator import replay_index, step_ms
+
+    assert step_ms(chain, plan, replay_index(chain, 1.0)) == step_ms(chain, plan)
+    # more contention never makes a step shorter, nor longer than all compute slowed
+    steps = [planner.simulate(chain, plan, contention=f).step_ms for f in (1.0, 1.2, 1.5, 3.0)]
+    assert steps == sorted(steps) and steps[-1] > steps[0]
+    assert steps[-1] <= steps[0] + 2.0 * planner.simulate(chain, plan).compute_ms + 1e-9
+
+
+@pytest.mark.parametrize("bad", [0.5, 0.999, float("nan"), float("inf"), 11.0, True, "1.2"])
+def test_a_contention_that_is_no_slow_down_factor_is_refused(bad):
+    with pytest.raises(ValueError, match="slow-down factor"):
+        planner.simulate(chain_problem(60), contention=bad)
+
+
+def test_the_scenario_keeps_the_costs_and_slows_by_its_published_factor():
+    chain = _busy_chain()
+    priced = reprice(chain, "contention")
+    assert priced.nodes == chain.nodes and priced.links == chain.links and priced.fingerprint == chain.fingerprint
+    assert contention_of("contention") == CONTENTION_SLOWDOWN == 1.189
+    assert contention_of("contention=1.3") == 1.3 and contention_of("torch") == contention_of("published") == 1.0
+    assert "arXiv:2507.03114" in describe("contention")
+    j = judge(chain, {"pairs": pairs_plan(chain), "unbucketed": None}, ["torch", "contention", "contention=2"])
+    for name, plan in (("pairs", pairs_plan(chain)), ("unbucketed", None)):
+        assert j.steps[name]["torch"] == planner.simulate(chain, plan).step_ms
+        assert j.steps[name]["contention"] == planner.simulate(chain, plan, contention=1.189).step_ms
+        assert j.steps[name]["contention=2"] == planner.simulate(chain, plan, contention=2.0).step_ms
+
+
+def _cli(*argv, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bucketplan_cli", *argv], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _busy_chain() -> planner.Problem:
+    """``chain_problem(60)`` with 20x its compute (0.2 ms a node): its gathers (0.5 ms) hide
+    behind compute, so contention shows."""
+    p = chain_problem(60)
+    return p.model_copy(update={"nodes": tuple(n.model_copy(update={"est_ms": n.est_ms * 20}) for n in p.nodes)}
+                        ).with_fingerprint()
+
+
+@pytest.fixture
+def chain_file(tmp_path):
+    path = tmp_path / "problem.json"
+    planner.save(_busy_chain(), path)
+    return path
+
+
+def _table(text: str, key: int = 0) -> dict[str, list[str]]:
+    """A markdown table's rows by the cell in column ``key``: the other cells, or all for key > 0."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines()
+            if line.startswith("| ") and "---" not in line]
+    return {r[key]: (r[1:] if key == 0 else r) for r in rows[1:]}
+
+
+def test_compare_reprices_every_row_under_contention(tmp_path, chain_file):
+    out = tmp_path / "cmp"
+    r = _cli("compare", str(chain_file), "-o", str(out), "--time-limit", "1", "-q", "--scenarios", "torch,contention")
+    assert r.returncode == 0, r.stderr
+    text = (out / "scenarios.md").read_text()
+    assert "`contention`: compute 1.189x slower" in text
+    rows = _table(text)
+    problem = planner.load_problem(chain_file)
+    # every row of the main table, each plan as compare saved it (plans/index.md names the files)
+    plans = {cells[1]: planner.load_plan(out / cells[2]) for cells in _table((out / "plans" / "index.md").read_text(),
+                                                                            key=1).values()}
+    assert set(rows) == {r["planner"] for r in json.loads((out / "compare.json").read_text())}
+    assert set(rows) == set(plans) | {"unbucketed"} and len(plans) >= 2
+    slower = []
+    for name, cells in rows.items():
+        torch_ms, contention_ms = float(cells[0]), float(cells[2])
+        # simulated here: each row's plan under the published factor
+        assert contention_ms == pytest.approx(planner.simulate(problem, plans.get(name), contention=1.189).step_ms,
+                                              abs=1e-3)
+        assert contention_ms >= torch_ms
+        slower.append(contention_ms > torch_ms)
+    # a plan whose gathers outlast the compute beside them loses nothing (the stall absorbs the
+    # slow-down: cpsat (count) here); one whose compute outlasts them does
+    assert any(slower)
+    assert min(float(cells[3].rstrip("%")) for cells in rows.values()) == 0  # the best under contention: no regret
+
+
+def test_solve_robust_under_torch_and_contention_reports_its_worst_regret(tmp_path, chain_file):
+    out = tmp_path / "robust.json"
+    r = _cli("solve", str(chain_file), "-o", str(out), "--robust", "torch,contention", "--time-limit", "4")
+    assert r.returncode == 0, r.stderr
+    assert "scenario contention: compute 1.189x slower" in r.stdout
+    rows = _table(r.stdout)
+    best = {s: min(float(cells[k]) for cells in rows.values()) for s, k in (("torch", 0), ("contention", 2))}
+    worst = max(float(rows["robust"][0]) / best["torch"], float(rows["robust"][2]) / best["contention"]) - 1
+    reported = float(re.search(r"worst regret (\S+)%", r.stdout).group(1)) / 100
+    assert reported == pytest.approx(worst, abs=2e-4)
+    problem, plan = planner.load_problem(chain_file), planner.load_plan(out)
+    assert planner.verify(problem, plan) == []
+    assert float(rows["robust"][2]) == pytest.approx(planner.simulate(problem, plan, contention=1.189).step_ms,
+                                                     abs=1e-3)
+    assert "searched already" in r.stderr  # contention has torch's costs: one step search, not two
+
+
+@pytest.mark.parametrize("scenario,says", [("contention=abc", "is not a number"),
+                                           ("contention=0.5", "slow-down factor"),
+                                           ("contention=", "is not a number")])
+def test_a_bad_contention_factor_is_one_line_exit_2(tmp_path, chain_file, scenario, says):
+    r = _cli("solve", str(chain_file), "-o", str(tmp_path / "p.json"), "--robust", f"torch,{scenario}")
+    assert r.returncode == 2 and says in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "p.json").exists()
