@@ -163,7 +163,7 @@ def test_bench_measures_and_simulates_every_configuration(benched):
     assert "no compute kernel ran both beside an NCCL kernel and alone" in text  # a CPU run: no GPU kernels
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 18 s: bench itself runs in the default run
 def test_a_bench_trace_prices_the_next_record(benched):
     """The round trip: bench's trace of torch's configuration, given to record with --profile-cpu,
     prices the matmuls it timed at their CPU time in the recorded problems."""

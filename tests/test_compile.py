@@ -170,6 +170,7 @@ def test_a_stale_or_corrupt_plan_falls_back_with_one_warning(world, tmp_path):
         assert len(r["warnings"]) == 1 and "for another problem" in r["warnings"][0]
 
 
+@pytest.mark.long  # 38 s: the record -> solve-dir -> use test keeps anchored plans in the default run
 def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
     """solve-dir --positions free on the recorded FSDP graphs: plans that name where buckets start
     and wait, applied by ``use`` in a compile with inductor's caches on; the compiled graphs hold

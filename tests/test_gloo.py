@@ -10,7 +10,7 @@ from fxglue.run.gloo import check_workload
 @pytest.mark.parametrize("workload,planner,mode,ranks", [
     ("llama3-8b-fsdp-2", "greedy", None, 2),
     ("llama3-8b-ddp-2", "cpsat", None, 2),
-    ("llama3-8b-2d-2", "greedy-repaired", "custom_ops", 4),
+    pytest.param("llama3-8b-2d-2", "greedy-repaired", "custom_ops", 4, marks=pytest.mark.long),  # 14 s, 4 ranks
     # mixed precision: fp32 shards, bf16 gathers; merges fold each conversion into the bucket's copy
     ("llama3-8b-fsdp-mp-2", "cpsat", None, 2),
     # a Hugging Face model whose rotary inv_freq is a real buffer, not an input (it used to stop
@@ -172,6 +172,7 @@ def test_the_sum_order_tolerance_applies_only_where_it_is_granted():
     assert not CheckResult("w", 4, "cpsat", None, False, per_rank=[close, far], sum_order_tolerance=2.9e-6).ok
 
 
+@pytest.mark.long  # 14 s: 2-rank DDP checks run in the default run
 def test_four_ddp_ranks_pass_within_the_sum_order_tolerance_only():
     # gloo sums a merged all_reduce buffer in another order on more than two ranks
     result = check_workload("llama3-8b-ddp-2", ranks=4, planner="cpsat")
@@ -180,7 +181,7 @@ def test_four_ddp_ranks_pass_within_the_sum_order_tolerance_only():
     assert all(r.collectives_after < r.collectives_before for r in result.per_rank)
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 21 s: check --plan on 4 ranks; the plan path of check runs by default
 def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
     """`extract --tiny` writes each rank's problem (2-D: the ranks' TP groups differ, so do their
     problems); each is solved offline; `check --plan DIR` applies rank R's plan on rank R."""

@@ -126,6 +126,7 @@ def _recorded(root: Path, source: Path) -> Path:
     return folder
 
 
+@pytest.mark.long  # 17 s: solve --positions free interrupted runs in the default run
 def test_ctrl_c_in_solve_dir_free_positions_keeps_the_plan_marked_and_the_rerun_solves_it(tmp_path):
     folder = _recorded(tmp_path, FSDP8)
     run = Interrupted("solve-dir", tmp_path, "--positions", "free", "--time-limit", "30", "--workers", "2",

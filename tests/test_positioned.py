@@ -102,7 +102,7 @@ def test_a_full_hint_starts_the_search_from_the_plan(get_scheduled):
     assert hint_fully(h, twin, plan)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = 20
+    solver.parameters.max_time_in_seconds = 5
     solver.parameters.max_presolve_iterations = 1
     solver.parameters.cp_model_probing_level = 0
     assert solver.solve(h.model) in (cp_model.OPTIMAL, cp_model.FEASIBLE)

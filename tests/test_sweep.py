@@ -132,7 +132,7 @@ def _ray_task_pids(case: str) -> list[int]:
     return pids
 
 
-@pytest.mark.slow
+@pytest.mark.long  # 25 s: the Ray sweep itself runs in the default run
 @needs_ray
 def test_a_killed_ray_worker_is_retried_and_the_table_is_complete(tmp_path):
     case = "llama3-8b-fsdp-8--h100-8nodes"
