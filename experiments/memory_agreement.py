@@ -24,20 +24,8 @@ from planner.memory import memory_timeline, peak_bytes
 from planner.position_search import position_search
 
 
-def torch_peak(graph) -> int:
-    """torch's estimate of the graph's peak, every device counted (its filter drops CPU storages)."""
-    from torch._inductor.fx_passes import memory_estimator
-
-    kept = memory_estimator.device_filter
-    memory_estimator.device_filter = lambda device: True
-    try:
-        return max(memory_estimator.build_memory_profile(graph, memory_estimator._is_releasable))
-    finally:
-        memory_estimator.device_filter = kept
-
-
 def _applied(name: str, preset: str, plan) -> tuple[planner.Problem, int]:
-    from fxglue.apply import apply_plan
+    from fxglue.apply import apply_plan, torch_peak_bytes
     from fxglue.pipeline import prepare
 
     prepared = prepare(name, preset=preset, greedy=False)
@@ -45,7 +33,7 @@ def _applied(name: str, preset: str, plan) -> tuple[planner.Problem, int]:
     if plan is not None:
         apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=problem,
                    bucket_mode=problem.bucket_mode)
-    return problem, torch_peak(inputs.gm.graph)
+    return problem, torch_peak_bytes(inputs.gm.graph)
 
 
 def _plans(name: str, preset: str, seconds: float) -> dict:
@@ -62,6 +50,7 @@ def _plans(name: str, preset: str, seconds: float) -> dict:
 
 
 def _manual(name: str, preset: str) -> tuple[int, int]:
+    from fxglue.apply import torch_peak_bytes
     from fxglue.manual import manual_bucketing_problem
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, resolve_preset
@@ -69,7 +58,7 @@ def _manual(name: str, preset: str) -> tuple[int, int]:
     p = resolve_preset(preset)
     traced = trace(name, world_size=p.world_size, tp=p.tp)
     problem, _ = manual_bucketing_problem(traced, estimator_for(traced, preset=p))
-    return memory_timeline(problem).peak_bytes, torch_peak(traced.gm.graph)
+    return memory_timeline(problem).peak_bytes, torch_peak_bytes(traced.gm.graph)
 
 
 def main(argv=None) -> int:

@@ -355,3 +355,17 @@ def _insert_overlap_deps(graph: fx.Graph, extra: dict) -> None:
     if extra:
         preserve_node_ordering(graph, extra)
     graph.lint()
+
+
+def torch_peak_bytes(graph: fx.Graph) -> int:
+    """torch's own estimate of ``graph``'s peak memory (``memory_estimator.build_memory_profile``)
+    with every device counted: its default filter drops CPU storages, and our traces are on the
+    CPU. The figure ``planner.memory`` must agree with on an applied graph."""
+    from torch._inductor.fx_passes import memory_estimator
+
+    kept = memory_estimator.device_filter
+    memory_estimator.device_filter = lambda device: True
+    try:
+        return max(memory_estimator.build_memory_profile(graph, memory_estimator._is_releasable))
+    finally:
+        memory_estimator.device_filter = kept
