@@ -129,19 +129,88 @@ def _collective_buffers(problem: Problem, plan: Plan | None, copies: bool) -> li
 # (its buffers and the inputs it reads are alive there), the copy-out right after the wait.
 BEFORE_START = 1 / 16
 AFTER_WAIT = 1 / 32
+# Every instant above is a whole number of these (the CP-SAT memory cap counts in them).
+INSTANTS_PER_POSITION = 32
+NEVER = -math.inf
+BUCKET_LAST_USE = "bucket last use"  # an End's floor: the last use of any member's wait storage
 
 
-def _exact(problem: Problem, plan: Plan | None) -> tuple[int, float]:
-    """The exact accounting (module docstring): the peak and the instant (positions.py's scale)
-    where it is first reached."""
+@dataclass(frozen=True)
+class End:
+    """An instant a buffer is allocated or freed: ``max(base + offset, floor)``, ``base`` the
+    bucket's merged start ``"S"`` or merged wait ``"W"``, or None for the fixed instant ``floor``.
+    ``floor`` may be ``BUCKET_LAST_USE``: the latest last use of the bucket's members' waits."""
+
+    base: str | None
+    offset: float = 0.0
+    floor: float | str = NEVER
+
+    def at(self, start: float, wait: float, bucket_last_use: float) -> float:
+        floor = bucket_last_use if self.floor == BUCKET_LAST_USE else self.floor
+        if self.base is None:
+            return floor
+        return max((start if self.base == "S" else wait) + self.offset, floor)
+
+
+def _fixed(instant: float | None) -> End:
+    return End(None, floor=instant)
+
+
+def member_buffers(problem: Problem, c: Collective, merged: bool) -> list[tuple[End, End, int]]:
+    """(allocated, freed, bytes) of every buffer ``c`` accounts for in a bucket: alone
+    (``merged`` False) or with others, its share of the bucket's buffers (module docstring). The
+    one definition of where buffers live: ``memory`` evaluates it per plan, the CP-SAT memory cap
+    (``planner.positioned``) per candidate start and wait."""
+    b = buffers_of(problem, c)
+    S, W = End("S"), End("W")
+    wait_bytes, wait_last_use = b.wait_bytes or 0, b.wait_last_use if b.wait_last_use is not None else NEVER
+    fold = b.fold_in_last_use is not None
+    if not merged:
+        out_end = End("W", floor=NEVER if b.out_last_use <= c.wait_pos else b.out_last_use)
+        kept = [(_fixed(b.fold_in_alloc), _fixed(b.fold_in_last_use), b.fold_in_bytes)] if fold else []
+        return [(S, out_end, b.out_bytes), (W, End("W", floor=wait_last_use), wait_bytes),
+                (_fixed(b.in_alloc), S, b.in_bytes), *kept]
+    pre = End("S", -BEFORE_START)
+    kind, mode = c.kind, problem.bucket_mode
+    out = [(S, W, b.out_bytes)]
+    if kind == "all_gather":  # coalesced mode merges all_gathers as the default mode does
+        out.append((pre, S, c.wire_bytes))  # its share of the output buffer, allocated before the copy-in
+        if mode not in ("custom_ops", "custom_ops_multidtype"):  # default: a cat of what is copied in
+            group = problem.link(c.pg).group_size
+            out.append((pre, pre, b.fold_in_bytes if b.fold_in_bytes is not None else c.wire_bytes // group))
+        after = End("W", AFTER_WAIT)
+        out.append((W, after, c.wire_bytes))  # the wait's storage, until it is copied out
+        out.append((after, End("W", AFTER_WAIT, wait_last_use), wait_bytes))
+        # what the copy-in reads for the last time: an input, or the input of a dtype conversion the
+        # merge folds in (the conversion itself is erased, and its output with it)
+        if b.fold_in_bytes is None:
+            out.append((_fixed(b.in_alloc), pre, b.in_bytes))
+        if fold:
+            out.append((_fixed(b.fold_in_alloc), pre, b.fold_in_bytes))
+        return out
+    if kind == "reduce_scatter" and mode == "coalesced":  # no copy: each member's own storages
+        return out + [(W, End("W", floor=wait_last_use), wait_bytes), (_fixed(b.in_alloc), S, b.in_bytes)]
+    # the concatenated input, alive until the start has read it; one output viewed by every member
+    return out + [(pre, S, c.wire_bytes), (_fixed(b.in_alloc), pre, b.in_bytes),
+                  (W, End("W", floor=BUCKET_LAST_USE), wait_bytes)]
+
+
+def _bucket_buffers(problem: Problem, members: list[Collective], start: float,
+                    wait: float) -> list[tuple[float, float, int]]:
+    """(first instant, last instant, bytes) of every buffer of one bucket at merged start ``start``
+    and merged wait ``wait``."""
+    merged = len(members) > 1
+    last_use = max((buffers_of(problem, c).wait_last_use or 0 for c in members), default=0)
+    return [(lo.at(start, wait, last_use), hi.at(start, wait, last_use), nbytes)
+            for c in members for lo, hi, nbytes in member_buffers(problem, c, merged) if nbytes]
+
+
+def own_memory(problem: Problem):
+    """The graph's own bytes at an instant (positions.py's scale) of an exactly profiled problem:
+    just before a pinned node, what it holds there; anywhere else, the peak of the run holding it."""
     m = problem.memory
     runs = m.run_starts
     pinned = {n.pos: k for k, n in enumerate(problem.nodes)}
-    intervals: list[tuple[float, float, int]] = []
-    for members, start, wait in _groups(problem, plan):
-        intervals += _bucket_buffers(problem, members, start, wait)
-    keys = sorted({float(r) for r in runs} | {x for a, b, _ in intervals for x in (a, b)
-                                               if x != int(x) or int(x) not in pinned and x >= 0})
 
     def own(key: float) -> int:
         at = math.ceil(key)
@@ -149,58 +218,50 @@ def _exact(problem: Problem, plan: Plan | None) -> tuple[int, float]:
             return m.before_bytes[pinned[at]]
         return m.run_peak_bytes[max(0, bisect_right(runs, at) - 1)]  # the run holding it
 
+    return own
+
+
+def memory_profile(problem: Problem, plan: Plan | None) -> list[tuple[float, int]]:
+    """The exact accounting (module docstring): (instant, bytes) at every instant where the memory
+    can change, in order. No other instant holds more than the last one listed before it."""
+    runs = problem.memory.run_starts
+    pinned = {n.pos for n in problem.nodes}
+    intervals: list[tuple[float, float, int]] = []
+    for members, start, wait in _groups(problem, plan):
+        intervals += _bucket_buffers(problem, members, start, wait)
+    keys = sorted({float(r) for r in runs} | {x for a, b, _ in intervals for x in (a, b)
+                                               if x != int(x) or int(x) not in pinned and x >= 0})
+    own = own_memory(problem)
     delta = [0] * (len(keys) + 1)
     for a, b, nbytes in intervals:
         i, j = bisect_left(keys, a), bisect_right(keys, b)
         if nbytes and i < j:
             delta[i] += nbytes
             delta[j] -= nbytes
-    best, at, run = -1, 0.0, 0
+    out, run = [], 0
     for k, key in enumerate(keys):
         run += delta[k]
-        total = run + own(key)
+        out.append((key, run + own(key)))
+    return out
+
+
+def memory_at(problem: Problem, plan: Plan | None, instant: float) -> int:
+    """The bytes held at one instant (positions.py's scale) of an exactly profiled problem, summed
+    from the buffers directly (tests hold it against ``memory_profile``)."""
+    total = own_memory(problem)(instant)
+    for members, start, wait in _groups(problem, plan):
+        total += sum(nbytes for a, b, nbytes in _bucket_buffers(problem, members, start, wait) if a <= instant <= b)
+    return total
+
+
+def _exact(problem: Problem, plan: Plan | None) -> tuple[int, float]:
+    """The peak of the exact accounting and the instant (positions.py's scale) where it is first
+    reached."""
+    best, at = -1, 0.0
+    for key, total in memory_profile(problem, plan):
         if total > best:
             best, at = total, key
     return best, at
-
-
-def _bucket_buffers(problem: Problem, members: list[Collective], start: float,
-                    wait: float) -> list[tuple[float, float, int]]:
-    """(first instant, last instant, bytes) of every buffer of one bucket at merged start ``start``
-    and merged wait ``wait`` (module docstring)."""
-    bufs = [buffers_of(problem, c) for c in members]
-    pre = start - BEFORE_START
-    if len(members) == 1:
-        (c,), (b,) = members, bufs
-        out_end = wait if b.out_last_use <= c.wait_pos else max(wait, b.out_last_use)
-        kept = [(b.fold_in_alloc, b.fold_in_last_use, b.fold_in_bytes)] if b.fold_in_last_use is not None else []
-        return [(start, out_end, b.out_bytes), (wait, max(wait, b.wait_last_use), b.wait_bytes),
-                (b.in_alloc, start, b.in_bytes), *kept]
-    kind, mode = members[0].kind, problem.bucket_mode
-    full = sum(c.wire_bytes for c in members)
-    last_use = max(b.wait_last_use for b in bufs)
-    out = [(start, wait, sum(b.out_bytes for b in bufs))]
-    if kind == "all_gather":  # coalesced mode merges all_gathers as the default mode does
-        out.append((pre, start, full))  # the bucket's output buffer, allocated before the copy-in
-        group = problem.link(members[0].pg).group_size
-        if mode not in ("custom_ops", "custom_ops_multidtype"):  # default: a cat of what is copied in
-            out.append((pre, pre, sum(b.fold_in_bytes if b.fold_in_bytes is not None else c.wire_bytes // group
-                                      for c, b in zip(members, bufs))))
-        out.append((wait, wait + AFTER_WAIT, full))  # the wait's storage, until it is copied out
-        out += [(wait + AFTER_WAIT, max(wait + AFTER_WAIT, b.wait_last_use), b.wait_bytes) for b in bufs]
-        # what the copy-in reads for the last time: an input, or the input of a dtype conversion the
-        # merge folds in (the conversion itself is erased, and its output with it)
-        out += [(b.in_alloc, pre, b.in_bytes) for b in bufs if b.fold_in_bytes is None]
-        out += [(b.fold_in_alloc, pre, b.fold_in_bytes) for b in bufs if b.fold_in_last_use is not None]
-        return out
-    if kind == "reduce_scatter" and mode == "coalesced":  # no copy: each member's own storages
-        out += [(wait, max(wait, b.wait_last_use), b.wait_bytes) for b in bufs]
-        out += [(b.in_alloc, start, b.in_bytes) for b in bufs]
-        return out
-    out.append((pre, start, full))  # the concatenated input, alive until the start has read it
-    out += [(b.in_alloc, pre, b.in_bytes) for b in bufs]
-    out.append((wait, max(wait, last_use), sum(b.wait_bytes for b in bufs)))  # viewed by every member
-    return out
 
 
 def peak_and_segment(problem: Problem, plan: Plan | None) -> tuple[int, int]:

@@ -390,3 +390,197 @@ def hint_fully(h: PositionedHandle, twin: PositionedHandle, plan: Plan, *, time_
         h.model.add_hint(h.model.get_int_var_from_proto_index(k),
                          solver.value(twin.model.get_int_var_from_proto_index(k)))
     return True
+
+
+class MemoryCap:
+    """The peak-memory cap as constraints of the positioned model, counted as ``planner.memory``
+    counts it: at an instant ``t``, the graph's own bytes plus every buffer alive at ``t`` must fit
+    under ``cap_bytes``. A buffer is alive when its bucket's start and wait (``member_buffers``'
+    ends) put ``t`` between its allocation and its free; each collective counts its buffers as a
+    member of the bucket it joins, alone or merged. Exact per instant, not a filter: the instants
+    are added as they are needed (``add``), and a plan is within the cap when no instant of its
+    ``memory_profile`` is over it; every instant added holds for every plan, so the model's bound
+    stays a bound of the capped space."""
+
+    def __init__(self, h: PositionedHandle, cap_bytes: int):
+        from planner.memory import INSTANTS_PER_POSITION, own_memory
+
+        self.h, self.cap = h, cap_bytes
+        self.unit = INSTANTS_PER_POSITION // SCALE  # model places -> instants
+        self.own = own_memory(h.problem)
+        self.instants: set[int] = set()
+        m, mh = h.model, h.membership
+        self.members: dict[int, list[int]] = {}
+        for (i, a) in mh.x:
+            self.members.setdefault(a, []).append(i)
+        # merged[a]: a's bucket has a member besides a (exact both ways: a lone anchor counts its
+        # buffers as x[a, a] - merged[a])
+        self.merged: dict[int, cp_model.LinearExprT] = {}
+        for a, ms in self.members.items():
+            others = [mh.x[j, a] for j in ms if j != a]
+            if not others:
+                self.merged[a] = 0
+                continue
+            g = m.new_bool_var(f"merged[{mh.colls[a].name}]")
+            m.add_max_equality(g, others)
+            self.merged[a] = g
+        self.bucket_last_use: dict[tuple[int, int], cp_model.IntVar] = {}
+        self.places: dict[tuple, cp_model.IntVar] = {}
+        self.stats = {"instants": 0, "terms": 0}
+        from planner.memory import member_buffers
+
+        problem = h.problem
+        self.buffers = {(c.idx, merged): [buf for buf in member_buffers(problem, problem.collectives[c.idx], merged)
+                                          if buf[2]]
+                        for c in mh.colls for merged in (False, True)}
+
+    def add(self, instants: Iterable[float]) -> int:
+        """Constrain the memory at each instant (positions.py's scale); returns how many were new."""
+        from planner.memory import INSTANTS_PER_POSITION
+
+        added = 0
+        for t in instants:
+            tick = round(t * INSTANTS_PER_POSITION)
+            if tick in self.instants:
+                continue
+            self.instants.add(tick)
+            added += 1
+            held = self._held_at(tick)
+            self.h.model.add(held <= self.cap - self.own(tick / INSTANTS_PER_POSITION))
+        self.stats["instants"] = len(self.instants)
+        return added
+
+    def _held_at(self, tick: int) -> cp_model.LinearExprT:
+        """The bytes the collectives' buffers hold at ``tick``: a buffer alive whatever the places
+        counts as its member literal; the buffers of one bucket alive under the same condition on
+        its places count together, as one variable at least their bytes when the condition holds."""
+        mh, m = self.h.membership, self.h.model
+        total: list = []
+        groups: dict[tuple, list] = {}
+        for (i, a), x in mh.x.items():
+            modes = [(True, x)] if i != a else [(False, x - self.merged[a]), (True, self.merged[a])]
+            for merged, member in modes:
+                if isinstance(member, int) and member == 0:
+                    continue
+                for lo, hi, nbytes in self.buffers[i, merged]:
+                    clauses = self._clauses(tick, lo, hi, a)
+                    if not clauses:
+                        continue
+                    if any(not c for c in clauses):  # alive whenever it is a member
+                        total.append(nbytes * member)
+                        continue
+                    key = (a, tuple(tuple(f.index for f in c) for c in clauses))
+                    groups.setdefault(key, [clauses, []])[1].append((nbytes, member))
+        for clauses, held in groups.values():
+            most = sum(nbytes for nbytes, _ in held)
+            alive = m.new_int_var(0, most, "")
+            self.stats["terms"] += 1
+            for factors in clauses:
+                if len(held) == 1:  # one buffer: an exact AND of its member and the places
+                    (nbytes, member), = held
+                    m.add(alive >= nbytes * (member + sum(factors) - len(factors)))
+                    continue
+                cond = factors[0] if len(factors) == 1 else self._all_of(factors)
+                m.add(alive >= sum(nbytes * member for nbytes, member in held) - most * (1 - cond))
+            total.append(alive)
+        return sum(total)
+
+    def _all_of(self, factors) -> cp_model.IntVar:
+        key = tuple(sorted(f.index for f in factors))
+        if key not in self.places:
+            lit = self.h.model.new_bool_var("")
+            self.h.model.add(lit >= sum(factors) - (len(factors) - 1))
+            self.places[key] = lit
+        return self.places[key]
+
+    def _clauses(self, tick: int, lo, hi, a: int) -> list[list]:
+        """When the buffer (lo, hi) of a member of ``a``'s bucket is alive at ``tick``: an OR of
+        clauses, each an AND of literals on the bucket's places ([] in it: always; none: never)."""
+        from planner.memory import BUCKET_LAST_USE, INSTANTS_PER_POSITION as per
+
+        def fixed(value) -> float:
+            return value * per
+
+        # alive = lo <= tick <= hi; hi = max(base + offset, floor) is an OR of two clauses
+        clauses = []
+        hi_parts = [] if hi.base is None else [("base", hi)]
+        if hi.floor == BUCKET_LAST_USE:
+            hi_parts.append(("bucket", None))
+        elif hi.base is None or hi.floor != -math.inf:
+            hi_parts.append(("fixed", fixed(hi.floor)))
+        for part, end in hi_parts:
+            factors = []
+            s_ok = w_ok = None  # predicates on the start's / wait's instant
+            if lo.base is None:
+                if fixed(lo.floor) > tick:
+                    continue
+            else:
+                lo_off = lo.offset * per
+                if lo.floor != -math.inf and fixed(lo.floor) > tick:
+                    continue
+                pred = (lambda v, o=lo_off: v + o <= tick)
+                if lo.base == "S":
+                    s_ok = pred
+                else:
+                    w_ok = pred
+            if part == "fixed":
+                if end < tick:
+                    continue
+            elif part == "bucket":
+                factors.append(self._bucket_last_use(a, tick))
+            else:
+                hi_off = end.offset * per
+                pred = (lambda v, o=hi_off: tick <= v + o)
+                if end.base == "S":
+                    s_ok = pred if s_ok is None else (lambda v, p=s_ok, q=pred: p(v) and q(v))
+                else:
+                    w_ok = pred if w_ok is None else (lambda v, p=w_ok, q=pred: p(v) and q(v))
+            dead = False
+            for which, ok in (("S", s_ok), ("W", w_ok)):
+                if ok is not None:
+                    factor = self._place_in(a, which, ok)
+                    if factor is None:
+                        dead = True
+                        break
+                    if factor is not True:
+                        factors.append(factor)
+            if not dead:
+                clauses.append(factors)
+        return clauses
+
+    def _place_in(self, a: int, which: str, ok) -> cp_model.IntVar | bool | None:
+        """Whether ``a``'s bucket starts (``which`` "S") or waits ("W") at a place ``ok`` accepts:
+        True always, None never, else one literal shared by every buffer asking the same."""
+        options = self.h.starts[a] if which == "S" else self.h.waits[a]
+        chosen = tuple(k for k, (place, _, _) in enumerate(options) if ok(place * self.unit))
+        if not chosen:
+            return None
+        if len(chosen) == len(options):
+            return True
+        if len(chosen) == 1:
+            return options[chosen[0]][1]
+        key = (a, which, chosen)
+        if key not in self.places:
+            lit = self.h.model.new_bool_var("")
+            self.h.model.add(lit == sum(options[k][1] for k in chosen))  # exactly one of them is chosen
+            self.places[key] = lit
+        return self.places[key]
+
+    def _bucket_last_use(self, a: int, tick: int) -> cp_model.LinearExprT:
+        """At least 1 when a member of ``a``'s bucket uses its wait's storage at ``tick`` or later."""
+        from planner.memory import INSTANTS_PER_POSITION, buffers_of
+
+        key = (a, tick)
+        if key not in self.bucket_last_use:
+            mh = self.h.membership
+            problem = self.h.problem
+            later = [mh.x[j, a] for j in self.members[a]
+                     if (buffers_of(problem, problem.collectives[mh.colls[j].idx]).wait_last_use or 0)
+                     * INSTANTS_PER_POSITION >= tick]
+            z = self.h.model.new_bool_var("")
+            for lit in later:
+                self.h.model.add_implication(lit, z)
+            if not later:
+                self.h.model.add(z == 0)
+            self.bucket_last_use[key] = z
+        return self.bucket_last_use[key]

@@ -109,3 +109,80 @@ def test_a_full_hint_starts_the_search_from_the_plan(get_scheduled):
     extracted = h.extract(solver, params=RULES)
     assert not planner.verify(problem, extracted, **RULES)
     assert planner.simulate(problem, extracted).step_ms <= planner.simulate(problem, plan).step_ms + 1e-6
+
+
+def _fsdp2_plans(problem: planner.Problem) -> list[planner.Plan]:
+    """Plans whose buffers differ: anchored merges of every kind (CP-SAT's fewest collectives) and
+    positioned ones (the positioned search, with and without a memory budget)."""
+    count = planner.solve(problem, time_limit_s=5, objective="count", workers=1).plan
+    plans = [count]
+    for seed, budget in ((0, None), (1, planner.memory.peak_bytes(problem))):
+        plans.append(_in_plan_order(problem, position_search(
+            problem, [], peak_memory_bytes=budget, deadline=time.perf_counter() + 60, max_evaluations=150,
+            seed=seed).plan))
+    return plans
+
+
+def test_no_instant_holds_more_than_the_memory_profile_says(get_scheduled):
+    """memory_profile lists the instants where the memory can change, and the memory cap may
+    constrain any instant (a bound must hold for every plan): at every place a candidate start or
+    wait may take, and just around it, memory_at is at most the profile's value at the instant
+    listed before it (within a run) or after it (just before a pinned node, where the own memory
+    is what the node's run holds at most), and equal to it at the listed ones."""
+    from bisect import bisect_left
+
+    from planner.memory import memory_at, memory_profile
+
+    problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
+    plans = _fsdp2_plans(problem)
+    h = build_positioned_model(problem, candidates(problem, plans))
+    places = {p / 4 for opts in (*h.starts.values(), *h.waits.values()) for p, _, _ in opts}
+    instants = sorted({t + d for t in places for d in (-1 / 16, -1 / 32, 0, 1 / 32, 1 / 16)})
+    for plan in [None, *plans]:
+        profile = memory_profile(problem, plan)
+        keys = [k for k, _ in profile]
+        for key, held in profile[::7]:
+            assert memory_at(problem, plan, key) == held
+        for t in instants:
+            k = bisect_left(keys, t)
+            around = [profile[j][1] for j in (k - 1, k) if 0 <= j < len(profile)]
+            assert memory_at(problem, plan, t) <= max(around), (t, plan and plan.planner)
+
+
+def test_the_memory_cap_counts_a_fixed_plan_as_planner_memory_does(get_scheduled):
+    """With every choice of a plan fixed, the least the model can hold at an instant is
+    planner.memory's figure there, at the plan's fullest instants and at others; and a cap one byte
+    below its peak, at the peak's instant, makes the plan impossible."""
+    from planner.memory import memory_at, memory_profile, own_memory
+    from planner.positioned import MemoryCap
+
+    problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
+    own = own_memory(problem)
+    plans = _fsdp2_plans(problem)
+    for plan in plans:
+        profile = memory_profile(problem, plan)
+        h = build_positioned_model(problem, candidates(problem, [plan]))
+        assert h.add_hint(plan) == len(plan.buckets)
+        proto = h.model.proto
+        for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values):
+            h.model.add(h.model.get_int_var_from_proto_index(var) == value)
+        cap = MemoryCap(h, 1 << 62)
+        # every instant's terms are its own, so the least sum is the least at each instant
+        instants = profile[::max(1, len(profile) // 60)]
+        held = [cap._held_at(round(t * 32)) for t, _ in instants]
+        h.model.minimize(sum(held))
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        assert solver.solve(h.model) == cp_model.OPTIMAL
+        for (t, total), expr in zip(instants, held):
+            assert solver.value(expr) + own(t) == total == memory_at(problem, plan, t), (plan.planner, t)
+        peak_at, peak = max(profile, key=lambda kv: kv[1])
+        h = build_positioned_model(problem, candidates(problem, [plan]))
+        h.add_hint(plan)
+        proto = h.model.proto
+        for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values):
+            h.model.add(h.model.get_int_var_from_proto_index(var) == value)
+        MemoryCap(h, peak - 1).add([peak_at])
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        assert solver.solve(h.model) == cp_model.INFEASIBLE
