@@ -15,7 +15,7 @@ DATA = Path(__file__).resolve().parent / "data"
 
 def _check(*argv: str) -> subprocess.CompletedProcess:
     # bounded: a rank left waiting in a collective for one that stopped would otherwise hang the run
-    return subprocess.run([sys.executable, str(ROOT / "bucketplan_cli.py"), "check", *argv, "-q"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "bucketplan", "check", *argv, "-q"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
 
 

@@ -9,7 +9,7 @@ import planner
 
 
 def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     out = tmp_path / "cmp"
     assert main(["compare", "llama3-8b-ddp-2", "-o", str(out), "--time-limit", "5"]) == 0
@@ -82,7 +82,7 @@ def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
 def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):
     """Default: out/compare, then out/compare-2 beside it; a named -o that exists needs --force."""
     import fxglue.compare as compare
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     monkeypatch.chdir(tmp_path)
     ran = []

@@ -140,7 +140,7 @@ def test_the_scenario_keeps_the_costs_and_slows_by_its_published_factor():
 
 
 def _cli(*argv, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bucketplan_cli", *argv], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "bucketplan", *argv], capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 import planner
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
 
@@ -102,7 +102,7 @@ def test_broken_model_specs_are_one_line_errors_that_write_nothing(tmp_path, cap
 
 @pytest.mark.slow
 def test_check_runs_a_users_factory_on_gloo_bitwise(capsys):
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     assert main(["check", "--model", "tests/data/tiny_factory.py:build", "--layers", "2", "--planner", "cpsat",
                  "-q"]) == 0
@@ -117,7 +117,7 @@ def test_check_runs_a_users_factory_on_gloo_bitwise(capsys):
     (["check", "llama3-8b-fsdp-2", "--layers", "3"], "--layers applies to"),
 ])
 def test_check_refuses_what_it_cannot_run_in_one_line(capsys, argv, named):
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

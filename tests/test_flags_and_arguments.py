@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 from planner.arguments import PlanMismatchError
 from tests.test_hostile import assert_one_line_error
 

@@ -111,7 +111,7 @@ def test_traced_step_is_functional_so_any_data_edge_order_computes_the_same():
 
 
 def test_check_cli_reports_and_exits_zero(capsys):
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     assert main(["check", "llama3-8b-fsdp-2", "--planner", "cpsat", "--ranks", "2", "-q"]) == 0
     out = capsys.readouterr().out
@@ -188,7 +188,7 @@ def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
     import shutil
 
     import planner
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     out = tmp_path / "tiny"
     assert main(["extract", "llama3-8b-2d-2", "--tiny", "--ranks", "2", "-o", str(out), "-q"]) == 0
@@ -222,7 +222,7 @@ def _positioned_check(tmp_path, capsys, workload: str) -> None:
     import time
 
     import planner
-    from bucketplan_cli import main
+    from bucketplan.cli import main
     from planner.position_search import position_search
 
     out = tmp_path / "tiny"

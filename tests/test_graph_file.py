@@ -15,7 +15,7 @@ import re
 import pytest
 
 import planner
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 
 TINY = "tests/data/tiny_factory.py:build"
 
@@ -301,7 +301,7 @@ def test_a_graph_file_refused_in_its_own_process_is_one_line(tmp_path, name, tex
 
     (tmp_path / name).write_text(text)
     out = tmp_path / "o"
-    run = subprocess.run([sys.executable, "-m", "bucketplan_cli", "extract", "--graph", str(tmp_path / name),
+    run = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "--graph", str(tmp_path / name),
                           "-o", str(out), "-q"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "Traceback" not in run.stderr and named in run.stderr and not out.exists(), run.stderr

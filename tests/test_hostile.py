@@ -8,7 +8,7 @@ import re
 import pytest
 
 import planner
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 from tests.bounded import bounded
 
 
@@ -364,12 +364,10 @@ def test_a_closed_pipe_exits_quietly(tmp_path, command):
     # the command has even started, so the first write meets a broken pipe every time
     import subprocess
     import sys
-    from pathlib import Path
 
     planner.save(P, tmp_path / "problem.json")
     _write(tmp_path / "plan.json", _plan(P, []))
-    root = Path(__file__).resolve().parent.parent
-    proc = subprocess.Popen([sys.executable, str(root / "bucketplan_cli.py"), *command], cwd=tmp_path,
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", *command], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc.stdout.close()
     err = proc.stderr.read()

@@ -38,7 +38,7 @@ class Interrupted:
     """A command run in its own session, interrupted once ``marker`` shows on its stderr."""
 
     def __init__(self, *args: str, marker: str, delay_s: float = 0.0, cwd: Path = ROOT):
-        self.proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", *map(str, args)], cwd=cwd,
+        self.proc = subprocess.Popen([sys.executable, "-m", "bucketplan", *map(str, args)], cwd=cwd,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)
         self.err_lines: list[str] = []
@@ -134,7 +134,7 @@ def test_ctrl_c_in_solve_dir_free_positions_keeps_the_plan_marked_and_the_rerun_
     run.assert_interrupted()
     plan = planner.load_plan(folder / PLAN)
     assert plan.params["interrupted"] is True and plan.params.get("positions") == "free"
-    rerun = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve-dir", str(tmp_path), "--time-limit", "2",
+    rerun = subprocess.run([sys.executable, "-m", "bucketplan", "solve-dir", str(tmp_path), "--time-limit", "2",
                             "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=BOUND_S)
     assert rerun.returncode == 0 and "1 to solve (1 interrupted earlier)" in rerun.stderr, rerun.stderr[-2000:]
     assert planner.load_plan(folder / PLAN).params["interrupted"] is False
@@ -151,7 +151,7 @@ def test_ctrl_c_while_the_command_line_starts_is_exit_130(tmp_path):
     """SIGINT a moment after start, while planner, OR-Tools and torch load (from 0.3 s on: before
     that the interpreter is still compiling the command line's own module, which is Python's)."""
     for delay in (0.3, 0.45, 0.6, 1.0, 1.5):
-        proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "workloads"], cwd=ROOT,
+        proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "workloads"], cwd=ROOT,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
@@ -207,7 +207,7 @@ def test_solve_dir_cli_reports_the_dead_solve_and_exits_1(tmp_path):
     does) while the other goes on."""
     doomed = _recorded(tmp_path, FSDP8_NCCL)
     (healthy,) = _tiny_problems(tmp_path, 1)
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve-dir", str(tmp_path), "--jobs", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve-dir", str(tmp_path), "--jobs", "2",
                              "--workers", "1", "--time-limit", "60"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     from tests.test_resume_hostile import _children

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import planner
-from bucketplan_cli import main as cli_main
+from bucketplan.cli import main as cli_main
 from tests.conftest import edit_json, load_fails_naming_file_and_field
 from tests.strategies import plans, problems
 

@@ -1,6 +1,7 @@
 """The architecture as the package READMEs state it, checked on the source: no import circle,
-every import points down (planner <- fxglue bridge <- fxglue.run; fxglue.models below the bridge),
-and no function over 80 lines (planner, fxglue and the CLI; experiments and tests are not scanned)."""
+every import points down (planner <- fxglue bridge <- fxglue.run <- bucketplan, the application;
+fxglue.models below the bridge), and no function over 80 lines (planner, fxglue and bucketplan;
+experiments and tests are not scanned)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("planner", "fxglue")
+PACKAGES = ("bucketplan", "planner", "fxglue")
 
 
 def _modules() -> dict[str, Path]:
-    out = {"bucketplan_cli": ROOT / "bucketplan_cli.py"}
+    out = {}
     for pkg in PACKAGES:
         for path in (ROOT / pkg).rglob("*.py"):
             parts = path.relative_to(ROOT).with_suffix("").parts
@@ -65,12 +66,15 @@ def _room(m: str) -> str:
         return "models"
     if m.startswith("fxglue.run"):
         return "run"
-    return "cli" if m == "bucketplan_cli" else "bridge"
+    if m.startswith("bucketplan"):
+        return "app"
+    return "bridge"
 
 
 # what each room may import (anywhere in a module, lazy imports included)
 ALLOWED = {"planner": {"planner"}, "models": {"models"}, "bridge": {"planner", "models", "bridge"},
-           "run": {"planner", "models", "bridge", "run"}, "cli": {"planner", "models", "bridge", "run"}}
+           "run": {"planner", "models", "bridge", "run"},
+           "app": {"planner", "models", "bridge", "run", "app"}}
 
 
 def test_every_import_points_down_the_layers():
@@ -83,6 +87,13 @@ def test_planner_never_imports_torch_or_fxglue():
     for m, path in _modules().items():
         if m.startswith("planner"):
             bad = {i for i in _imports(path, module_level=False) if i.split(".")[0] in ("torch", "fxglue")}
+            assert not bad, f"{m}: {bad}"
+
+
+def test_planner_and_fxglue_never_import_the_application():
+    for m, path in _modules().items():
+        if not m.startswith("bucketplan"):
+            bad = {i for i in _imports(path, module_level=False) if i.split(".")[0] == "bucketplan"}
             assert not bad, f"{m}: {bad}"
 
 

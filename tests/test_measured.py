@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-import bucketplan_cli
+from bucketplan import cli
 import planner
 from planner.measured import Measured, MeasuredError, measured_table, read_series
 
@@ -189,7 +189,7 @@ def test_a_malformed_file_is_one_line_naming_file_and_line_exit_2(tmp_path, caps
     data, where = BAD[name]
     path = tmp_path / name
     path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    code = bucketplan_cli.main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path / "out"), "-q",
+    code = cli.main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path / "out"), "-q",
                                 "--collectives", str(path)])
     err = capsys.readouterr().err.strip()
     assert code == 2
@@ -217,7 +217,7 @@ def test_a_sweep_case_takes_measured_files_relative_to_its_spec(tmp_path):
 
 def test_compute_tflops_reprices_the_compute_bound_nodes_only(tmp_path, fsdp_measured):
     prepared, _, _ = fsdp_measured  # compute at the preset's 800 TFLOP/s
-    assert bucketplan_cli.main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path), "-q",
+    assert cli.main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path), "-q",
                                 "--compute-tflops", "400"]) == 0
     slow = planner.load_problem(tmp_path / "problem.json")
     # by name: torch's scheduler may order the graph otherwise once compute costs differ

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import planner
-from bucketplan_cli import main
+from bucketplan.cli import main
 from planner.plan_dir import GREEDY, PLAN, PROBLEM, append_index, problem_dir, read_index
 
 

@@ -16,7 +16,7 @@ UNKNOWN = "unknown planner 'greedyy'; use one of " + ", ".join(NAMES)
 
 
 def _choices(command: str, dest: str) -> tuple[str, ...]:
-    from bucketplan_cli import build_parser
+    from bucketplan.cli import build_parser
 
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     option = next(a for a in sub.choices[command]._actions if a.dest == dest)
@@ -33,7 +33,7 @@ def test_the_command_line_accepts_exactly_the_registry_names():
 
 
 def test_check_help_describes_every_planner(capsys):
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     with pytest.raises(SystemExit):
         main(["check", "--help"])
@@ -64,7 +64,7 @@ def test_pipeline_and_check_refuse_an_unknown_name_before_any_work(tmp_path, mon
 
 
 def test_command_line_refuses_an_unknown_name(capsys):
-    from bucketplan_cli import main
+    from bucketplan.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["check", "llama3-8b-fsdp-2", "--planner", "greedyy"])

@@ -72,7 +72,7 @@ def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path):
     planner.save(scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem, problem)
     root = Path(__file__).resolve().parent.parent
     for k in (1, 2):
-        run = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve", str(problem), "-o", str(tmp_path / f"{k}.json"),
+        run = subprocess.run([sys.executable, "-m", "bucketplan", "solve", str(problem), "-o", str(tmp_path / f"{k}.json"),
                               "--positions", "free", "--deterministic", "--time-limit", "4", "-q"],
                              cwd=root, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0 and "evaluations: the same plan on any machine" in run.stdout, run.stderr[-2000:]

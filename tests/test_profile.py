@@ -131,7 +131,7 @@ def test_a_bad_trace_is_one_line_naming_the_file_exit_2(tmp_path, case):
     path = tmp_path / "trace.json"
     if text is not None:
         path.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "extract", "llama3-8b-fsdp-2", "--profile", str(path),
+    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile", str(path),
                         "-o", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()

@@ -56,11 +56,11 @@ def test_a_cpu_trace_prices_the_matmuls_it_timed_at_their_cpu_time(tmp_path, for
 
 def test_a_cpu_trace_without_the_flag_says_how_to_read_it(tmp_path):
     trace = _write(tmp_path / "cpu.json", _mm_op(MM, MM_STRIDES))
-    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "extract", "llama3-8b-fsdp-2", "--profile", trace,
+    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile", trace,
                         "-o", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "no GPU kernel" in r.stderr and "--profile-cpu" in r.stderr and trace in r.stderr
-    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "extract", "llama3-8b-fsdp-2", "--profile", trace,
+    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile", trace,
                         "--profile-cpu", "-o", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "problem.json").is_file()
@@ -89,7 +89,7 @@ def test_a_bad_cpu_trace_is_one_line_naming_the_file(tmp_path, case):
 
 
 def test_profile_cpu_without_a_trace_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "extract", "llama3-8b-fsdp-2", "--profile-cpu",
+    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile-cpu",
                         "-o", str(tmp_path / "out")], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--profile" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

@@ -116,7 +116,7 @@ def test_compare_writes_through_the_swap(tmp_path, previous_run, monkeypatch, ca
     """run_compare and `bucketplan compare` with the workload itself faked: a run interrupted after
     writing a trace leaves the old folder whole; a completed one replaces it (no tracing here)."""
     import fxglue.compare as compare
-    from bucketplan_cli import main as cli
+    from bucketplan.cli import main as cli
 
     before = _tree(previous_run)
 
@@ -144,7 +144,7 @@ def test_compare_writes_through_the_swap(tmp_path, previous_run, monkeypatch, ca
 
 
 def test_compare_refuses_a_folder_it_would_wipe_before_tracing(tmp_path, capsys):
-    from bucketplan_cli import main as cli
+    from bucketplan.cli import main as cli
 
     (tmp_path / "notes.txt").write_text("mine")
     # a folder that exists is never silently replaced: the refusal names --force

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 
 DATA = Path(__file__).parent / "data" / "repro"
 CORPUS = ["fw_scalar_index.py", "bw_empty_cuda.py", "autoparallel_2d.py"]

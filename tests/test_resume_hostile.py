@@ -36,7 +36,7 @@ BOUND_S = 60  # any command here takes seconds; one that runs this long is hangi
 
 def _cli(*args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run([sys.executable, "-m", "bucketplan_cli", *map(str, args)], cwd=ROOT,
+        return subprocess.run([sys.executable, "-m", "bucketplan", *map(str, args)], cwd=ROOT,
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         pytest.fail(f"bucketplan {' '.join(map(str, args))} did not end within {timeout}s (hangs?)")
@@ -138,7 +138,7 @@ def test_ctrl_c_in_solve_dir_with_two_jobs_loses_no_row_and_the_rerun_finishes(t
     for name in names:
         p = planner.load_problem(PRESETS / name / "problem.json.gz")
         planner.save(p, problem_dir(tmp_path, p.fingerprint) / PROBLEM)
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve-dir", str(tmp_path), "--jobs", "2",
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve-dir", str(tmp_path), "--jobs", "2",
                              "--workers", "1", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

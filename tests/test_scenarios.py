@@ -104,7 +104,7 @@ def test_solve_robust_refuses_bad_flags_in_one_line(tmp_path, flags, chain):
     planner.save(chain, path)
     (tmp_path / "bad.csv").write_text("kind,group\n")
     flags = [f.replace("BAD", str(tmp_path / "bad.csv")) for f in flags]
-    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve", str(path), "-o", str(tmp_path / "p.json"),
+    r = subprocess.run([sys.executable, "-m", "bucketplan", "solve", str(path), "-o", str(tmp_path / "p.json"),
                         *flags], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
@@ -113,23 +113,23 @@ def test_solve_robust_refuses_bad_flags_in_one_line(tmp_path, flags, chain):
 def test_solve_robust_on_an_alpha_beta_problem_says_it_has_no_layout(tmp_path, chain):
     path = tmp_path / "problem.json"
     planner.save(chain, path)
-    r = subprocess.run([sys.executable, "-m", "bucketplan_cli", "solve", str(path), "-o", str(tmp_path / "p.json"),
+    r = subprocess.run([sys.executable, "-m", "bucketplan", "solve", str(path), "-o", str(tmp_path / "p.json"),
                         "--robust", "torch,published-comm", "--time-limit", "2"], capture_output=True, text=True)
     assert r.returncode == 2 and "layout" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "p.json").exists()
 
 
 def test_compare_writes_each_rows_step_and_regret_per_scenario(tmp_path, chain, capsys):
-    import bucketplan_cli
+    from bucketplan import cli
 
     path = tmp_path / "problem.json"
     planner.save(chain, path)
     out = tmp_path / "cmp"
-    assert bucketplan_cli.main(["compare", str(path), "-o", str(out), "--time-limit", "1", "-q",
+    assert cli.main(["compare", str(path), "-o", str(out), "--time-limit", "1", "-q",
                                 "--scenarios", "torch,published-mfu"]) == 0
     text = (out / "scenarios.md").read_text()
     # a problem priced by α-β links has no layout to re-price its collectives by: said, the run kept
-    assert bucketplan_cli.main(["compare", str(path), "-o", str(tmp_path / "ab"), "--time-limit", "1", "-q",
+    assert cli.main(["compare", str(path), "-o", str(tmp_path / "ab"), "--time-limit", "1", "-q",
                                 "--scenarios", "torch,published-comm"]) == 0
     assert "not re-priced" in (tmp_path / "ab" / "scenarios.md").read_text()
     assert text in capsys.readouterr().out

@@ -18,7 +18,7 @@ import pytest
 
 import planner
 import planner.solver as solver_module
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 from tests.test_solver import _sigint_default
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130
     problem = overlapping_gathers(12_000)  # its windowed model takes 8-20 s to build
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     planner.save(problem, problem_path)
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve", str(problem_path), "-o", str(plan_path),
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve", str(problem_path), "-o", str(plan_path),
                              "--objective", "count", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     watchdog = threading.Timer(240, proc.kill)  # bounded, should the child stop talking
@@ -242,14 +242,14 @@ def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130
 _SLOW_VERIFY = """
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-import planner.verifier, bucketplan_cli
+import planner.verifier, bucketplan.cli
 real = planner.verifier.check
 def slow_check(*a, **k):
     print("checking", flush=True)
     time.sleep(60)
     return real(*a, **k)
 planner.verifier.check = slow_check
-sys.exit(bucketplan_cli.main(["verify", sys.argv[1], sys.argv[2]]))
+sys.exit(bucketplan.cli.main(["verify", sys.argv[1], sys.argv[2]]))
 """
 
 

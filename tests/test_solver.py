@@ -70,7 +70,7 @@ def _sigint_default() -> None:
 def test_ctrl_c_keeps_the_best_verified_plan_and_exits_130(tmp_path):
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     problem_path.write_bytes(gzip.decompress(FSDP8.read_bytes()))
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "solve", str(problem_path), "-o", str(plan_path),
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve", str(problem_path), "-o", str(plan_path),
                              "--objective", "step", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
     deadline = time.monotonic() + 120

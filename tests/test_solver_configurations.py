@@ -57,7 +57,7 @@ def test_count_solve_on_the_problem_that_aborted_returns_its_plan_from_the_cli(t
     data = ROOT / "tests" / "data" / "problems"
     problem = tmp_path / "problem.json.gz"
     problem.write_bytes((data / "llama3-8b-fsdp-8--ab-ib8.json.gz").read_bytes())
-    proc = _run("-m", "bucketplan_cli", "solve", str(problem), "-o", str(tmp_path / "p.json"), "--objective", "count",
+    proc = _run("-m", "bucketplan", "solve", str(problem), "-o", str(tmp_path / "p.json"), "--objective", "count",
                 "--time-limit", "60", "--workers", "2", "-q")
     _assert_clean(proc)
     assert (tmp_path / "p.json").is_file() and "status" in proc.stdout

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from bucketplan_cli import main
+from bucketplan.cli import main
 from planner import sweep
 from planner.sweep import load_spec, ray_available, run_sweep
 from tests.test_hostile import _one_line_error
@@ -138,7 +138,7 @@ def test_a_killed_ray_worker_is_retried_and_the_table_is_complete(tmp_path):
     case = "llama3-8b-fsdp-8--h100-8nodes"
     spec = _problem_case(tmp_path, case, objectives='["step"]', seconds=15, deterministic="false")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan_cli", "sweep", str(spec), "-o", str(out), "--ray",
+    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "sweep", str(spec), "-o", str(out), "--ray",
                              "--cpus", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120

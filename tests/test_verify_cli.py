@@ -7,7 +7,7 @@ import json
 import pytest
 
 import planner
-from bucketplan_cli import main as cli
+from bucketplan.cli import main as cli
 from tests.test_hostile import _one_line_error
 
 

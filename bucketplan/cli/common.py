@@ -1,0 +1,164 @@
+"""What several commands share: the one-line error, the progress line, the checks of numeric
+flags and output paths (made before any work), and the report lines two commands print alike.
+
+Imports only the standard library at its top: planner is imported where a check needs it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+
+class CLIError(Exception):
+    """A user-facing error: printed without a traceback, exit status 2."""
+
+
+def progress(quiet: bool):
+    """``say(msg)``: ``msg`` on stderr after the seconds since this call (silent under -q)."""
+    start = time.perf_counter()
+
+    def say(msg: str) -> None:
+        if not quiet:
+            print(f"[{time.perf_counter() - start:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def fmt_counts(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+    return f"{total} ({parts})" if parts else "0"
+
+
+def library_rule(rule, value, flag: str, **kw) -> None:
+    """One of planner.arguments' rules (the library's, so that a flag and the argument it feeds
+    are refused alike) applied to a flag: its ValueError becomes a one-line error naming the
+    flag."""
+    try:
+        rule(value, flag, **kw)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+def positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
+    import planner.arguments as arguments
+
+    library_rule(arguments.positive_number, value, flag, zero_ok=zero_ok)
+
+
+def seed(value: int, flag: str) -> None:
+    import planner.arguments as arguments
+
+    library_rule(arguments.seed, value, flag)  # CP-SAT's int32
+
+
+def workers(value: int, flag: str) -> None:
+    """CP-SAT workers: 0 silently became 2; -1 and more than CP-SAT's 10,000 gave MODEL_INVALID."""
+    import planner.arguments as arguments
+
+    library_rule(arguments.worker_count, value, flag)
+
+
+def output_file(path: str, flag: str) -> None:
+    """Refuse an output file that cannot be written, before any work: an existing directory or
+    other non-regular file (the plan is written by renaming over it: -o /dev/null would replace
+    the device), or a folder that cannot be created or written. Writability is probed with a
+    temporary file in the nearest existing folder, removed at once: permission bits say nothing
+    for root or on a read-only or virtual filesystem (/sys)."""
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{flag} {path}: is a directory; give the plan file to write")
+    if p.exists() and not p.is_file():
+        raise CLIError(f"{flag} {path}: exists and is not a regular file")
+    writable_place(p.parent, flag, path)
+
+
+def writable_place(folder: Path, flag: str, shown: str) -> None:
+    """``folder``, or the nearest folder above it that exists, takes a new file (a temporary one,
+    removed at once)."""
+    import tempfile
+
+    while not folder.exists():  # ends at '.' or '/', which exist
+        folder = folder.parent
+    if not folder.is_dir():
+        raise CLIError(f"{flag} {shown}: cannot create a folder there: {folder} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".bucketplan-probe-", dir=folder)
+    except OSError as e:
+        raise CLIError(f"{flag} {shown}: cannot write in {folder} ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def memory_budget(gb: float | None) -> int | None:
+    """--memory-budget-gb in bytes (None: no budget), as solve and verify take it."""
+    from planner.problem import MAX_BYTES
+
+    if gb is None:
+        return None
+    positive(gb, "--memory-budget-gb", zero_ok=True)  # 0: nothing extra may stay alive
+    budget = int(gb * 1024**3)
+    if budget >= MAX_BYTES:  # as a problem's byte counts: sums stay within CP-SAT's int64
+        raise CLIError(f"--memory-budget-gb {gb!r} is beyond any machine "
+                       f"(below {MAX_BYTES // 1024**3} GB)")
+    return budget
+
+
+# what --robust and --scenarios take, as their help says it
+SCENARIOS_HELP = ("torch, published-comm, published-mfu, published, contention, contention=F, or a "
+                  "measured collectives file; planner/scenarios.py")
+
+
+def scenario_list(text: str, flag: str) -> list[str]:
+    """A comma-separated list of scenario names (planner.scenarios.SCENARIOS, contention=F) or
+    measured files, each checked now, not after minutes of search."""
+    from planner.scenarios import SCENARIOS, contention_of, is_named, measured_series
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    for name in names:
+        if not is_named(name) and not Path(name).is_file():
+            raise CLIError(f"{flag}: unknown scenario {name!r}; choose from "
+                           f"{', '.join(SCENARIOS)}, contention=F or give a measured collectives "
+                           "file")
+        try:
+            if is_named(name):
+                contention_of(name)  # contention=F: F a factor from 1
+            else:
+                measured_series(name)  # parsed once: the re-pricing takes it from here
+        except ValueError as e:
+            raise CLIError(f"{flag}: {e}") from None
+    if len(set(names)) != len(names) or not names:
+        raise CLIError(f"{flag} {text!r}: give distinct scenarios, e.g. torch,published")
+    return names
+
+
+def overlap_line(problem) -> str:
+    """How torch's schedule hides each collective, counted per collective: the same line in
+    `extract` and `verify`."""
+    status = {s: sum(c.status == s for c in problem.collectives)
+              for s in ("hidden", "partly", "exposed")}
+    return (f"torch's overlap     of {len(problem.collectives)} collectives on torch's schedule: "
+            f"{status['hidden']} hidden behind compute, {status['partly']} partly hidden, "
+            f"{status['exposed']} exposed")
+
+
+def memory_line(problem, plan) -> str:
+    """The plan's peak memory against the unbucketed schedule's, as torch's estimator counts it."""
+    from planner.memory import memory_timeline
+
+    t = memory_timeline(problem, plan)
+    gb = 1e9
+    what = ("torch's estimator's accounting" if t.profiled
+            else "no memory profile in this problem: the collectives' buffers only")
+    return (f"peak memory         {t.peak_bytes / gb:.3f} GB planned, "
+            f"{t.unbucketed_peak_bytes / gb:.3f} GB unbucketed "
+            f"({t.extra_peak_bytes / gb:+.3f} GB; {what})")
+
+
+def stamped(plan, args):
+    """The plan as written: a --deterministic run records no creation time, so two runs write
+    the same bytes."""
+    return plan.model_copy(update={"created": ""}) if args.deterministic else plan

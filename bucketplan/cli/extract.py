@@ -1,0 +1,152 @@
+"""``bucketplan extract``: trace and schedule a workload, write its problem and torch's greedy
+plan; ``--tiny``: each gloo rank's problem at the shapes ``check`` runs."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import bucketplan.cli.options as options
+from bucketplan.cli.common import (CLIError, fmt_counts, output_file, overlap_line, positive,
+                                   progress)
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("extract", help="trace and schedule a workload; write problem.json and "
+                                       "torch's greedy plan")
+    s.add_argument("workload", nargs="?", help="a built-in workload (or use --model / --hf-config "
+                                               "/ --hf)")
+    options.add_model_options(s)
+    s.add_argument("-o", "--output", required=True, help="output directory")
+    s.add_argument("--save-graph", metavar="FILE.py",
+                   help="also write the traced step (before torch's scheduler) as a graph file in "
+                        "torch's repro format, which --graph reads back to the same problem")
+    s.add_argument("--tiny", action="store_true",
+                   help="each gloo rank's problem at the tiny shapes `check` runs "
+                        "(OUT/rank<R>/problem.json and greedy-plan.json; --ranks: how many, "
+                        "default 2), to solve and check with `check --plan OUT`")
+    options.add_pipeline_options(s)
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import planner
+    from fxglue.models.workloads import WorkloadError
+    from fxglue.pipeline import run_pipeline
+
+    if args.tiny:
+        return _extract_tiny(args)
+    say = progress(args.quiet)
+    out = Path(args.output)
+    output_file(str(out / "problem.json"), "-o")  # before the tracing, not after it
+    preset = options.preset(args)
+    workload = options.workload(args)
+    try:
+        if args.save_graph:
+            workload = _save_graph(workload, preset, args.save_graph, say)
+        result = run_pipeline(workload, planner_="greedy", preset=preset,
+                              pre_bucketing=args.pre_bucketing, bucket_mode=args.bucket_mode,
+                              hardware=options.hardware(args), apply=False,
+                              max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    problem, plan = result.problem, result.plan
+    _measured_notes(result.preset or preset, problem)
+    try:
+        planner.save(problem, out / "problem.json")
+        planner.save(plan, out / "greedy-plan.json")
+    except OSError as e:  # checked before tracing; a full disk shows only when bytes are written
+        raise CLIError(f"-o {out}: cannot write {e.filename or 'there'} "
+                       f"({e.strerror or e})") from None
+    _report(args, result, out)
+    return 0
+
+
+def _report(args, result, out: Path) -> None:
+    import planner
+    from planner.bounds import step_floor
+
+    problem, plan = result.problem, result.plan
+    n = len(problem.collectives)
+    print(f"workload            {result.name}")
+    print(f"graph nodes         {problem.n_scheduled} scheduled (FX graph nodes, not cluster "
+          "nodes)")
+    print(f"collectives         {fmt_counts(result.collectives_before)}"
+          + (f"; {n} after pre-bucketing" if args.pre_bucketing else ""))
+    print(overlap_line(problem))
+    print(f"torch greedy        {n} -> {planner.collectives_after(problem, plan)} collectives "
+          f"in {len(plan.buckets)} buckets")
+    print(f"cluster             {problem.meta.get('preset')}: "
+          + "; ".join(f"pg {link.pg} ({link.group_size} ranks) {link.hardware}"
+                      for link in problem.links))
+    print(f"step (simulated)    unbucketed {planner.simulate(problem).step_ms:.3f} ms; "
+          f"floor {step_floor(problem).floor_ms:.3f} ms")
+    print("timings (s)         "
+          + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in result.timings.items()))
+    print(f"wrote               {out / 'problem.json'}, {out / 'greedy-plan.json'}")
+
+
+def _extract_tiny(args) -> int:
+    """Each gloo rank's problem at tiny shapes, as `check` extracts it, for `check --plan`."""
+    from fxglue.models.workloads import WorkloadError
+    from fxglue.run.gloo import check_workload
+
+    if args.hf_config or args.hf or args.graph:
+        raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
+    options.workload(args)
+    ranks = args.ranks or 2
+    positive(ranks, "--ranks")
+    out = Path(args.output)
+    output_file(str(out / "rank0" / "problem.json"), "-o")
+    say = progress(args.quiet)
+    say(f"extracting each of {ranks} gloo ranks' problems at tiny shapes")
+    try:
+        result = check_workload(args.workload, ranks=ranks, planner="none", model=args.model,
+                                parallel=args.parallel, layers=args.layers,
+                                bucket_mode=args.bucket_mode, pre_bucketing=args.pre_bucketing,
+                                save_problems=str(out))
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    failed = [r for r in result.per_rank if r.error]
+    if failed:
+        print(f"bucketplan extract: rank {failed[0].rank} failed: "
+              f"{failed[0].error.splitlines()[-1]}", file=sys.stderr)
+        return 1
+    distinct = len({r.problem_fingerprint for r in result.per_rank})
+    for r in range(ranks):
+        print(f"wrote               {out / f'rank{r}' / 'problem.json'}, "
+              f"{out / f'rank{r}' / 'greedy-plan.json'}")
+    print(f"{distinct} distinct problem(s) over {ranks} ranks. Solve each rank's problem into "
+          f"{out}/rank<R>/plan.json (`bucketplan solve {out}/rank0/problem.json -o "
+          f"{out}/rank0/plan.json`), then `bucketplan check "
+          f"{args.workload or '--model ' + args.model} --ranks {ranks} --plan {out}`")
+    return 0
+
+
+def _save_graph(workload, preset, path: str, say):
+    """The workload traced and written to ``path`` as a graph file; the traced step, to plan."""
+    from fxglue.graph_file import save_graph
+    from fxglue.pipeline import trace_for
+
+    output_file(path, "--save-graph")
+    traced = trace_for(workload, preset, say)
+    save_graph(traced, path)
+    say(f"wrote {path}")
+    return traced
+
+
+def _measured_notes(preset, problem) -> None:
+    """On stderr: which groups the measurements (--collectives, --profile, a graph file's
+    collectives table) priced and by what, and sizes outside what they measured."""
+    measured = getattr(preset, "measured", None)
+    if measured is None:
+        return
+    if not measured.used:
+        print("note: no measurement (--collectives, --profile or the graph's collectives table) "
+              "matches a group of this graph (names, sizes and ranks per node differ); torch's "
+              "model priced every collective", file=sys.stderr)
+    for pg, used in measured.used.items():
+        print(f"note: group {pg} priced by " + "; ".join(s.describe() for s in used.values()),
+              file=sys.stderr)
+    for line in measured.range_notes(problem.collectives):
+        print(f"note: {line}", file=sys.stderr)

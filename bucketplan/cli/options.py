@@ -1,0 +1,213 @@
+"""The flag groups several commands share, each beside the function that reads it: the workload
+(a built-in name, --model, --hf-config, --hf or --graph), the cluster (--preset and what prices
+it), torch's pipeline, and --planner.
+
+Imports only the standard library at its top; fxglue is imported when a parser is built or a
+workload or cluster is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bucketplan.cli.common import CLIError, positive
+
+BUCKET_MODES = ["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
+
+
+def add_model_options(s) -> None:
+    s.add_argument("--model", help="your model: MODULE:FACTORY or FILE.py:FACTORY, where "
+                                   "factory(groups) returns (module, example_inputs, loss_fn) "
+                                   "(README, 'Plan your own model')")
+    s.add_argument("--hf-config",
+                   help="a Hugging Face causal-LM config.json, built from the config alone")
+    s.add_argument("--hf", help="a Hugging Face model id whose config is in the local cache "
+                                "(nothing is downloaded)")
+    s.add_argument("--parallel", choices=["fsdp", "ddp", "2d"], default="fsdp",
+                   help="how --model / --hf-config / --hf is parallelized (default fsdp)")
+    s.add_argument("--layers", type=int, help="decoder layers of --hf-config / --hf (default: the "
+                   "config's num_hidden_layers), or factory(groups, layers=N) (default: the "
+                   "factory's own)")
+    s.add_argument("--graph", metavar="FILE.py",
+                   help="an FX graph in torch's repro format (a Repro module and load_args, as "
+                        "torch's save_graph_repro, the minifier and `extract --save-graph` write "
+                        "it): a whole step, a forward or a backward graph, traced on fake CPU "
+                        "tensors. The file is Python and runs with your permissions: give only "
+                        "files you trust (its code may take BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S "
+                        "seconds, default 300)")
+    s.add_argument("--group", action="append", metavar="NAME=SIZE[@RANKS_PER_NODE][:dp|tp]",
+                   help="a process group of the --graph file (repeat for each; default: the file's "
+                        "get_pg_config() or setup_fake_process_groups); groups are data-parallel "
+                        "unless marked tp, ranks per node default to the preset's layout")
+
+
+def add_cluster_options(s) -> None:
+    from fxglue.presets import DEFAULT_PRESET, PRESETS
+
+    s.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
+                   help="cluster: world size, 2-D TP degree, GPU and how collectives are priced "
+                        f"(default {DEFAULT_PRESET}); "
+                        + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
+    s.add_argument("--ranks", type=int,
+                   help="world size instead of the preset's (a multiple of its ranks per node)")
+    s.add_argument("--tp", type=int, help="tensor-parallel degree of 2-D workloads instead of the "
+                                          "preset's")
+    s.add_argument("--collectives", nargs="+", metavar="FILE",
+                   help="measured collective times that replace the preset's model for the groups "
+                        "they cover: nccl-tests output (all_gather_perf, reduce_scatter_perf, "
+                        "all_reduce_perf) or a CSV kind,group,ranks_per_node,bytes,ms "
+                        "(docs/commands.md)")
+    s.add_argument("--compute-tflops", type=float,
+                   help="bf16/fp16 rate of the compute roofline in TFLOP/s instead of the preset's "
+                        "(800: ~60%% MFU on H100; published Llama-3-8B training runs at 33-43%%, "
+                        "i.e. 330-420)")
+    s.add_argument("--hbm-tbps", type=float,
+                   help="memory bandwidth of the compute roofline in TB/s instead of the preset's "
+                        "(3.0)")
+    s.add_argument("--profile", metavar="TRACE.json",
+                   help="a Chrome trace of the step on the cluster (torch.profiler, "
+                        "record_shapes=True): its op times replace the roofline of the nodes it "
+                        "timed, its NCCL kernels the collective model of the groups they cover "
+                        "(torch's profile-guided estimation; docs/commands.md)")
+    s.add_argument("--profile-cpu", action="store_true",
+                   help="the --profile trace is of a CPU run (no GPU kernels): its ops' CPU times "
+                        "price the nodes it timed; it has no collective times (docs/commands.md)")
+    s.add_argument("--collective-ranks", metavar="N/PER_NODE",
+                   help="ranks and ranks per node of nccl-tests files whose header lists no ranks "
+                        "(e.g. 64/8)")
+
+
+def add_pipeline_options(s) -> None:
+    add_cluster_options(s)
+    s.add_argument("--pre-bucketing", action="store_true",
+                   help="run torch's FSDP pre-bucketing before scheduling (torch's default; off "
+                        "here so the bucket search sees every collective)")
+    s.add_argument("--bucket-mode", choices=BUCKET_MODES, default=None,
+                   help="torch's bucket mode (default: torch's config, i.e. 'default')")
+    s.add_argument("--max-bucket-memory-gb", type=float, default=2.0,
+                   help="bucket cap in GB (default %(default)s, as torch)")
+    s.add_argument("--hardware", help="JSON file overriding the estimator's hardware figures "
+                                      "(default: the preset's)")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+
+
+def add_planner_option(s) -> None:
+    from fxglue import planners  # torch-free: the registry's names and descriptions
+
+    s.add_argument("--planner", choices=planners.names(), default="greedy",
+                   help="which plan to check (default %(default)s): "
+                        + planners.help_text().replace("%", "%%"))
+
+
+def workload(args, *, required: bool = True):
+    """The workload the flags name: a built-in name, --model, --hf-config or --hf (one of them)."""
+    from fxglue.models.custom import factory_workload, hf_config_workload
+    from fxglue.models.workloads import WorkloadError
+
+    given = [x for x in (args.workload, args.model, args.hf_config, args.hf, args.graph) if x]
+    if len(given) > 1:
+        raise CLIError("give one workload: a built-in name, --model, --hf-config, --hf or --graph")
+    if args.group and not args.graph:
+        raise CLIError("--group names the process groups of a --graph file; give --graph FILE")
+    if not given:
+        if required:
+            raise CLIError("no workload: give a built-in name (`bucketplan workloads`), --model, "
+                           "--hf-config, --hf or --graph")
+        return None
+    try:
+        if args.graph:
+            return _graph_file(args)
+        if args.model:
+            return factory_workload(args.model, args.parallel, args.layers)
+        if args.hf_config or args.hf:
+            return hf_config_workload(args.hf_config, model_id=args.hf, parallel=args.parallel,
+                                      layers=args.layers)
+    except WorkloadError as e:
+        raise CLIError(str(e)) from None
+    if args.layers is not None:
+        raise CLIError("--layers applies to --model, --hf-config and --hf (built-in names carry "
+                       "their depth)")
+    return args.workload
+
+
+def _graph_file(args):
+    """--graph FILE with its --group flags (checked here; the file is loaded when it is traced)."""
+    from fxglue.graph_file import GraphFile, parse_group
+
+    if not Path(args.graph).is_file():
+        raise CLIError(f"--graph {args.graph}: no such file")
+    if args.layers is not None:
+        raise CLIError("--layers applies to --model, --hf-config and --hf (a --graph file carries "
+                       "its depth)")
+    groups = tuple(parse_group(g) for g in args.group) if args.group else None
+    names = [g.name for g in groups or ()]
+    if len(set(names)) != len(names):
+        raise CLIError(f"--group {next(n for n in names if names.count(n) > 1)!r} is given twice")
+    return GraphFile(args.graph, groups)
+
+
+def hardware(args):
+    """--hardware: the estimator's hardware figures from a JSON file (None: the preset's)."""
+    if not getattr(args, "hardware", None):
+        return None
+    from fxglue.presets import Hardware
+
+    try:
+        return Hardware.from_json(args.hardware)
+    except (OSError, ValueError, TypeError) as e:
+        raise CLIError(f"{args.hardware}: cannot read hardware figures: {e}") from None
+
+
+def preset(args):
+    """The cluster the flags name: --preset at --ranks / --tp, priced by --collectives files and
+    a --profile trace."""
+    from fxglue.presets import get_preset, with_measurements
+
+    try:
+        chosen = get_preset(args.preset, ranks=args.ranks, tp=args.tp)
+        ranks, per_node = _collective_ranks(getattr(args, "collective_ranks", None))
+        chosen = _compute_rates(chosen, args)
+        chosen = with_measurements(chosen, getattr(args, "collectives", None), ranks=ranks,
+                                   ranks_per_node=per_node)
+        if getattr(args, "profile_cpu", False) and not getattr(args, "profile", None):
+            raise CLIError("--profile-cpu: give the CPU run's trace with --profile TRACE.json")
+        if getattr(args, "profile", None):
+            from fxglue.profile import with_profile  # torch's trace parser
+
+            chosen = with_profile(chosen, args.profile, cpu=getattr(args, "profile_cpu", False))
+        return chosen
+    except ValueError as e:  # planner.measured.MeasuredError and BadFileError are ValueErrors
+        raise CLIError(str(e)) from None
+
+
+def _compute_rates(chosen, args):
+    """--compute-tflops / --hbm-tbps: the roofline's rates instead of the preset's."""
+    from dataclasses import replace
+
+    rates = {}
+    for flag, field in (("compute_tflops", "bf16_tflops"), ("hbm_tbps", "hbm_tbps")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            positive(value, "--" + flag.replace("_", "-"))
+            rates[field] = value
+    if not rates:
+        return chosen
+    if getattr(args, "hardware", None):
+        raise CLIError("--compute-tflops / --hbm-tbps with --hardware: give the rates in the "
+                       "hardware file")
+    what = ", ".join(f"{k} {v:g}" for k, v in rates.items())
+    figures = replace(chosen.hardware, name=f"{chosen.hardware.name}; {what}", **rates)
+    tag = "-".join(f"{k.split('_')[0]}{v:g}" for k, v in rates.items())
+    return replace(chosen, hardware=figures, name=f"{chosen.name}+{tag}",
+                   description=f"{chosen.description}; {what}")
+
+
+def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:
+    """--collective-ranks N/PER_NODE."""
+    if text is None:
+        return None, None
+    n, _, per = text.partition("/")
+    if not n.isdigit() or int(n) < 1 or not per.isdigit() or int(per) < 1:
+        raise CLIError(f"--collective-ranks {text!r}: give N/PER_NODE, positive integers "
+                       "(e.g. 64/8)")
+    return int(n), int(per)

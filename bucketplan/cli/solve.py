@@ -1,0 +1,181 @@
+"""``bucketplan solve``: one problem's plan with CP-SAT (status, objective, bound, gap); its
+flags are all checked before anything is loaded. ``--positions free`` continues in
+solve_positions.py, ``--robust`` in solve_robust.py."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+
+from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, memory_budget, memory_line,
+                                   output_file, positive, progress, seed, stamped, workers)
+
+OBJECTIVES = ["count", "exposure", "step"]
+OBJECTIVE_HELP = ("step: the simulated step time in ms; count: the number of collectives; "
+                  "exposure: exposed communication summed per bucket, without stream queuing")
+
+
+def add_parser(sub) -> None:
+    s = sub.add_parser("solve",
+                       help="optimal bucketing with CP-SAT (status, objective, bound, gap)")
+    s.add_argument("problem",
+                   help="the problem file to solve (problem.json, as `extract` writes it)")
+    s.add_argument("-o", "--output", required=True, help="plan file to write")
+    s.add_argument("--time-limit", type=float, default=60.0, help="seconds of search (default 60)")
+    s.add_argument("--objective", choices=OBJECTIVES, default="step",
+                   help="what to minimize (default step, as solve-dir): " + OBJECTIVE_HELP)
+    s.add_argument("--workers", type=int, default=2, help="CP-SAT workers (default 2)")
+    s.add_argument("--seed", type=int, default=0,
+                   help="CP-SAT's random seed (default %(default)s); with the same workers, the "
+                        "same plan")
+    s.add_argument("--deterministic", action="store_true",
+                   help="--time-limit counts CP-SAT's deterministic time, not wall seconds: the "
+                        "same seed and workers give the same plan on any machine, even when not "
+                        "proved optimal (runs take longer)")
+    s.add_argument("--hint", help="a plan to start from (e.g. greedy-plan.json; default: none)")
+    s.add_argument("--window", default="auto",
+                   help="'auto' (the default: full model up to 320 collectives, else 16), 'none' "
+                        "(full model), or N: limit anchors to N same-key neighbours; the reported "
+                        "bound always holds for the whole problem")
+    s.add_argument("--protect-partly", action="store_true",
+                   help="keep the overlap of partly hidden collectives too (stricter than torch's "
+                        "rules; default: off, torch's rules)")
+    s.add_argument("--memory-budget-gb", type=float, default=None,
+                   help="extra memory kept alive by moved starts/waits stays within this at every "
+                        "position (default: no budget)")
+    s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
+                   help="anchored (the default): each bucket starts and waits where torch "
+                        "scheduled one of its members; free: also choose where "
+                        "(planner.position_search, step objective only), within --peak-memory-gb; "
+                        "apply, check and use merge such plans where they name")
+    s.add_argument("--keep-overlap", action="store_true",
+                   help="with --positions free: keep torch's overlap too (rules 4, 7 and 8: a "
+                        "bucket keeps what hid each member), as anchored plans do (default: off; "
+                        "the step prices lost overlap)")
+    s.add_argument("--peak-memory-gb", type=float, default=None,
+                   help="with --positions free: the planned schedule's peak memory (GB, 1e9 bytes) "
+                        "stays within this (default: the --hint plan's peak, or the unbucketed "
+                        "schedule's)")
+    s.add_argument("--robust", metavar="A,B,...",
+                   help="the plan with the least worst-case regret across these cost scenarios "
+                        f"({SCENARIOS_HELP}), within --time-limit")
+    s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    s.set_defaults(func=run)
+
+
+def run(args) -> int:
+    # every flag and the output path are checked before anything is loaded or solved: a bad
+    # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
+    # nan and inf too: CP-SAT would run unbounded or not at all
+    positive(args.time_limit, "--time-limit")
+    workers(args.workers, "--workers")
+    seed(args.seed, "--seed")
+    window = _window(args.window)
+    budget = memory_budget(args.memory_budget_gb)
+    if args.positions == "free" and args.objective != "step":
+        raise CLIError("--positions free needs --objective step (positions are chosen by the "
+                       "simulated step)")
+    if args.peak_memory_gb is not None:
+        if args.positions != "free":
+            raise CLIError("--peak-memory-gb needs --positions free")
+        positive(args.peak_memory_gb, "--peak-memory-gb")
+    if args.keep_overlap and args.positions != "free":
+        raise CLIError("--keep-overlap needs --positions free (anchored plans always keep torch's "
+                       "overlap)")
+    output_file(args.output, "-o")
+    try:
+        if args.robust is not None:
+            from bucketplan.cli.solve_robust import robust_and_report
+
+            return robust_and_report(args, budget)
+        return _solve_and_report(args, window, budget)
+    except KeyboardInterrupt:
+        # solve keeps the best verified plan at a first Ctrl-C (written, exit 130); this one came
+        # while loading the problem, at a second Ctrl-C, or while writing: nothing verified to keep
+        print("bucketplan solve: interrupted before a plan was written", file=sys.stderr)
+        return 130
+
+
+def _window(value: str) -> int | str | None:
+    """--window: 'auto', 'none' (the full model) or a positive number of same-key neighbours
+    (planner.arguments.window's rule, spelled for the command line)."""
+    import planner.arguments as arguments
+
+    if value in ("auto", "none"):
+        return None if value == "none" else value
+    try:
+        n = int(value)
+        arguments.window(n, "--window")
+    except ValueError:
+        raise CLIError(f"--window must be 'auto', 'none' or a positive integer, "
+                       f"not {value!r}") from None
+    return n
+
+
+def _solve_and_report(args, window: int | str | None, budget: int | None) -> int:
+    """``bucketplan solve`` once its flags are checked: load, solve, write, report."""
+    import planner
+    from planner.position_search import FREE_POSITIONS_CP_SAT_SHARE
+    from planner.progress import LiveLine
+    from planner.solver import PlanMismatchError, solve
+
+    t_start = time.perf_counter()
+    problem = planner.load_problem(args.problem)
+    hint = planner.load_plan(args.hint) if args.hint else None
+    say = progress(args.quiet)
+    say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective "
+        f"{args.objective}, time limit {args.time_limit}s")
+    # with free positions, CP-SAT's anchored step plan is one start of the positioned search
+    share = FREE_POSITIONS_CP_SAT_SHARE if args.positions == "free" else 1.0
+    try:
+        with LiveLine(say) if not args.quiet else contextlib.nullcontext(say) as live:
+            result = solve(problem, time_limit_s=args.time_limit * share,
+                           objective=args.objective, workers=args.workers, seed=args.seed,
+                           hint=hint, window=window, protect_partly=args.protect_partly,
+                           memory_budget_bytes=budget, deterministic=args.deterministic,
+                           progress=live)
+    except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
+        raise CLIError(f"{args.hint}: {e}") from None
+    if args.positions == "free" and not result.stats.get("interrupted"):
+        from bucketplan.cli.solve_positions import position_search_and_report
+
+        return position_search_and_report(args, problem, result, hint, t_start)
+    if result.plan is None:
+        print(f"no plan: {result.summary()}")
+        return 130 if result.stats.get("interrupted") else 1
+    try:
+        planner.save(stamped(result.plan, args), args.output)
+    except OSError as e:  # checked up front; this is a race (the folder changed during the search)
+        raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
+    _report(args, problem, result)
+    return 130 if result.stats.get("interrupted") else 0
+
+
+def _report(args, problem, result) -> None:
+    import planner
+
+    notes = []
+    if result.stats.get("interrupted"):
+        notes.append("interrupted: the best verified plan so far")
+    if result.stats.get("model_not_built"):  # a huge problem: its model would pass a limit
+        notes.append(f"no search: {result.stats['model_not_built']}")
+    if result.stats.get("fallback"):  # solve always returns a verified plan (planner README)
+        notes.append(f"no better plan found in time than the {result.stats['fallback']} plan")
+    print(f"status              {result.status}" + (f" ({'; '.join(notes)})" if notes else ""))
+    print(f"collectives         {len(problem.collectives)} -> "
+          f"{planner.collectives_after(problem, result.plan)}")
+    scope = result.stats["bound_scope"]
+    if args.objective == "step":
+        # None: interrupted before the floor
+        bound = "n/a" if result.bound is None else f"{result.bound:.3f} ms"
+        print(f"step / bound        {result.objective:.3f} ms (simulated) / {bound} ({scope}); "
+              f"unbucketed {planner.simulate(problem).step_ms:.3f} ms")
+    else:
+        print(f"objective / bound   {result.objective} / {result.bound} ({scope})")
+    print(f"gap                 {'n/a' if result.gap is None else f'{result.gap:.1%}'}")
+    print(memory_line(problem, result.plan))
+    print(f"wall                {result.wall_s:.1f}s"
+          + (" (stopped by the wall-clock limit, not the deterministic one: another run may "
+             "differ)" if result.stats.get("wall_limit_hit") else ""))
+    print(f"wrote               {args.output}")

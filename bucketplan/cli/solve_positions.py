@@ -1,0 +1,95 @@
+"""``bucketplan solve --positions free``: the positioned search from CP-SAT's anchored plan, the
+hint and the per-block seed, within a peak memory budget; reported as solve reports."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from bucketplan.cli.common import CLIError, memory_line, positive, progress, stamped
+
+
+def position_search_and_report(args, problem, anchored, hint, t_start: float) -> int:
+    """The positioned search after CP-SAT's ``anchored`` result. ``--deterministic``: a number
+    of evaluations instead of seconds (EVALUATIONS_PER_S of the positioned share), the wall clock
+    only a guard, and no creation time in the plan: two runs write the same bytes."""
+    import planner
+    from planner.position_search import (EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE,
+                                         position_search)
+    from planner.solver import DETERMINISTIC_WALL_FACTOR
+
+    budget = _peak_budget(args.peak_memory_gb, problem, hint)
+    starts = [p for p in (anchored.plan, hint) if p is not None]
+    evaluations = (int(EVALUATIONS_PER_S * (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit)
+                   if args.deterministic else None)
+    deadline = t_start + args.time_limit * (DETERMINISTIC_WALL_FACTOR if args.deterministic
+                                            else 1.0)
+    progress(args.quiet)(f"positioned search within a peak of {budget / 1e9:.3f} GB, "
+                         + (f"{evaluations} evaluations" if evaluations is not None
+                            else f"{max(0.0, deadline - time.perf_counter()):.0f} s"))
+    try:
+        result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline,
+                                 seed=args.seed, keep_overlap=args.keep_overlap,
+                                 max_evaluations=evaluations)
+    except ValueError as e:  # nothing fits the budget
+        raise CLIError(f"--peak-memory-gb: {e}") from None
+    except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified plan is the best
+        if anchored.plan is None:
+            raise
+        planner.save(stamped(anchored.plan, args), args.output)
+        print(f"interrupted before the positioned search had a plan: wrote CP-SAT's anchored plan "
+              f"({anchored.objective:.3f} ms; verified, not held to --peak-memory-gb) "
+              f"to {args.output}", file=sys.stderr)
+        return 130
+    planner.save(stamped(result.plan, args), args.output)
+    _report(args, problem, anchored, result, budget)
+    _print_wall(result, evaluations, t_start)
+    print(f"wrote               {args.output}")
+    return 130 if result.stats.get("interrupted") else 0
+
+
+def _report(args, problem, anchored, result, budget: int) -> None:
+    import planner
+    from planner.bounds import free_position_floor
+    from planner.memory import memory_timeline
+
+    floor = free_position_floor(problem).floor_ms
+    gap = (result.step_ms - floor) / result.step_ms if result.step_ms > 0 else 0.0
+    note = "; interrupted: the best verified plan so far" if result.stats.get("interrupted") else ""
+    print(f"status              FEASIBLE (local search over positions and membership, best from "
+          f"{result.stats['best_from']}{note})")
+    print(f"collectives         {len(problem.collectives)} -> "
+          f"{planner.collectives_after(problem, result.plan)}")
+    print(f"step / bound        {result.step_ms:.3f} ms (simulated) / {floor:.3f} ms "
+          f"(free-position floor); unbucketed {planner.simulate(problem).step_ms:.3f} ms")
+    if anchored.plan is not None:
+        over = memory_timeline(problem, anchored.plan).peak_bytes
+        print(f"CP-SAT's start      {anchored.objective:.3f} ms (anchored), "
+              f"peak {over / 1e9:.3f} GB"
+              + (" (over the budget: fitted before the search)" if over > budget else ""))
+    print(f"gap                 {gap:.1%}")
+    print(memory_line(problem, result.plan) + f"; budget {budget / 1e9:.3f} GB")
+
+
+def _print_wall(result, evaluations: int | None, t_start: float) -> None:
+    guarded = evaluations is not None and result.stats["evaluations"] < evaluations
+    print(f"wall                {time.perf_counter() - t_start:.1f}s" + (
+        " (a wall-clock limit: another run may differ)" if evaluations is None else
+        " (stopped by the wall-clock guard before its evaluations: another run may differ)"
+        if guarded else
+        f" ({result.stats['evaluations']} evaluations: the same plan on any machine)"))
+
+
+def _peak_budget(gb: float | None, problem, hint) -> int:
+    """--peak-memory-gb in bytes; by default the peak of the hint (e.g. torch's greedy plan), or
+    of the unbucketed schedule without one: a plan never holds more than what it replaces."""
+    from planner.position_search import default_peak_budget
+    from planner.problem import MAX_BYTES
+
+    if gb is None:
+        return default_peak_budget(problem, [hint])
+    positive(gb, "--peak-memory-gb")
+    budget = int(gb * 1e9)
+    if budget >= MAX_BYTES:
+        raise CLIError(f"--peak-memory-gb {gb!r} is beyond any machine")
+    return budget
