@@ -509,8 +509,10 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
     nodes' work and one launch per bucket of the fewest the cap allows (bin packing of each key's
     ``size_bytes``); each stream is busy at least, per key, the larger of the minorant at the key's
     bytes with those buckets (``_key_stream_floor``) and its bytes at the curve's best per-byte
-    time for a bucket of at most the key's total wire bytes (``per_byte_floor``). ``step_floor``
-    assumes anchored buckets (a bucket's reach), so it does not hold for positioned plans."""
+    time for a bucket of at most the key's total wire bytes (``per_byte_floor``); and
+    ``chain_ms`` is ``release_deadline_floor`` (no stream runs a collective before its data exist,
+    nor finishes it after its consumers ran). ``step_floor`` assumes anchored buckets (a bucket's
+    reach), so it does not hold for positioned plans."""
     stream: dict[str, float] = {}
     launches = 0
     least = per_byte_floors(problem)
@@ -524,7 +526,9 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
-    return StepFloor(floor_ms=max([compute, *stream.values()]), compute_ms=compute, stream_ms=stream)
+    chain = release_deadline_floor(problem)
+    return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, stream_ms=stream,
+                     chain_ms=chain)
 
 
 def _most_wire_within_cap(cs: list, cap: int) -> int:
@@ -539,3 +543,56 @@ def _most_wire_within_cap(cs: list, cap: int) -> int:
             wire += c.wire_bytes * room / c.size_bytes
             break
     return math.ceil(wire)
+
+
+def release_deadline_floor(problem: Problem) -> float:
+    """A floor of the simulated step (ms) over every plan with any positions that knows what
+    ``free_position_floor`` ignores: when each collective's data allow it to run. A collective's
+    bucket is issued no earlier than the compute up to its start's last fixed predecessor
+    (``fixed_limits``: its release), and its wait sits before its wait's first fixed consumer,
+    whose own compute and everything after it run once the bucket is done (its tail). On one
+    process group's FIFO stream, the collectives released at ``r`` or later whose consumers lie at
+    or before position ``Q`` take at least their bytes at the best per-byte time of their key's
+    largest bucket (``per_byte_floor``), all after ``r``; so the step is at least
+    ``r + that + tail(Q)`` for every ``r`` and ``Q``. Nothing hides the first gather of the step
+    (``r`` = 0, ``Q`` its consumer) or the last reduce of the backward (``r`` its gradient)."""
+    limits = fixed_limits(problem)
+    nodes = problem.nodes
+    positions = [n.pos for n in nodes]
+    done = np.cumsum([n.stream_ms for n in nodes])  # compute done once node k has run
+    total = float(done[-1]) if len(nodes) else 0.0
+
+    def released(pos: int) -> float:  # compute of every node at or before ``pos``
+        k = bisect.bisect_right(positions, pos) - 1
+        return float(done[k]) if k >= 0 else 0.0
+
+    def tail(pos: int) -> float:  # the consumer's own compute and everything after it
+        k = bisect.bisect_left(positions, pos)
+        if k >= len(nodes):
+            return 0.0
+        return total - float(done[k]) + nodes[k].own_ms
+
+    least = per_byte_floors(problem)
+    items: dict[str, list[tuple[float, int, float]]] = {}
+    for (kind, pg, _), cs in _by_key(problem).items():
+        largest = _most_wire_within_cap(cs, problem.bucket_cap_bytes)
+        for c in cs:
+            s_lo, w_hi = limits[c.name]
+            items.setdefault(pg, []).append((released(s_lo), w_hi, c.wire_bytes * least[pg, kind](largest)))
+    best = 0.0
+    for group in items.values():
+        deadlines = sorted({q for _, q, _ in group})
+        tails = np.array([tail(q) for q in deadlines])
+        at = {q: k for k, q in enumerate(deadlines)}
+        busy = np.zeros(len(deadlines))  # per Q: the stream time of what is released so far and due by Q
+        due = np.zeros(len(deadlines), dtype=bool)  # per Q: something released so far is due by Q
+        group.sort(key=lambda item: -item[0])
+        k = 0
+        while k < len(group):
+            r = group[k][0]
+            while k < len(group) and group[k][0] == r:
+                busy[at[group[k][1]]:] += group[k][2]
+                due[at[group[k][1]]:] = True
+                k += 1
+            best = max(best, r + float(np.max(np.where(due, busy + tails, 0.0))))
+    return best

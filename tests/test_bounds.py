@@ -97,3 +97,51 @@ def test_a_member_of_size_zero_is_within_reach_beside_a_full_bucket():
     assert not planner.verify(problem, plan)
     assert bucket_reach(problem).member["ag1"] >= 101
     assert step_floor(problem).floor_ms <= planner.simulate(problem, plan).step_ms + 1e-12
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=2, max_compute=3, costs=True))
+def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(problem):
+    """Brute force over every plan with free positions of a tiny problem (every partition, anchor,
+    named start and wait): the floor is at most the simulated step of each the verifier accepts
+    under the positioned policy, and at least free_position_floor's compute part where it binds."""
+    from planner.bounds import release_deadline_floor
+    from planner.position_search import positioned_policy
+    from tests.brute import positioned_plans
+
+    rules = positioned_policy(None).as_params()
+    floor = release_deadline_floor(problem)
+    steps = [planner.simulate(problem, p).step_ms for p in positioned_plans(problem)
+             if not planner.verify(problem, p, **rules)]
+    assert floor <= min(steps) + 1e-9, (floor, min(steps))
+
+
+def _committed_plans():
+    """(case, plan name, problem, plan) of every plan in tests/data/plans_v2."""
+    from pathlib import Path
+
+    root = Path(__file__).parent / "data" / "plans_v2"
+    for case in sorted(p for p in root.iterdir() if p.is_dir()):
+        for plan_file in sorted(case.glob("*-plan.json.gz")):
+            stem = plan_file.name[:-len("-plan.json.gz")]
+            own = case / f"{stem}-problem.json.gz"
+            problem = planner.load_problem(own if own.exists() else case / "problem.json.gz")
+            yield case.name, stem, problem, planner.load_plan(plan_file)
+
+
+def test_the_release_deadline_floor_is_never_above_a_committed_plan():
+    """Every planner's plan of four cases (torch's rows, CP-SAT's, the positioned search's): the
+    floor is at most its simulated step, and above what the busy streams and compute alone prove on
+    a 2-D case (69.9 against 67.3 ms), where the stream cannot start the backward's reduces before
+    their gradients exist."""
+    from planner.bounds import free_position_floor, release_deadline_floor
+
+    seen = 0
+    for case, stem, problem, plan in _committed_plans():
+        floor = release_deadline_floor(problem)
+        assert floor <= planner.simulate(problem, plan).step_ms + 1e-9, (case, stem)
+        if case == "llama3-8b-2d-8--h100-1node" and stem == "bucketplan-step-free-positions":
+            busy = free_position_floor(problem)
+            assert floor > max(busy.compute_ms, *busy.stream_ms.values()) + 2
+        seen += 1
+    assert seen == 28
