@@ -186,3 +186,24 @@ def test_the_memory_cap_counts_a_fixed_plan_as_planner_memory_does(get_scheduled
         solver = cp_model.CpSolver()
         solver.parameters.num_workers = 1
         assert solver.solve(h.model) == cp_model.INFEASIBLE
+
+
+def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_below_it(get_scheduled):
+    """solve_capped on llama3-8b-fsdp-2 within the unbucketed schedule's peak, from a positioned
+    search's plan: the plan returned is verified, within the cap by planner.memory, no slower than
+    the plan it started from, and its bound lies between free_position_floor and its step."""
+    from planner.bounds import free_position_floor
+    from planner.memory import peak_bytes
+    from planner.positioned_solve import solve_capped
+
+    problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
+    cap = peak_bytes(problem)
+    start = position_search(problem, [], peak_memory_bytes=cap, deadline=time.perf_counter() + 60,
+                            max_evaluations=100, seed=0)
+    floor = free_position_floor(problem).floor_ms
+    result = solve_capped(problem, [start.plan], peak_memory_bytes=cap, time_limit_s=8, workers=1, floor_ms=floor)
+    assert not planner.verify(problem, result.plan, **positioned_policy(cap).as_params())
+    assert result.peak_bytes == peak_bytes(problem, result.plan) <= cap
+    assert result.step_ms == planner.simulate(problem, result.plan).step_ms <= start.step_ms
+    assert floor - 1e-6 <= result.bound_ms <= result.step_ms
+    assert result.stats["instants"] > 0

@@ -1,0 +1,124 @@
+"""The positioned CP-SAT model with the memory cap inside, after the positioned search, at equal
+memory as torch's estimator counts it.
+
+For each workload on h100-8nodes, two compute orders and caps: torch's schedule within torch's
+greedy (default pipeline) plan's peak, and the graph's own order (torch's scheduler not run, as
+torch's manual per-block pass runs) within that order's unbucketed peak, which is torch manual's
+peak by torch's estimator (13.493 GB at fsdp-8, 8.214 at fsdp-2). Each row: the positioned
+search's plan within the cap (``--search`` s), then ``planner.positioned_solve.solve_capped``
+from it (``--cpsat`` s): its step, CP-SAT's status and bound over the capped candidate space, the
+floor over every plan with any positions (``free_position_floor``, release/deadline included),
+and the plan's peak by ``planner.memory`` beside torch's estimator on the graph the plan was
+applied to (``fxglue.apply``).
+
+    python -m experiments.capped_positioned --workloads llama3-8b-fsdp-2 llama3-8b-fsdp-8 \\
+        --search 30 --cpsat 60 --out experiments/results/capped_positioned
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import planner
+from experiments.common import git_revision, machine, markdown_table, save_gz
+from planner.bounds import free_position_floor
+from planner.memory import peak_bytes
+from planner.position_search import default_peak_budget, position_search
+from planner.positioned_solve import solve_capped
+
+PRESET = "h100-8nodes"
+
+
+def _torch_order(workload: str):
+    """(problem, torch's greedy plan, a function giving torch's peak of an applied plan)."""
+    from fxglue.apply import apply_plan, torch_peak_bytes
+    from fxglue.pipeline import prepare
+
+    prepared = prepare(workload, preset=PRESET)
+
+    def torch_peak(plan) -> int:
+        fresh = prepare(workload, preset=PRESET, greedy=False)
+        inputs = fresh.inputs
+        apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=fresh.problem,
+                   bucket_mode=fresh.problem.bucket_mode)
+        return torch_peak_bytes(inputs.gm.graph)
+
+    return prepared.problem, prepared.greedy, torch_peak
+
+
+def _graph_order(workload: str):
+    from experiments.positioned_at_manual_peak import graph_order_problem
+    from fxglue.apply import apply_plan, torch_peak_bytes
+    from fxglue.manual import fixed_order_inputs
+    from fxglue.models.workloads import trace
+    from fxglue.pipeline import estimator_for, resolve_preset
+
+    problem = graph_order_problem(workload, PRESET)
+    p = resolve_preset(PRESET)
+
+    def torch_peak(plan) -> int:
+        traced = trace(workload, world_size=p.world_size, tp=p.tp)
+        info, order, _ = fixed_order_inputs(traced, estimator_for(traced, preset=p), bucket_mode=None)
+        apply_plan(traced.gm.graph, info, order, plan, problem=problem, bucket_mode=problem.bucket_mode)
+        return torch_peak_bytes(traced.gm.graph)
+
+    return problem, None, torch_peak
+
+
+def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path) -> dict:
+    t0 = time.perf_counter()
+    problem, greedy, torch_peak = _torch_order(workload) if order == "torch" else _graph_order(workload)
+    cap = default_peak_budget(problem, [greedy]) if greedy is not None else peak_bytes(problem)
+    prepare_s = time.perf_counter() - t0
+    starts = [greedy] if greedy is not None else []
+    t1 = time.perf_counter()
+    searched = position_search(problem, starts, peak_memory_bytes=cap, deadline=time.perf_counter() + search_s)
+    t2 = time.perf_counter()
+    floor = free_position_floor(problem)
+    capped = solve_capped(problem, [searched.plan], peak_memory_bytes=cap, time_limit_s=cpsat_s,
+                          floor_ms=floor.floor_ms)
+    t3 = time.perf_counter()
+    tag = out / f"{workload}--{order}-order"
+    tag.mkdir(parents=True, exist_ok=True)
+    save_gz(problem, tag / "problem.json.gz")
+    save_gz(capped.plan, tag / "capped-plan.json.gz")
+    return {"workload": workload, "preset": PRESET, "order": order, "cap_gb": round(cap / 1e9, 3),
+            "search_ms": round(searched.step_ms, 2), "capped_ms": round(capped.step_ms, 2),
+            "status": capped.status, "candidate_bound_ms": round(capped.bound_ms, 2),
+            "any_position_floor_ms": round(floor.floor_ms, 2),
+            "gap_to_floor": round((capped.step_ms - floor.floor_ms) / capped.step_ms, 4),
+            "peak_gb": round(capped.peak_bytes / 1e9, 3), "torch_peak_gb": round(torch_peak(capped.plan) / 1e9, 3),
+            "search_s": round(t2 - t1, 1), "cpsat_s": round(t3 - t2, 1), "prepare_s": round(prepare_s, 1),
+            "cpsat_stats": {k: v for k, v in capped.stats.items() if k != "rounds_s"}}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", nargs="+", default=["llama3-8b-fsdp-2", "llama3-8b-fsdp-8"])
+    ap.add_argument("--orders", nargs="+", default=["graph", "torch"], choices=["graph", "torch"])
+    ap.add_argument("--search", type=float, default=30.0)
+    ap.add_argument("--cpsat", type=float, default=60.0)
+    ap.add_argument("--out", type=Path, default=Path("experiments/results/capped_positioned"))
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for workload in args.workloads:
+        for order in args.orders:
+            row = run_case(workload, order, args.search, args.cpsat, args.out)
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cols = ["workload", "order", "cap_gb", "search_ms", "capped_ms", "status", "candidate_bound_ms",
+            "any_position_floor_ms", "gap_to_floor", "peak_gb", "torch_peak_gb", "search_s", "cpsat_s"]
+    lines = [f"# The capped positioned CP-SAT after the positioned search ({PRESET})", "",
+             f"`python -m experiments.capped_positioned --workloads {' '.join(args.workloads)} "
+             f"--search {args.search:g} --cpsat {args.cpsat:g}`; git {git_revision()}; {machine()}.", "",
+             *markdown_table(cols, rows), ""]
+    (args.out / "table.md").write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
