@@ -157,10 +157,27 @@ def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=No
     row.problem, row.problem_pre = prob, prob_pre
     row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms,  # positioned plans: their own floor
                        free_position_floor(prob_pre).floor_ms)
+    _flag_over_default_peak(row)
     _simulate_rows(row, prob, out if traces else None)
     if steps is not None:
         steps.done(row.plans)
     return row
+
+
+def _flag_over_default_peak(row: WorkloadRow) -> None:
+    """A searching row that holds more than torch's default pipeline says so in its note: the
+    rows are compared at the memory torch would use, and only the positioned search plans within
+    it (CP-SAT's anchored model has no memory cap)."""
+    default = next((r for r in row.plans if r.planner == DEFAULT_LABEL and r.plan is not None), None)
+    if default is None:
+        return
+    cap = peak_bytes(default.problem, default.plan)
+    for r in row.plans:
+        if r.planner in SEARCHING and r.plan is not None:
+            peak = peak_bytes(r.problem, r.plan)
+            if peak > cap:
+                over = f"peak {peak / 1e9:.3f} GB, above torch default's {cap / 1e9:.3f} GB"
+                r.note = f"{r.note}; {over}" if r.note else over
 
 
 def _simulate_rows(row: WorkloadRow, prob, traces_to: Path | None) -> None:

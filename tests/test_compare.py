@@ -100,3 +100,29 @@ def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):
     assert "--force" in capsys.readouterr().err
     assert main(["compare", "llama3-8b-ddp-2", "-q", "-o", "out/compare", "--force"]) == 0
     assert str(ran[-1]) == "out/compare"
+
+
+def test_a_searching_row_above_torch_defaults_peak_is_flagged():
+    """Rows are judged at the memory torch would use: a searching row whose plan peaks above torch
+    default's plan says by how much in its note; torch's own rows and rows within it say nothing.
+    The committed plans of hf-qwen3-2 @ h100-1node: torch default 9.450 GB, CP-SAT's count plan
+    10.131, the positioned search's 9.450, torch manual 9.875 (not a searching row)."""
+    from pathlib import Path
+
+    from fxglue.compare import DEFAULT_LABEL, MANUAL_LABEL, POSITIONED_LABEL, _flag_over_default_peak
+    from planner.report import PlanRow, WorkloadRow
+
+    case = Path(__file__).parent / "data" / "plans_v2" / "hf-qwen3-2--h100-1node"
+
+    def row(label, stem, own_problem):
+        problem = planner.load_problem(case / (f"{stem}-problem.json.gz" if own_problem else "problem.json.gz"))
+        return PlanRow(label, problem, planner.load_plan(case / f"{stem}-plan.json.gz"), 0.0)
+
+    workload = WorkloadRow("hf-qwen3-2", 0, 0)
+    workload.plans = [row(DEFAULT_LABEL, "torch-default-pre-bucketing-greedy", True),
+                      row(MANUAL_LABEL, "torch-manual-a-bucket-per-block", True),
+                      row(POSITIONED_LABEL, "bucketplan-step-free-positions", True),
+                      row("cpsat (count)", "cpsat-count", False)]
+    _flag_over_default_peak(workload)
+    assert [r.note for r in workload.plans[:3]] == ["", "", ""]
+    assert workload.plans[3].note == "peak 10.131 GB, above torch default's 9.450 GB"
