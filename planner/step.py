@@ -261,12 +261,27 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
     return positions, prefix, _ns(acc)
 
 
-def _anchor_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, a: int, members: list[int],
-                  magnitude: int, reach: BucketReach, least: dict[tuple, Callable[[int], float]],
-                  pieces: dict[tuple, list], folded_ns: cp_model.LinearExprT = 0):
+@dataclass(frozen=True)
+class _Pricing:
+    """What pricing any bucket of one model reads: the model and its handle, the problem, the
+    duration lines' ``magnitude``, each anchor's byte ``reach``, the least ms per byte of each
+    (group, kind) curve (``least``) and the exact curve ``pieces`` where a minorant is not."""
+
+    m: cp_model.CpModel
+    handle: ModelHandle
+    problem: Problem
+    magnitude: int
+    reach: BucketReach
+    least: dict[tuple, Callable[[int], float]]
+    pieces: dict[tuple, list]
+
+
+def _anchor_terms(pricing: _Pricing, a: int, members: list[int], folded_ns: cp_model.LinearExprT = 0):
     """(launch, copy_in, copy_out, duration) in ns of the bucket ``a`` may anchor: 0 when it
     anchors nothing; copies only when something joins it (torch merges nothing alone), the
     copy-in with the folded conversions it runs (``folded_ns``, ``_folded_terms``)."""
+    m, handle, problem = pricing.m, pricing.handle, pricing.problem
+    magnitude, reach, least, pieces = pricing.magnitude, pricing.reach, pricing.least, pricing.pieces
     x, colls, cost = handle.x, handle.colls, problem.bucketing
     ca = problem.collectives[colls[a].idx]
     link = problem.link(ca.pg)
@@ -324,10 +339,10 @@ def _bucket_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, an
     into a bucket's copy-in (``_folded_terms``)."""
     terms = {}
     folded_in, away = _folded_terms(handle, problem)
+    pricing = _Pricing(m, handle, problem, magnitude, reach, least, pieces)
     for a in anchors:
         build_tick()  # a build that passes its deadline stops here too (planner.cpsat.build_guard)
-        terms[a] = _anchor_terms(m, handle, problem, a, members[a], magnitude, reach, least, pieces,
-                                 folded_in.get(a, 0))
+        terms[a] = _anchor_terms(pricing, a, members[a], folded_in.get(a, 0))
     return terms, away
 
 
