@@ -22,6 +22,7 @@ from experiments.common import git_revision, machine
 from fxglue.apply import apply_plan
 from fxglue.cpu_compat import cpu_compat
 from fxglue.pipeline import count_collectives, finalize_with_torch, prepare
+from planner.options import SolveOptions
 from planner.repair import repair
 from planner.verifier import check
 
@@ -53,7 +54,7 @@ def main() -> None:
     extract_s = second.timings["extract_s"]
     violations = check(problem, plan).by_rule()
     if violations:
-        plan = repair(problem, plan, time_limit_s=60).plan
+        plan = repair(problem, plan, SolveOptions(time_limit_s=60)).plan
     t0 = time.perf_counter()
     with traced2.fake_mode:
         apply_plan(inputs2.gm.graph, inputs2.collective_info, inputs2.scheduled, plan, problem=problem)

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
+from planner.options import SolveOptions
 from planner.problem import Problem
 from planner.solver import solve
 
@@ -29,7 +30,7 @@ def run_one(row: dict, folder: Path) -> dict:
     problem = load_gz(folder / tag / "problem.json.gz", Problem)
     greedy = row["greedy_after"]
     budget = float(row["greedy_s"])
-    result = solve(problem, time_limit_s=budget, hint=None, workers=2, seed=0,
+    result = solve(problem, SolveOptions(time_limit_s=budget, workers=2, seed=0), hint=None,
                    progress=lambda s: print(f"  {tag}: {s}", file=sys.stderr, flush=True))
     reach = next((t for t, obj, _ in result.progress if obj <= greedy), None)
     return {"workload": row["workload"], "pre_bucketing": row["pre_bucketing"], "collectives": row["collectives"],

@@ -24,7 +24,7 @@ from pathlib import Path
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows
 from fxglue import planners
 from fxglue.models.workloads import workloads
-from fxglue.run.gloo import check_workload
+from fxglue.run.gloo import CheckOptions, check_workload
 
 MODES = ("default", "custom_ops", "custom_ops_multidtype", "coalesced")
 FOUR_RANKS = ("llama3-8b-fsdp-2", "llama3-8b-ddp-2", "llama3-8b-2d-2")
@@ -84,7 +84,7 @@ def main() -> None:
     for k, (workload, ranks, planner, mode) in enumerate(todo, 1):
         print(f"[{k}/{len(todo)}] {workload} ranks={ranks} {planner} {mode} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        res = check_workload(workload, ranks=ranks, planner=planner, bucket_mode=mode)
+        res = check_workload(workload, CheckOptions(ranks=ranks, planner=planner, bucket_mode=mode))
         r0 = res.per_rank[0]
         row = {"workload": workload, "ranks": ranks, "planner": planner, "bucket_mode": mode, "ok": res.ok,
                "collectives": f"{r0.collectives_before} -> {r0.collectives_after}",

@@ -54,7 +54,7 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     save_gz(greedy, out / tag / "greedy-plan.json.gz")
     hint = greedy
     if not g_report.feasible:
-        rep = repair(problem, greedy, time_limit_s=30)
+        rep = repair(problem, greedy, planner.SolveOptions(time_limit_s=30))
         row["greedy_repaired_after"] = rep.objective
         if rep.plan is not None:
             hint = rep.plan
@@ -62,7 +62,7 @@ def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     else:
         row["greedy_repaired_after"] = row["greedy_after"]
 
-    result = solve(problem, time_limit_s=time_limit, hint=hint, workers=2, window=window)
+    result = solve(problem, planner.SolveOptions(time_limit_s=time_limit, workers=2, window=window), hint=hint)
     row.update(cpsat_status=result.status, cpsat_after=result.objective, bound=result.bound,
                gap=None if result.gap is None else round(result.gap, 4), cpsat_s=result.wall_s,
                bound_scope=result.stats.get("bound_scope"),

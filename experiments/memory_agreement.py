@@ -42,10 +42,13 @@ def _plans(name: str, preset: str, seconds: float) -> dict:
     prepared = prepare(name, preset=preset)
     problem, greedy = prepared.problem, prepared.greedy
     if planner.verify(problem, greedy):
-        greedy = planner.repair(problem, greedy, time_limit_s=20).plan
-    count = planner.solve(problem, objective="count", time_limit_s=seconds, workers=2, deterministic=True).plan
-    positioned = position_search(problem, [greedy, count], peak_memory_bytes=peak_bytes(problem),
-                                 deadline=time.perf_counter() + 20 * seconds, max_evaluations=int(100 * seconds)).plan
+        greedy = planner.repair(problem, greedy, planner.SolveOptions(time_limit_s=20)).plan
+    count = planner.solve(problem, planner.SolveOptions(time_limit_s=seconds, objective="count", workers=2,
+                                                        deterministic=True)).plan
+    positioned = position_search(problem, [greedy, count],
+                                 planner.PositionSearchOptions(max_evaluations=int(100 * seconds)),
+                                 peak_memory_bytes=peak_bytes(problem),
+                                 deadline=time.perf_counter() + 20 * seconds).plan
     return {"unbucketed": None, "torch greedy": greedy, "cpsat count": count, "positioned": positioned}
 
 

@@ -33,7 +33,7 @@ def run_case(case: Path, seconds: float) -> dict:
     step = load_gz(case / "cpsat-step-plan.json.gz", planner.Plan)
     greedy = load_gz(case / "torch-greedy-plan.json.gz", planner.Plan)
     if planner.verify(problem, greedy):
-        greedy = repair(problem, greedy, time_limit_s=20).plan
+        greedy = repair(problem, greedy, planner.SolveOptions(time_limit_s=20)).plan
     t0 = time.perf_counter()
     result = polish(problem, step, deadline=t0 + seconds)
     before = planner.simulate(problem, step).step_ms

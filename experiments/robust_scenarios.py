@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.common import git_revision, load_gz, machine, markdown_table, run_missing, save_gz
+from planner.options import SolveOptions
 from planner.problem import Plan, Problem
 from planner.scenarios import SCENARIOS, robust_plan
 
@@ -37,7 +38,7 @@ class Case:
 def run_case(case: Case, scenarios: list[str], seconds: float, out: Path) -> dict:
     problem = load_gz(case.folder / "problem.json.gz", Problem)
     greedy = load_gz(case.folder / "torch-greedy-plan.json.gz", Plan)
-    r = robust_plan(problem, scenarios, time_limit_s=seconds, hint=greedy,
+    r = robust_plan(problem, scenarios, SolveOptions(time_limit_s=seconds), hint=greedy,
                     progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     save_gz(r.plan, out / case.name / "robust-plan.json.gz")
     j = r.judged

@@ -36,8 +36,8 @@ def run_case(case: Path, time_limit_s: float) -> dict:
     problem = load_gz(case / "problem.json.gz", planner.Problem)
     greedy, _ = start_plan(problem, load_gz(case / "greedy-plan.json.gz", planner.Plan))
     t0 = time.perf_counter()
-    result = solve(problem, objective="step", time_limit_s=time_limit_s, workers=2, seed=0, hint=greedy,
-                   floor_plans=(greedy,) if greedy is not None else ())
+    result = solve(problem, planner.SolveOptions(time_limit_s=time_limit_s, objective="step", workers=2, seed=0),
+                   hint=greedy, floor_plans=(greedy,) if greedy is not None else ())
     solve_s = time.perf_counter() - t0
     unbucketed = planner.simulate(problem).step_ms
     floor = step_floor(problem).floor_ms

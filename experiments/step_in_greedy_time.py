@@ -35,10 +35,11 @@ def run_case(case: Path, greedy_s: float) -> dict:
     problem = load_gz(case / "problem.json.gz", planner.Problem)
     greedy = load_gz(case / "torch-greedy-plan.json.gz", planner.Plan)
     t0 = time.perf_counter()
-    result = solve(problem, objective="step", time_limit_s=greedy_s, workers=2, seed=0, hint=greedy)
+    result = solve(problem, planner.SolveOptions(time_limit_s=greedy_s, objective="step", workers=2, seed=0),
+                   hint=greedy)
     solve_s = time.perf_counter() - t0
     if planner.verify(problem, greedy):  # torch's greedy often breaks rule 9: simulated as its repair
-        greedy = repair(problem, greedy, time_limit_s=20).plan
+        greedy = repair(problem, greedy, planner.SolveOptions(time_limit_s=20)).plan
     greedy_ms = planner.simulate(problem, greedy).step_ms
     return {"workload": workload, "preset": preset, "collectives": len(problem.collectives),
             "greedy_search_s": greedy_s, "solve_s": round(solve_s, 1), "status": result.status,

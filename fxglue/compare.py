@@ -25,6 +25,7 @@ import planner.io
 from planner.io import atomic_write_text, replace_dir_atomically
 from planner.bounds import free_position_floor, step_floor
 from planner.memory import peak_bytes
+from planner.options import SolveOptions
 from planner.position_search import position_search
 from planner.repair import repair
 from planner.simulator import simulate, write_chrome_trace
@@ -121,7 +122,7 @@ def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
     row = PlanRow(label, problem, plan, seconds)
     report = check(problem, plan)
     if not report.feasible:
-        fixed = repair(problem, plan, time_limit_s=20)
+        fixed = repair(problem, plan, SolveOptions(time_limit_s=20))
         _stop_if_interrupted(fixed.stats)
         row.note = (f"breaks rule(s) {sorted(report.by_rule())} as recorded; simulated as its repair "
                     f"({fixed.objective} collectives)")
@@ -201,21 +202,25 @@ def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say, announce
         announce(label)
         with (LiveLine(lambda msg: say(f"{row.name}: {label}: {msg}")) if live  # never silent for long
               else contextlib.nullcontext(None)) as progress:
-            row.plans.append(_solved_row(label, prob, dict(objective=objective, hint=hint, count_plan=count_plan,
-                                                           progress=progress), time_limit_s))
+            row.plans.append(_solved_row(label, planners.PlanRequest(
+                prob, greedy=hint, solve=_row_options(time_limit_s, objective), count_plan=count_plan,
+                search_progress=progress)))
         if objective == "count" and row.plans[-1].plan is not None:
             count_plan = row.plans[-1].plan  # the step row starts from it rather than search again
 
 
-def _solved_row(label: str, prob, solve_kwargs: dict, time_limit_s: float, note: str = "") -> PlanRow:
-    """A row planned by the registry's ``cpsat`` (two workers, as every compare row)."""
-    out = planners.get("cpsat").plan(planners.PlanRequest(
-        prob, greedy=solve_kwargs.get("hint"), solve_kwargs=dict(time_limit_s=time_limit_s, workers=2, **solve_kwargs)))
-    res = out.solve_result
+def _row_options(time_limit_s: float, objective: str) -> SolveOptions:
+    """A CP-SAT row's search: two workers, as every compare row."""
+    return SolveOptions(time_limit_s=time_limit_s, objective=objective, workers=2)
+
+
+def _solved_row(label: str, request: planners.PlanRequest, note: str = "") -> PlanRow:
+    """A row planned by the registry's ``cpsat`` (``request.greedy`` is its hint)."""
+    res = planners.get("cpsat").plan(request).solve_result
     _stop_if_interrupted(res.stats)
     note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
-    return PlanRow(label, prob, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
-                   bound_unit="collectives" if solve_kwargs.get("objective") == "count" else "ms")
+    return PlanRow(label, request.problem, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
+                   bound_unit="collectives" if request.solve.objective == "count" else "ms")
 
 
 def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) -> PlanRow:
@@ -223,10 +228,10 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
     pipeline (its greedy plan there, repaired if it breaks a rule), which it never loses to.
     On 64 nodes pre-bucketing before scheduling gave torch's default pipeline a better schedule
     than any plan on the unbucketed one (llama3-8b-2d-8: 98.6 ms against 165.6)."""
-    return _solved_row(PRE_STEP_LABEL, prob_pre, dict(
-        objective="step", hint=default_plan, floor_plans=(default_plan,) if default_plan is not None else (),
-        progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), time_limit_s,
-        note="on torch's pre-bucketed schedule")
+    return _solved_row(PRE_STEP_LABEL, planners.PlanRequest(
+        prob_pre, greedy=default_plan, solve=_row_options(time_limit_s, "step"),
+        floor_plans=(default_plan,) if default_plan is not None else (),
+        search_progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), note="on torch's pre-bucketed schedule")
 
 
 def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: float, say) -> PlanRow:

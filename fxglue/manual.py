@@ -389,7 +389,7 @@ def per_block_plan(problem: planner.Problem, gm: fx.GraphModule, param_names: li
     broken = sorted(report.by_rule()) if not report.feasible else []
     repaired = False
     if not report.feasible:
-        plan = repair(problem, plan, time_limit_s=repair_time_limit_s).plan
+        plan = repair(problem, plan, planner.SolveOptions(time_limit_s=repair_time_limit_s)).plan
         repaired = True
     return PerBlockPlan(plan=plan, feasible_as_built=report.feasible, broken_rules=broken, repaired=repaired,
                         groups=dict(groups))

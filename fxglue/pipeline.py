@@ -398,16 +398,39 @@ def _registry_entry(planner_: str | planner.Plan | os.PathLike) -> planners.Plan
     return None
 
 
-def _make_plan(entry: planners.Planner, prepared: Prepared, timings: dict[str, float], solve_kwargs: dict | None,
-               repair_kwargs: dict | None, progress) -> planners.PlannerOutput:
+def _make_plan(entry: planners.Planner, prepared: Prepared, timings: dict[str, float],
+               search: planner.SolveOptions | None, progress) -> planners.PlannerOutput:
     """The entry's plan for the prepared problem; ``plan_s`` (torch's greedy search included
     where the planner starts from it) when it made one."""
-    request = planners.PlanRequest(prepared.problem, greedy=prepared.greedy, solve_kwargs=solve_kwargs or {},
-                                   repair_kwargs=repair_kwargs or {}, progress=progress)
+    request = planners.PlanRequest(prepared.problem, greedy=prepared.greedy, solve=search, repair=search,
+                                   progress=progress)
     out = entry.plan(request)
     if out.plan is not None:
         timings["plan_s"] = (timings["greedy_s"] if entry.needs_greedy else 0.0) + out.wall_s
     return out
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    """How torch's pipeline runs around the plan: its FSDP ``pre_bucketing`` before its scheduler,
+    its ``bucket_mode`` and bucket cap (``max_bucket_memory_gb``, torch's knob, which torch reads
+    as GiB), what prices the schedule (the estimator's ``hardware`` figures, or the ``estimator``
+    itself; None: the preset's), and whether the applied graph pins its order with control
+    dependencies (``insert_overlap_deps``)."""
+
+    pre_bucketing: bool = False
+    bucket_mode: str | None = None
+    max_bucket_memory_gb: float = 2.0
+    hardware: Hardware | None = None
+    estimator: Estimator | None = None
+    insert_overlap_deps: bool = False
+
+    def __post_init__(self) -> None:
+        import planner.arguments as arguments
+
+        arguments.flag(self.pre_bucketing, "pre_bucketing")
+        arguments.positive_number(self.max_bucket_memory_gb, "max_bucket_memory_gb")
+        arguments.flag(self.insert_overlap_deps, "insert_overlap_deps")
 
 
 def run_pipeline(
@@ -415,36 +438,32 @@ def run_pipeline(
     *,
     planner_: str | planner.Plan | os.PathLike = "greedy",
     preset: Preset | str | None = None,
-    pre_bucketing: bool = False,
-    bucket_mode=None,
-    hardware: Hardware | None = None,
+    pipeline: PipelineOptions = PipelineOptions(),
+    search: planner.SolveOptions | None = None,
     apply: bool = True,
-    insert_overlap_deps: bool = False,
-    max_bucket_memory_gb: float = 2.0,
     progress=None,
-    solve_kwargs: dict | None = None,
-    repair_kwargs: dict | None = None,
-    estimator: Estimator | None = None,
 ) -> PipelineResult:
-    """``prepare``, then plan and apply.
+    """``prepare``, then plan and apply, torch's pipeline run as ``pipeline`` says.
 
     ``planner_``: a name of the registry (``fxglue.planners``: ``"greedy"`` and
     ``"greedy-autofix"`` searched and applied by torch, ``"none"`` no bucketing, ``"cpsat"``
-    with ``solve_kwargs``, ``"greedy-repaired"`` with ``repair_kwargs``), or a ``Plan`` / path
-    to a plan file. Plans that torch does not apply itself are applied with ``apply_plan``.
+    searched and ``"greedy-repaired"`` repaired with ``search``, None: their defaults), or a
+    ``Plan`` / path to a plan file. Plans that torch does not apply itself are applied with
+    ``apply_plan``; ``apply=False``: none is (the graph stays scheduled, unbucketed).
     """
     say = progress or (lambda msg: None)
     entry = _registry_entry(planner_)
     # torch's greedy search only where the planner starts from it (minutes on a 405B-shaped graph)
-    prepared = prepare(workload, preset=preset, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
-                       hardware=hardware, max_bucket_memory_gb=max_bucket_memory_gb, progress=progress,
-                       greedy=entry is not None and entry.needs_greedy, estimator=estimator)
+    prepared = prepare(workload, preset=preset, pre_bucketing=pipeline.pre_bucketing,
+                       bucket_mode=pipeline.bucket_mode, hardware=pipeline.hardware,
+                       max_bucket_memory_gb=pipeline.max_bucket_memory_gb, progress=progress,
+                       greedy=entry is not None and entry.needs_greedy, estimator=pipeline.estimator)
     traced, inputs, problem = prepared.traced, prepared.inputs, prepared.problem
     before = count_collectives(traced.gm)
     timings = dict(prepared.timings)
     solve_result = None
     if entry is not None:
-        out = _make_plan(entry, prepared, timings, solve_kwargs, repair_kwargs, say)
+        out = _make_plan(entry, prepared, timings, search, say)
         plan, solve_result = out.plan, out.solve_result
     else:
         plan = planner_ if isinstance(planner_, planner.Plan) else planner.load_plan(planner_)
@@ -455,7 +474,7 @@ def run_pipeline(
         timings["apply_s"] = _finalize_by_torch(prepared, entry.finalize)
     elif apply and plan is not None:
         say("applying the plan")
-        timings["apply_s"] = _apply_our_plan(prepared, plan, insert_overlap_deps)
+        timings["apply_s"] = _apply_our_plan(prepared, plan, pipeline.insert_overlap_deps)
     if apply:
         inputs.gm.recompile()
     return PipelineResult(name=traced.name, gm=inputs.gm, problem=problem, plan=plan, timings=timings,

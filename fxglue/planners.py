@@ -16,12 +16,13 @@ may read it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import planner
+    from planner.options import SolveOptions
     from planner.solver import SolveResult
 
 AUTOFIX_CONFIG = "aten_distributed_optimizations.overlap_scheduling_autofix_cycles"
@@ -45,14 +46,19 @@ class TorchFinalize:
 @dataclass(frozen=True)
 class PlanRequest:
     """What a planner is given: the problem, torch's greedy plan on the same schedule (where the
-    caller recorded it), the caller's keywords for ``planner.solve`` (cpsat) and
-    ``planner.repair`` (greedy-repaired), and a progress callback."""
+    caller recorded it: CP-SAT's hint, the plan repaired), the options of ``planner.solve``
+    (cpsat, which also never loses to ``count_plan`` and ``floor_plans``) and of
+    ``planner.repair`` (greedy-repaired), the planner's one-line ``progress`` and the search's own
+    lines (``search_progress``: incumbents and bounds; None: none)."""
 
     problem: planner.Problem
     greedy: planner.Plan | None = None
-    solve_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    repair_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    solve: SolveOptions | None = None  # None: planner.SolveOptions()
+    repair: SolveOptions | None = None  # None: planner.repair.REPAIR_OPTIONS
+    count_plan: planner.Plan | None = None
+    floor_plans: tuple = ()
     progress: Callable[[str], None] = lambda msg: None
+    search_progress: Callable[[str], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,18 +108,21 @@ def _unbucketed(request: PlanRequest) -> PlannerOutput:
 
 
 def _repaired_greedy(request: PlanRequest) -> PlannerOutput:
-    from planner.repair import repair
+    from planner.repair import REPAIR_OPTIONS, repair
 
     request.progress("repairing torch's greedy plan")
-    result = repair(request.problem, request.greedy, **request.repair_kwargs)
+    result = repair(request.problem, request.greedy, request.repair or REPAIR_OPTIONS)
     return PlannerOutput(plan=result.plan or request.greedy, solve_result=result)
 
 
 def _cpsat(request: PlanRequest) -> PlannerOutput:
+    from planner.options import SolveOptions
     from planner.solver import solve
 
     request.progress("solving with CP-SAT")
-    result = solve(request.problem, **request.solve_kwargs)
+    result = solve(request.problem, request.solve or SolveOptions(), hint=request.greedy,
+                   count_plan=request.count_plan, floor_plans=request.floor_plans,
+                   progress=request.search_progress)
     return PlannerOutput(plan=result.plan, solve_result=result)
 
 

@@ -6,6 +6,8 @@ This package never imports torch (checked in CI): everything it needs arrives as
 
 from planner.bounds import lower_bound
 from planner.io import SchemaError, atomic_write_text, load_plan, load_problem, save
+from planner.options import PositionSearchOptions, SolveOptions
+from planner.policy import Policy
 from planner.problem import (
     SCHEMA_VERSION,
     Bucket,
@@ -27,8 +29,9 @@ from planner.solver import PlanMismatchError, SolveResult, solve
 from planner.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
-    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile", "Node", "Plan", "PlanMismatchError",
-    "PositionResult", "Problem", "Report", "SchemaError", "Simulation", "SolveResult", "Timeline", "Violation", "atomic_write_text",
+    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile",
+    "Node", "Plan", "PlanMismatchError", "Policy", "PositionResult", "PositionSearchOptions", "Problem", "Report",
+    "SchemaError", "Simulation", "SolveOptions", "SolveResult", "Timeline", "Violation", "atomic_write_text",
     "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "position_search", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",
 ]

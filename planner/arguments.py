@@ -1,12 +1,12 @@
 """The rules for the arguments of the library's entry points, one function per rule.
 
-Why this exists: ``solve(time_limit_s=nan)``, ``workers=0`` or ``seed=2**40`` used to pass
-silently into CP-SAT (an unbounded search, a silent default, MODEL_INVALID or a TypeError deep in
-ortools). Each rule lives here once: ``planner.solve``, ``planner.repair``, ``planner.simulate``
-and ``planner.verify`` call it with the argument's name, and the command line calls it with the
-flag's name, so a value is refused with the same words wherever it comes from. Every function
-raises one ``ValueError`` naming the argument, or ``PlanMismatchError`` (a ``ValueError``) for a
-plan of another problem.
+Why this exists: ``time_limit_s=nan``, ``workers=0`` or ``seed=2**40`` used to pass silently into
+CP-SAT (an unbounded search, a silent default, MODEL_INVALID or a TypeError deep in ortools).
+Each rule lives here once: the options objects (``planner.options``, ``planner.policy``) apply
+them to their fields when built, ``planner.simulate`` and ``planner.verify`` to their arguments,
+and the command line to the flags that build no options object, so a value is refused with the
+same words wherever it comes from. Every function raises one ``ArgumentError`` (a ``ValueError``)
+naming the argument, or ``PlanMismatchError`` (a ``ValueError``) for a plan of another problem.
 """
 
 from __future__ import annotations
@@ -24,6 +24,15 @@ MAX_WORKERS = 10_000
 SEED_RANGE = (-(2**31), 2**31 - 1)
 
 
+class ArgumentError(ValueError):
+    """An argument, or a field of an options object (``planner.options``), that its rule refuses;
+    ``name`` is the one the message names (the command line names the flag that set it instead)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
+
+
 class PlanMismatchError(ValueError):
     """A plan handed to ``solve`` (``hint``), ``repair`` or ``simulate`` that cannot belong to the
     problem: it was made for another problem, or names collectives the problem does not have."""
@@ -39,22 +48,28 @@ def positive_number(value, name: str, *, zero_ok: bool = False) -> None:
     would run unbounded or not at all."""
     if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and (value > 0 or zero_ok and value == 0)):
-        raise ValueError(f"{name} must be a {'non-negative' if zero_ok else 'positive'} number, not {value!r}")
+        raise ArgumentError(name, f"{name} must be a {'non-negative' if zero_ok else 'positive'} number, not {value!r}")
+
+
+def positive_integer(value, name: str) -> None:
+    """A count: an integer from 1 (True is no count)."""
+    if not _is_integer(value) or value < 1:
+        raise ArgumentError(name, f"{name} must be a positive number, not {value!r}")
 
 
 def worker_count(value, name: str) -> None:
     """CP-SAT's workers: an integer from 1 to MAX_WORKERS (0 would silently become CP-SAT's
     default, a negative count or one above MAX_WORKERS is MODEL_INVALID)."""
-    if not _is_integer(value) or value < 1:
-        raise ValueError(f"{name} must be a positive number, not {value!r}")
+    positive_integer(value, name)
     if value > MAX_WORKERS:
-        raise ValueError(f"{name} must be at most {MAX_WORKERS} (CP-SAT's limit), not {value!r}")
+        raise ArgumentError(name, f"{name} must be at most {MAX_WORKERS} (CP-SAT's limit), not {value!r}")
 
 
 def seed(value, name: str) -> None:
     """CP-SAT's random seed: an int32."""
     if not _is_integer(value) or not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
-        raise ValueError(f"{name} must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} (CP-SAT's range), "
+        raise ArgumentError(name, f"{name} must be an integer from {SEED_RANGE[0]} to {SEED_RANGE[1]} "
+                                  "(CP-SAT's range), "
                          f"not {value!r}")
 
 
@@ -64,31 +79,32 @@ def window(value, name: str) -> None:
     if value == "auto" or value is None:
         return
     if not _is_integer(value) or value <= 0:
-        raise ValueError(f"{name} must be 'auto', None or a positive integer, not {value!r}")
+        raise ArgumentError(name, f"{name} must be 'auto', a positive integer, or none for the full model, "
+                                  f"not {value!r}")
 
 
 def memory_budget_bytes(value, name: str) -> None:
     """None (no budget) or a byte count from 0 to below MAX_BYTES, as a problem's byte counts
     (sums stay within CP-SAT's int64); a float is no byte count (nan, or a budget of 2.5 bytes)."""
     if value is not None and not (_is_integer(value) and 0 <= value < MAX_BYTES):
-        raise ValueError(f"{name} must be None or an integer from 0 to below 2**62, not {value!r}")
+        raise ArgumentError(name, f"{name} must be None or an integer from 0 to below 2**62, not {value!r}")
 
 
 def flag(value, name: str) -> None:
     """A boolean option (a string "no" is truthy: it must not silently mean True)."""
     if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, not {value!r}")
+        raise ArgumentError(name, f"{name} must be True or False, not {value!r}")
 
 
 def problem_and_plan(problem, plan, plan_name: str = "plan", *, optional: bool = False) -> None:
     """``problem`` is a Problem and ``plan`` a Plan (or None with ``optional``): a dict or a file
     name fails later with an AttributeError that names neither."""
     if not isinstance(problem, Problem):
-        raise ValueError(f"problem must be a planner.Problem, not {type(problem).__name__}")
+        raise ArgumentError("problem", f"problem must be a planner.Problem, not {type(problem).__name__}")
     if plan is None and optional:
         return
     if not isinstance(plan, Plan):
-        raise ValueError(f"{plan_name} must be a planner.Plan{' or None' if optional else ''}, "
+        raise ArgumentError(plan_name, f"{plan_name} must be a planner.Plan{' or None' if optional else ''}, "
                          f"not {type(plan).__name__}")
 
 

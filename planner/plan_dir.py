@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 
 from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, load_plan, load_problem,
                         read_regular_text, save)
+from planner.options import PositionSearchOptions, SolveOptions
 from planner.report import MEANING, write_table
 
 INDEX, LOCK = "index.jsonl", ".solve-dir.lock"
@@ -152,7 +153,7 @@ def start_plan(problem, greedy, what: str = "greedy.json"):
     if greedy.problem_fingerprint != problem.fingerprint:
         return None, f"{what} is for another problem"
     if verify(problem, greedy):
-        fixed = repair(problem, greedy, time_limit_s=20).plan
+        fixed = repair(problem, greedy, SolveOptions(time_limit_s=20)).plan
         return fixed, "torch's greedy breaks a rule as recorded; compared as its repair"
     return greedy, ""
 
@@ -183,9 +184,9 @@ def solve_one(job: SolveJob) -> dict:
     start, note = _start_plan(problem, folder)
     free = job.positions == "free" and job.objective == "step"
     began = time.perf_counter()
-    result = solve(problem, time_limit_s=job.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
-                   objective=job.objective, workers=job.workers,
-                   seed=job.seed, hint=start, floor_plans=(start,) if start is not None else ())
+    options = SolveOptions(time_limit_s=job.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
+                           objective=job.objective, workers=job.workers, seed=job.seed)
+    result = solve(problem, options, hint=start, floor_plans=(start,) if start is not None else ())
     if free and result.plan is not None and not result.stats.get("interrupted"):
         try:
             result = _positioned(problem, result, start, began + job.time_limit_s, job.seed)
@@ -230,7 +231,7 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
 
     budget = default_peak_budget(problem, [start])
     found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
-                            peak_memory_bytes=budget, deadline=deadline, seed=seed)
+                            PositionSearchOptions(seed=seed), peak_memory_bytes=budget, deadline=deadline)
     floor = free_position_floor(problem).floor_ms
     return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor,
                    gap=(found.step_ms - floor) / found.step_ms if found.step_ms else 0.0,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import planner.arguments as arguments
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -24,6 +26,13 @@ class Policy:
     memory_budget_bytes: int | None = None
     keep_overlap: bool = True
     peak_memory_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        # the one check of these four, wherever a policy is built (solve, repair, the CLI)
+        arguments.flag(self.protect_partly, "protect_partly")
+        arguments.memory_budget_bytes(self.memory_budget_bytes, "memory_budget_bytes")
+        arguments.flag(self.keep_overlap, "keep_overlap")
+        arguments.memory_budget_bytes(self.peak_memory_bytes, "peak_memory_bytes")
 
     def as_params(self) -> dict:
         """The keyword arguments of verify/check/build_model, and what a plan records.

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import planner.arguments as arguments
 from planner.memory import peak_and_segment, peak_bytes
+from planner.options import PositionSearchOptions
 from planner.policy import Policy
 from planner.problem import Bucket, Plan, Problem, with_buckets
 from planner.simulator import replay_index, step_ms
@@ -158,13 +159,13 @@ class _Search:
     evaluation budget, the memory budget, and ``stats``; its plans carry the template's record."""
 
     def __init__(self, problem: Problem, template: Plan, budget: int | None, deadline: float,
-                 max_evaluations: int | None, seed: int, keep_overlap: bool = False):
+                 options: PositionSearchOptions):
         self.problem, self.template, self.budget = problem, template, budget
-        self.deadline, self.max_evaluations = deadline, max_evaluations
-        self.rng = random.Random(seed)
+        self.deadline, self.max_evaluations = deadline, options.max_evaluations
+        self.rng = random.Random(options.seed)
         self.ix = _Index(problem)
-        self.policy = positioned_policy(budget, keep_overlap)
-        self.rules = positioned_policy(None, keep_overlap).as_params()  # the hot loop's rules, the budget apart
+        self.policy = positioned_policy(budget, options.keep_overlap)
+        self.rules = positioned_policy(None, options.keep_overlap).as_params()  # the hot loop's rules, the budget apart
         self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0}
 
     def out_of_budget(self) -> bool:
@@ -361,11 +362,12 @@ def default_peak_budget(problem: Problem, plans=()) -> int:
     return max([peak_bytes(problem, None)] + [peak_bytes(problem, p) for p in plans if p is not None])
 
 
-def _validate(problem, starts, *, peak_memory_bytes, deadline, max_evaluations, seed, per_block,
-              keep_overlap) -> None:
-    """Refuse bad arguments before any search, as ``solve`` does: one ValueError naming the
-    argument; ``PlanMismatchError`` for a start made for another problem."""
+def _validate(problem, starts, options, peak_memory_bytes, deadline) -> None:
+    """Refuse what ``options`` (checked when built) cannot, before any search, as ``solve`` does:
+    one ValueError naming the argument; ``PlanMismatchError`` for a start made for another problem."""
     arguments.problem_and_plan(problem, None, optional=True)
+    if not isinstance(options, PositionSearchOptions):
+        raise ValueError(f"options must be a planner.PositionSearchOptions, not {type(options).__name__}")
     if not isinstance(starts, (list, tuple)):
         raise ValueError(f"starts must be a list of plans, not {type(starts).__name__}")
     for k, plan in enumerate(starts):
@@ -376,36 +378,31 @@ def _validate(problem, starts, *, peak_memory_bytes, deadline, max_evaluations, 
     if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline) \
             or deadline == -math.inf:
         raise ValueError(f"deadline must be a time.perf_counter() value or inf, not {deadline!r}")
-    if max_evaluations is not None:
-        arguments.positive_number(max_evaluations, "max_evaluations")
-    arguments.seed(seed, "seed")
-    arguments.flag(per_block, "per_block")
-    arguments.flag(keep_overlap, "keep_overlap")
 
 
-def position_search(problem: Problem, starts: list[Plan], *, peak_memory_bytes: int | None, deadline: float,
-                    max_evaluations: int | None = None, seed: int = 0, per_block: bool = True,
-                    keep_overlap: bool = False) -> PositionResult:
+def position_search(problem: Problem, starts: list[Plan], options: PositionSearchOptions = PositionSearchOptions(),
+                    *, peak_memory_bytes: int | None, deadline: float) -> PositionResult:
     """The fastest plan found with free positions whose peak memory is within ``peak_memory_bytes``
     (None: no budget), from the per-block seed and each of ``starts`` (any plans of the problem;
-    one that does not fit the budget is fitted first). ``deadline``: a ``time.perf_counter`` value;
-    ``max_evaluations``: the reproducible limit. The result is verified under the positioned
+    one that does not fit the budget is fitted first), searched as ``options`` say (seed, the
+    reproducible ``max_evaluations`` limit, the per-block seed, ``keep_overlap``) until
+    ``deadline`` (a ``time.perf_counter`` value). The result is verified under the positioned
     policy (``positioned_policy``), which its ``params`` record; if nothing fits the budget the
     unbucketed schedule is returned when it does, else ValueError. ``keep_overlap``: every
     candidate keeps torch's overlap too (rules 4, 7 and 8), so a bucket may start where no member
     did and still keep what hid each member (torch's own count on its folded-conversion unit test,
     where every anchored plan keeps one collective more)."""
-    _validate(problem, starts, peak_memory_bytes=peak_memory_bytes, deadline=deadline,
-              max_evaluations=max_evaluations, seed=seed, per_block=per_block, keep_overlap=keep_overlap)
+    _validate(problem, starts, options, peak_memory_bytes, deadline)
+    seed, keep_overlap = options.seed, options.keep_overlap
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     params = {"objective": "step", "positions": "free", "seed": seed,
               **positioned_policy(peak_memory_bytes, keep_overlap).as_params()}
     template = Plan(problem_fingerprint=problem.fingerprint, planner="bucketplan position search", params=params,
                     created=created, buckets=())
-    search = _Search(problem, template, peak_memory_bytes, deadline, max_evaluations, seed, keep_overlap)
+    search = _Search(problem, template, peak_memory_bytes, deadline, options)
     ix = search.ix
     seeds: list[tuple[str, list[Bucket]]] = []
-    if per_block and any(c.module is not None for c in problem.collectives):
+    if options.per_block and any(c.module is not None for c in problem.collectives):
         seeds.append(("per-block", per_block_seed(problem)))
     seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
     seeds.append(("unbucketed", _all_buckets(ix, template)))

@@ -11,19 +11,20 @@ buckets only where it must, so the comparison is fair. A fast re-anchoring comes
 
 from __future__ import annotations
 
-from planner.policy import Policy
+from planner.options import SolveOptions
 from planner.problem import Plan, Problem
 from planner.solver import SolveResult, _repair
 
+# a repair is quick: the plan's own buckets, most often only re-anchored
+REPAIR_OPTIONS = SolveOptions(time_limit_s=10.0)
 
-def repair(problem: Problem, plan: Plan, *, time_limit_s: float = 10.0, workers: int | None = None,
-           seed: int = 0, protect_partly: bool = False, memory_budget_bytes: int | None = None,
-           deterministic: bool = False) -> SolveResult:
+
+def repair(problem: Problem, plan: Plan, options: SolveOptions = REPAIR_OPTIONS) -> SolveResult:
     """The best feasible plan whose buckets lie inside ``plan``'s buckets (anchors re-chosen,
-    buckets split where needed): how a plan that breaks a rule is compared fairly. A plan made for
-    another problem raises ``PlanMismatchError`` first, and a bad argument one ValueError naming it
-    (checked in ``_repair``). ``deterministic``: as ``solve``'s. When nothing better is found in
-    time the result is solve's floor (``stats['fallback']``), at worst the unbucketed plan, which
-    lies within any plan's buckets: a repair always has a feasible plan."""
-    return _repair(problem, plan, time_limit_s=time_limit_s, workers=workers, seed=seed,
-                   policy=Policy(protect_partly, memory_budget_bytes), deterministic=deterministic)
+    buckets split where needed): how a plan that breaks a rule is compared fairly. ``options``:
+    the time limit, workers, seed, determinism and policy of the search (it counts collectives in
+    the full model of the plan's buckets: the objective and window do not apply). A plan made for
+    another problem raises ``PlanMismatchError`` first. When nothing better is found in time the
+    result is solve's floor (``stats['fallback']``), at worst the unbucketed plan, which lies
+    within any plan's buckets: a repair always has a feasible plan."""
+    return _repair(problem, plan, options)

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from planner.policy import Policy
+from planner.options import SolveOptions
 from planner.problem import Link, Plan, Problem
 
 # Published nccl-tests bus bandwidths (GB/s) for large messages, by group layout. Sources:
@@ -261,13 +261,14 @@ class RobustResult:
     interrupted: bool = False
 
 
-def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, hint: Plan | None = None,
-                seed: int = 0, workers: int | None = None, policy: Policy = Policy(),
+def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *, hint: Plan | None = None,
                 progress=None) -> RobustResult:
-    """The plan with the least worst-case regret across ``scenarios`` that this search finds.
+    """The plan with the least worst-case regret across ``scenarios`` that this search finds, within
+    ``options.time_limit_s`` (its workers, seed and policy; each scenario's search minimizes its
+    step in the window it chooses, whatever ``options``' objective and window).
 
     Candidates: a step-objective CP-SAT plan for each scenario (its re-priced problem, an equal
-    share of the time, ``workers`` CP-SAT workers; none again for costs searched already, as a
+    share of the time; none again for costs searched already, as a
     contention scenario's: CP-SAT's step model has no contention), ``hint`` and the unbucketed
     schedule. Then a local search (``polish``'s moves, every plan verified on ``problem``)
     minimizes the worst regret from the most robust candidate, restarting from the others, with
@@ -286,6 +287,7 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
     from planner.verifier import verify
 
     say = progress or (lambda msg: None)
+    policy, time_limit_s, seed = options.policy, options.time_limit_s, options.seed
     rules = policy.as_params()
     if hint is not None:
         check_fingerprint(problem, hint)  # a plan of another problem: PlanMismatchError, before any search
@@ -306,8 +308,7 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
                 "no contention); the regret search weighs it")
             continue
         say(f"step search under scenario {s} ({share:.0f} s)")
-        r = solve(p, time_limit_s=share, objective="step", seed=seed, workers=workers,
-                  protect_partly=policy.protect_partly, memory_budget_bytes=policy.memory_budget_bytes,
+        r = solve(p, replace(options, time_limit_s=share, objective="step", window="auto"),
                   hint=rebound(hint, p) if hint is not None else None)
         wall_hit |= bool(r.stats.get("wall_limit_hit"))
         if r.plan is not None:
@@ -335,7 +336,7 @@ def robust_plan(problem: Problem, scenarios: list[str], *, time_limit_s: float, 
             interrupted = True
     plan = best.model_copy(update={"planner": "robust", "params": {
         "objective": "robust", "scenarios": list(scenarios), "time_limit_s": time_limit_s, "seed": seed,
-        "workers": workers, **rules, "interrupted": interrupted, "wall_limit_hit": wall_hit}})
+        "workers": options.workers, **rules, "interrupted": interrupted, "wall_limit_hit": wall_hit}})
     violations = verify(problem, plan, **rules)
     if violations:  # polish moves only to verified plans from verified starts: a defect if this fires
         raise AssertionError(f"robust plan fails the verifier: {violations[0]}")

@@ -29,9 +29,9 @@ from ortools.sat.python import cp_model
 import planner.arguments as arguments
 from planner.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.solver's API
 from planner.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
-from planner.cpsat import OBJECTIVES, BuildStopped, ModelHandle, build_guard, build_model, plan_objective
+from planner.cpsat import BuildStopped, ModelHandle, build_guard, build_model, plan_objective
+from planner.options import SolveOptions
 from planner.polish import polish, reanchored
-from planner.policy import Policy
 from planner.problem import Plan, Problem
 from planner.simulator import simulate
 from planner.step import NS_PER_MS, add_step_objective, hint_every_variable
@@ -156,22 +156,16 @@ def _portfolio(objective: str, windowed: bool) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class _SolveContext:
-    """What every stage of one ``solve`` reads: the problem, the caller's settings once resolved
-    (workers, the search window), the relaxation bound and the time budget. Frozen: a stage never
-    changes the settings of the next. ``stats`` (the result's record) and ``cb`` (incumbents as
-    found, and whether Ctrl-C stopped a search) are the two things every stage writes to."""
+    """What every stage of one ``solve`` reads: the problem, the caller's options and the window
+    they resolve to, the relaxation bound and the time budget. Frozen: a stage never changes the
+    settings of the next. ``stats`` (the result's record) and ``cb`` (incumbents as found, and
+    whether Ctrl-C stopped a search) are the two things every stage writes to."""
 
     problem: Problem
-    objective: str
-    policy: Policy
+    options: SolveOptions
     within: Plan | None
     window: int | None  # the main search's candidate window (None: full model)
     auto: bool  # the window was chosen automatically (then it may widen)
-    probe: bool
-    workers: int
-    seed: int
-    deterministic: bool
-    time_limit_s: float
     t0: float  # time.perf_counter() when solve started
     bounds: dict  # lower_bound and key_bounds for planner.cpsat.build_model
     lb: float | None  # the relaxation bound for the whole problem (the step floor for step); None until computed
@@ -182,6 +176,14 @@ class _SolveContext:
     stats: dict
     starts: list[Plan] = dataclasses.field(default_factory=list)  # a step search's feasible starts, fastest first
     large: bool = False  # the main model is windowed or has over STEP_LARGE_MODEL_PAIRS candidate pairs
+
+    # the options every stage reads, by their names
+    objective = property(lambda self: self.options.objective)
+    policy = property(lambda self: self.options.policy)
+    workers = property(lambda self: self.options.workers)
+    seed = property(lambda self: self.options.seed)
+    deterministic = property(lambda self: self.options.deterministic)
+    time_limit_s = property(lambda self: self.options.time_limit_s)
 
     @property
     def step(self) -> bool:
@@ -196,7 +198,7 @@ class _SolveContext:
     @property
     def probing(self) -> bool:
         """Full count models also probe the bound after the main search (see _probe)."""
-        return self.probe and self.window is None and self.within is None and self.objective == "count"
+        return self.options.probe and self.window is None and self.within is None and self.objective == "count"
 
     @property
     def polish_s(self) -> float:
@@ -247,57 +249,31 @@ class _Incumbent:
 
 def solve(
     problem: Problem,
+    options: SolveOptions = SolveOptions(),
     *,
-    time_limit_s: float = 60.0,
-    objective: str = "count",
-    workers: int | None = None,
-    seed: int = 0,
     hint: Plan | None = None,
-    window: int | str | None = "auto",
     within: Plan | None = None,
-    protect_partly: bool = False,
-    memory_budget_bytes: int | None = None,
-    probe: bool = True,
-    floor_plans: tuple[Plan, ...] = (),
     count_plan: Plan | None = None,
-    deterministic: bool = False,
+    floor_plans: tuple[Plan, ...] = (),
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
-    """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md.
+    """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md, searched
+    as ``options`` say (``planner.options.SolveOptions``: time limit, objective, workers, seed,
+    window, determinism, probing, policy).
 
-    ``time_limit_s`` is wall-clock time for the search (with ``deterministic``, CP-SAT's
-    deterministic time instead: the wall clock is then only a guard at 20x). Deterministic for a fixed ``seed`` and
-    ``workers``: the search is interleaved and also limited by CP-SAT's deterministic time (the
-    same number); a run that ends on proof or on the deterministic limit is reproducible, one
-    cut by the wall clock first (a slower or busier machine) is reported in
-    ``stats['wall_limit_hit']`` and may differ between runs.
-    ``hint`` (e.g. torch's greedy plan) seeds the search of a full model (a windowed search,
-    which it was measured to trap, starts without it); a feasible hint is always the floor of
-    the result; one made for another problem raises ``PlanMismatchError`` before any search.
-    With ``window`` the candidate anchors are limited and the bound holds for that
-    restricted space only (``stats['bound_scope']``); likewise with ``within`` (merges only
-    inside that plan's buckets). ``protect_partly`` solves under the stricter policy in which
-    partly hidden collectives keep their overlap too (see planner/README.md);
-    ``memory_budget_bytes`` bounds the extra bytes kept alive by moved starts and waits (rule 10).
-    ``probe`` (count objective, full model): the search gets half the time, and at least 30 s;
-    if it has not proved optimality, the rest probes the best bound B (is there a plan with at most B collectives?
-    with the incumbent as hint): infeasible raises the bound by one and probes again, a plan found
-    there is optimal.
-    ``objective="step"`` minimizes ``planner.simulate``'s step (planner.step): the objective is
-    the returned plan's simulated step in ms, the bound holds for the whole problem (the step
-    floor when the search was windowed), and the result is never slower than the unbucketed
-    schedule, a feasible hint, any feasible plan of ``floor_plans``, or a fewest-collectives plan:
-    ``count_plan`` when the caller has one (e.g. ``compare``'s count row; one made for another
-    problem raises ``PlanMismatchError``, one that breaks a rule is replaced by a search), else
-    one searched with part of the time limit (STEP_COUNT_SHARE, STEP_COUNT_SHARE_LARGE; not with
-    ``within``). ``stats['starts']`` lists the starts, fastest first.
+    Reproducible for a fixed seed and workers when the search ends on proof or on CP-SAT's
+    deterministic limit; one cut by the wall clock first is reported in ``stats['wall_limit_hit']``.
+    ``hint`` (e.g. torch's greedy plan) seeds the search of a full model and, when feasible, is the
+    result's floor. A windowed search, or one ``within`` a plan's buckets, proves its bound for that
+    restricted space only (``stats['bound_scope']``). A step search never returns a plan slower than
+    the unbucketed schedule, a feasible hint, a feasible plan of ``floor_plans``, or a
+    fewest-collectives plan: ``count_plan`` when the caller has one, else one searched with part of
+    the time (``stats['starts']`` lists them). A plan made for another problem (``hint``,
+    ``within``, ``count_plan``) raises ``PlanMismatchError`` before any search. ``progress``: one
+    line per incumbent and stage.
     """
-    _validate(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed, window=window,
-              protect_partly=protect_partly, memory_budget_bytes=memory_budget_bytes, deterministic=deterministic,
-              hint=hint, within=within, count_plan=count_plan, floor_plans=floor_plans)
-    ctx = _context(problem, time_limit_s=time_limit_s, objective=objective, workers=workers, seed=seed, window=window,
-                   within=within, probe=probe, deterministic=deterministic, progress=progress,
-                   policy=Policy(protect_partly, memory_budget_bytes))
+    _validate(problem, options, hint=hint, within=within, count_plan=count_plan, floor_plans=floor_plans)
+    ctx = _context(problem, options, within, progress)
     given = (hint, count_plan, *floor_plans)  # the plans the caller knows: the result's floor with the unbucketed one
     incumbent: _Incumbent | None = None  # the last finished stage's: a verified plan and what is proved about it
     try:
@@ -327,22 +303,13 @@ def solve(
     return _result(ctx, incumbent)
 
 
-def _validate(problem: Problem, *, time_limit_s, objective, workers, seed, window, protect_partly,
-              memory_budget_bytes, deterministic, hint, within, count_plan, floor_plans) -> None:
-    """Refuse bad arguments before any model is built, each with one ValueError naming it (the
-    rules of planner.arguments, which the command line applies to its flags too); a plan made
-    for another problem raises PlanMismatchError."""
-    arguments.positive_number(time_limit_s, "time_limit_s")
-    if objective not in OBJECTIVES:
-        raise ValueError(f"unknown objective {objective!r}; use one of {OBJECTIVES}")
-    if workers is not None:  # None: the default (2)
-        arguments.worker_count(workers, "workers")
-    arguments.seed(seed, "seed")
-    arguments.window(window, "window")
-    arguments.flag(protect_partly, "protect_partly")
-    arguments.flag(deterministic, "deterministic")
-    arguments.memory_budget_bytes(memory_budget_bytes, "memory_budget_bytes")
-    for name, plan in {"hint": hint, "within": within, "count_plan": count_plan}.items():
+def _validate(problem: Problem, options: SolveOptions, **plans) -> None:
+    """Refuse what ``options`` (checked when built) cannot: options of another type, plans that are
+    no plans (one ValueError naming each), a plan made for another problem (PlanMismatchError)."""
+    if not isinstance(options, SolveOptions):
+        raise ValueError(f"options must be a planner.SolveOptions, not {type(options).__name__}")
+    floor_plans = plans.pop("floor_plans")
+    for name, plan in plans.items():
         arguments.problem_and_plan(problem, plan, name, optional=True)
         if plan is not None:
             check_plan_matches(problem, plan)
@@ -354,26 +321,24 @@ def _validate(problem: Problem, *, time_limit_s, objective, workers, seed, windo
         arguments.problem_and_plan(problem, plan, f"floor_plans[{k}]")
 
 
-def _context(problem: Problem, *, time_limit_s: float, objective: str, workers: int | None, seed: int,
-             window: int | str | None, within: Plan | None, probe: bool, deterministic: bool,
-             progress: Callable[[str], None] | None, policy: Policy) -> _SolveContext:
+def _context(problem: Problem, options: SolveOptions, within: Plan | None,
+             progress: Callable[[str], None] | None) -> _SolveContext:
     """The context of one solve, without its bounds yet (``_with_bounds``): created before
     anything that takes time, so that a Ctrl-C or a stopped build still has it to report with.
     ``window="auto"`` is a full model up to AUTO_FULL_MODEL_MAX_COLLECTIVES collectives (and
     AUTO_FULL_MODEL_MAX_PAIRS candidate pairs, see ``_main_model``), a window of AUTO_WINDOW beyond
     (narrower where that would pass MAX_MODEL_PAIRS)."""
     t0 = time.perf_counter()
-    auto = window == "auto"
+    window, auto = options.window, options.window == "auto"
     if auto:
         n = len(problem.collectives)
         # a window of w leaves each collective at most 2w + 1 anchors: narrowed to stay within
         # MAX_MODEL_PAIRS (a build beyond it would stop with nothing to search)
         window = None if n <= AUTO_FULL_MODEL_MAX_COLLECTIVES else min(AUTO_WINDOW, max(1, (MAX_MODEL_PAIRS // n - 1) // 2))
     return _SolveContext(
-        problem=problem, objective=objective, policy=policy, within=within, window=window, auto=auto, probe=probe,
-        workers=workers or 2, seed=seed, deterministic=deterministic, time_limit_s=time_limit_s, t0=t0,
+        problem=problem, options=options, within=within, window=window, auto=auto, t0=t0,
         bounds={"lower_bound": None, "key_bounds": None}, lb=None, floor_ms=None, reach=None, progress=progress,
-        cb=_Progress(progress, t0, objective), stats={})
+        cb=_Progress(progress, t0, options.objective), stats={})
 
 
 def _with_bounds(ctx: _SolveContext) -> _SolveContext:
@@ -460,8 +425,8 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     feasible repair instead, when there is one."""
     # deterministic like the search it seeds: a repair cut by the wall clock under load gave a
     # deterministic solve another hint, hence another plan (hf-qwen3-moe-8, seen once in 46 runs)
-    repaired = _repair(ctx.problem, hint, time_limit_s=min(10.0, ctx.time_limit_s / 4), workers=ctx.workers,
-                       seed=ctx.seed, policy=ctx.policy, deterministic=ctx.deterministic)
+    repaired = _repair(ctx.problem, hint,
+                       dataclasses.replace(ctx.options, time_limit_s=min(10.0, ctx.time_limit_s / 4)))
     ctx.cb.interrupted = ctx.cb.interrupted or bool(repaired.stats.get("interrupted"))  # the Ctrl-C was for us
     # a repair always has a plan (solve's floor: the unbucketed plan lies within any buckets);
     # one that found nothing better in time is still feasible, so still a better hint than the
@@ -472,21 +437,19 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     return hint, False
 
 
-def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int | None, seed: int,
-            policy: Policy, deterministic: bool = False) -> SolveResult:
-    """``planner.repair.repair`` (the public entry, which checks the plan first): here, because
-    it is a solve within the plan's buckets and ``solve`` repairs an infeasible hint with it. A
-    fast re-anchoring first; when it keeps every bucket it is optimal for this restricted space
-    (no refinement has fewer buckets) and no search is needed. The arguments are checked first (the
-    re-anchoring does not reach ``solve``'s checks): one ValueError naming the bad one, or
-    PlanMismatchError for a plan of another problem."""
+def _repair(problem: Problem, plan: Plan, options: SolveOptions) -> SolveResult:
+    """``planner.repair.repair`` (the public entry): here, because it is a solve within the plan's
+    buckets and ``solve`` repairs an infeasible hint with it. It counts collectives in the full
+    model of the plan's buckets (``options``' objective and window do not apply). A fast
+    re-anchoring first; when it keeps every bucket it is optimal for this restricted space (no
+    refinement has fewer buckets) and no search is needed. Checked first, since the re-anchoring
+    does not reach ``solve``'s checks: one ValueError naming a bad argument, or PlanMismatchError
+    for a plan of another problem."""
     arguments.problem_and_plan(problem, plan)
-    check_plan_matches(problem, plan)
-    _validate(problem, time_limit_s=time_limit_s, objective="count", workers=workers, seed=seed, window=None,
-              protect_partly=policy.protect_partly, memory_budget_bytes=policy.memory_budget_bytes,
-              deterministic=deterministic, hint=None, within=None, count_plan=None, floor_plans=())
+    _validate(problem, options, within=plan, floor_plans=())
+    options = dataclasses.replace(options, objective="count", window=None)
     t0 = time.perf_counter()
-    params = policy.as_params()
+    params = options.policy.as_params()
     quick = reanchored(problem, plan)
     quick_ok = not verify(problem, quick, **params)
     if quick_ok and len(quick.buckets) == len(plan.buckets):
@@ -496,8 +459,7 @@ def _repair(problem: Problem, plan: Plan, *, time_limit_s: float, workers: int |
                              stats={"repair": "re-anchored", "restricted_bound": count})
     else:
         # the plan itself (or its partial re-anchoring) is the hint: usually only anchors move
-        result = solve(problem, time_limit_s=time_limit_s, workers=workers, seed=seed, within=plan, window=None,
-                       hint=quick if quick_ok else plan, deterministic=deterministic, **params)
+        result = solve(problem, options, within=plan, hint=quick if quick_ok else plan)
     if result.plan is not None:
         # the policy it was repaired under, as solve records it: the re-anchored plan carries the
         # given plan's params, which may name no policy or another one (`bucketplan verify` reads it)
@@ -528,9 +490,9 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
         counts.append(count_plan)
     elif ctx.within is None:  # none given, or it breaks a rule (of this solve's policy): search one
         share = STEP_COUNT_SHARE_LARGE if ctx.large else STEP_COUNT_SHARE
-        count = solve(problem, objective="count", hint=hint, time_limit_s=share * ctx.time_limit_s,
-                      workers=ctx.workers, seed=ctx.seed, window="auto" if ctx.auto else ctx.window,
-                      deterministic=ctx.deterministic, **ctx.policy.as_params())
+        options = dataclasses.replace(ctx.options, objective="count", time_limit_s=share * ctx.time_limit_s,
+                                      window="auto" if ctx.auto else ctx.window)
+        count = solve(problem, options, hint=hint)
         if count.plan is not None:  # solve returns verified plans only
             counts.append(count.plan)
         ctx.cb.interrupted = bool(count.stats.get("interrupted"))

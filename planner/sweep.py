@@ -364,6 +364,7 @@ def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
     the plan again before it counts (the worker's answer is not trusted). ``progress``: the
     solver's incumbent/bound lines (in this process; a Ray worker's stay there)."""
     from planner.plan_dir import start_plan
+    from planner.options import SolveOptions
     from planner.problem import Plan, Problem
     from planner.solver import solve
 
@@ -373,8 +374,9 @@ def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
         greedy = Plan.model_validate_json(task.greedy_json) if task.greedy_json else None
         start, note = start_plan(problem, greedy)
         s = task.settings
-        result = solve(problem, objective=task.objective, time_limit_s=s.time_limit_s, workers=s.workers, seed=s.seed,
-                       deterministic=s.deterministic, hint=start, floor_plans=(start,) if start is not None else (),
+        options = SolveOptions(time_limit_s=s.time_limit_s, objective=task.objective, workers=s.workers, seed=s.seed,
+                               deterministic=s.deterministic)
+        result = solve(problem, options, hint=start, floor_plans=(start,) if start is not None else (),
                        progress=progress)
     return {"plan_json": dumps(result.plan) if result.plan is not None else None, "status": result.status,
             "objective_value": result.objective, "bound": result.bound, "gap": result.gap,

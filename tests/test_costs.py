@@ -92,7 +92,7 @@ def test_copy_bytes_charged_match_the_nodes_apply_plan_inserts(name):
 
     traced = trace(name)
     before = {n.name for n in traced.gm.graph.nodes}
-    result = run_pipeline(traced, planner_="cpsat", solve_kwargs={"time_limit_s": 10})
+    result = run_pipeline(traced, planner_="cpsat", search=planner.SolveOptions(time_limit_s=10))
     problem, plan = result.problem, result.plan
     colls = {c.name: c for c in problem.collectives}
     charged = 0

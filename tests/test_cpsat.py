@@ -25,7 +25,7 @@ def brute_force_optimum(problem: planner.Problem, objective: str = "count", prot
 @given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",)))
 def test_cpsat_optimum_equals_brute_force_on_tiny_problems(problem):
     expected = brute_force_optimum(problem)
-    result = solve(problem, time_limit_s=10, workers=1)
+    result = solve(problem, planner.SolveOptions(time_limit_s=10, workers=1))
     assert result.status == "OPTIMAL"
     assert verify(problem, result.plan) == []
     assert result.objective == expected
@@ -38,7 +38,8 @@ def test_partly_protected_optimum_equals_brute_force(problem):
     from planner.bounds import lower_bound
 
     expected = brute_force_optimum(problem, protect_partly=True)
-    result = solve(problem, time_limit_s=10, workers=1, protect_partly=True)
+    result = solve(problem,
+                   planner.SolveOptions(time_limit_s=10, workers=1, policy=planner.Policy(protect_partly=True)))
     assert result.status == "OPTIMAL" and result.objective == expected
     assert verify(problem, result.plan, protect_partly=True) == []
     assert lower_bound(problem, protect_partly=True) <= expected
@@ -49,7 +50,8 @@ def test_partly_protected_optimum_equals_brute_force(problem):
        st.sampled_from([0, 2048, 16384, 65536]))
 def test_memory_budget_optimum_equals_brute_force(problem, budget):
     expected = brute_force_optimum(problem, memory_budget_bytes=budget)
-    result = solve(problem, time_limit_s=10, workers=1, memory_budget_bytes=budget)
+    result = solve(problem,
+                   planner.SolveOptions(time_limit_s=10, workers=1, policy=planner.Policy(memory_budget_bytes=budget)))
     assert result.status == "OPTIMAL" and result.objective == expected
     assert verify(problem, result.plan, memory_budget_bytes=budget) == []
 
@@ -87,7 +89,7 @@ def test_bin_packing_bound_proves_what_the_volume_bound_cannot():
 @given(problems(max_collectives=5, max_compute=4, max_pgs=1, dtypes=("bfloat16",)))
 def test_windowed_search_reports_a_bound_for_the_whole_problem(problem):
     optimum = brute_force_optimum(problem)
-    result = solve(problem, time_limit_s=5, workers=1, window=1)
+    result = solve(problem, planner.SolveOptions(time_limit_s=5, workers=1, window=1))
     assert verify(problem, result.plan) == []
     assert result.bound <= optimum <= result.objective
 
@@ -103,7 +105,7 @@ def test_window_widening_keeps_the_bound_honest_and_ends_exact(problem):
 
     optimum = brute_force_optimum(problem)
     with mock.patch.multiple(solver_module, AUTO_FULL_MODEL_MAX_COLLECTIVES=0, AUTO_WINDOW=1, WIDEN_MIN_S=0.0):
-        result = solve(problem, time_limit_s=20, workers=1)
+        result = solve(problem, planner.SolveOptions(time_limit_s=20, workers=1))
     assert verify(problem, result.plan) == []
     assert result.bound <= optimum <= result.objective
     widened = result.stats.get("widened", [])
@@ -117,7 +119,7 @@ def test_window_widening_keeps_the_bound_honest_and_ends_exact(problem):
 def test_time_objective_matches_brute_force(problem):
     from tests.brute import exposure_objective
 
-    result = solve(problem, time_limit_s=10, workers=1, objective="exposure")
+    result = solve(problem, planner.SolveOptions(time_limit_s=10, objective="exposure", workers=1))
     assert result.status == "OPTIMAL"
     # scored by the test's own reading of the objective, not the model's plan_objective
     assert result.objective == min(exposure_objective(problem, p) for p in feasible_plans(problem))
@@ -129,7 +131,7 @@ def test_nothing_beats_the_proved_bound_and_cpsat_is_never_worse_than_greedy(nam
     from tests.conftest import scheduled
 
     s = scheduled(name)
-    result = solve(s.problem, time_limit_s=30, workers=2, hint=s.greedy)
+    result = solve(s.problem, planner.SolveOptions(time_limit_s=30, workers=2), hint=s.greedy)
     assert result.plan is not None and verify(s.problem, result.plan) == []
     assert result.bound is not None and result.objective >= result.bound
     greedy = planner.collectives_after(s.problem, s.greedy)
@@ -142,8 +144,8 @@ def test_solve_is_deterministic_for_a_fixed_seed_and_worker_count():
     from tests.conftest import scheduled
 
     p = scheduled("llama3-8b-2d-2").problem
-    a = solve(p, time_limit_s=60, workers=2, seed=3)
-    b = solve(p, time_limit_s=60, workers=2, seed=3)
+    a = solve(p, planner.SolveOptions(time_limit_s=60, workers=2, seed=3))
+    b = solve(p, planner.SolveOptions(time_limit_s=60, workers=2, seed=3))
     assert not a.stats["wall_limit_hit"] and not b.stats["wall_limit_hit"]
     assert (a.status, a.objective, a.plan.buckets if a.plan else None) == \
            (b.status, b.objective, b.plan.buckets if b.plan else None)
@@ -232,7 +234,7 @@ def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status():
     s = scheduled("llama3-8b-fsdp-2")
     hint = s.greedy if not verify(s.problem, s.greedy) else repair(s.problem, s.greedy).plan
     assert hint is not None and not verify(s.problem, hint)
-    result = solve(s.problem, time_limit_s=0.001, workers=1, hint=hint)
+    result = solve(s.problem, planner.SolveOptions(time_limit_s=0.001, workers=1), hint=hint)
     assert result.plan is not None and verify(s.problem, result.plan) == []
     assert result.objective <= planner.collectives_after(s.problem, hint)
     assert result.status in ("FEASIBLE", "OPTIMAL")

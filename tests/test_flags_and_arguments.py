@@ -135,10 +135,14 @@ def test_position_search_is_exported_and_validates_like_solve(fsdp8):
     for bad in (None, float("nan"), -float("inf"), "soon", True):
         with pytest.raises(ValueError, match="deadline must be"):
             search(fsdp8, [], peak_memory_bytes=None, deadline=bad)
+    with pytest.raises(ValueError, match="options must be a planner.PositionSearchOptions"):
+        search(fsdp8, [], {"seed": 1}, peak_memory_bytes=None, deadline=soon)
     with pytest.raises(ValueError, match="seed must be an integer"):
-        search(fsdp8, [], peak_memory_bytes=None, deadline=soon, seed="a")
+        planner.PositionSearchOptions(seed="a")
     with pytest.raises(ValueError, match="keep_overlap must be True or False"):
-        search(fsdp8, [], peak_memory_bytes=None, deadline=soon, keep_overlap="no")
+        planner.PositionSearchOptions(keep_overlap="no")
+    with pytest.raises(ValueError, match="max_evaluations must be a positive number"):
+        planner.PositionSearchOptions(max_evaluations=0)
 
 
 def test_the_other_entry_points_name_the_bad_argument(fsdp8):

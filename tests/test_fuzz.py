@@ -234,7 +234,7 @@ def test_every_planner_plan_verifies_and_applies(gloo_world, program, data):
     problem = extract_problem(gm.graph, info, sched, estimator=est)
     with cpu_compat(est):
         greedy = greedy_plan(gm.graph, info, sched, problem_fingerprint=problem.fingerprint, estimator=est)
-    result = solve(problem, time_limit_s=2, workers=1, hint=greedy)
+    result = solve(problem, planner.SolveOptions(time_limit_s=2, workers=1), hint=greedy)
     assert result.plan is not None and verify(problem, result.plan) == []
     assert result.bound is None or result.objective >= result.bound
     event(f"cpsat merges {len(problem.collectives) - result.objective:.0f} collective(s)")

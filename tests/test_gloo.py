@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fxglue.run.gloo import check_workload
+from fxglue.run.gloo import CheckOptions, check_workload
 
 
 @pytest.mark.parametrize("workload,planner,mode,ranks", [
@@ -18,7 +18,9 @@ from fxglue.run.gloo import check_workload
     pytest.param("hf-qwen3-2", "cpsat", None, 2, marks=pytest.mark.slow),
 ])
 def test_bucketed_graph_is_bitwise_equal(workload, planner, mode, ranks):
-    result = check_workload(workload, ranks=ranks, planner=planner, bucket_mode=mode)
+    """Loss and gradients of the bucketed graph bitwise those of the original, on gloo ranks (the
+    variants under -m long: 4 ranks of 2-D, and hf-qwen3-2, whose point test_hf_moe_check covers)."""
+    result = check_workload(workload, CheckOptions(ranks=ranks, planner=planner, bucket_mode=mode))
     assert result.ok, result.summary()
     for r in result.per_rank:
         assert r.collectives_after < r.collectives_before  # something was really merged
@@ -72,7 +74,7 @@ def test_hf_moe_check_is_bitwise_equal(planner):
     # transformers' Qwen3-MoE router divides its top-k weights in place; before the traced step
     # was functionalized, torch's scheduler moved autograd's saved copy of them past that write
     # and the check failed even with nothing bucketed (planner none: max |diff| 0.0035)
-    result = check_workload("hf-qwen3-moe-2", ranks=2, planner=planner)
+    result = check_workload("hf-qwen3-moe-2", CheckOptions(ranks=2, planner=planner))
     assert result.ok and result.bitwise, result.summary()
     assert all(r.max_abs_diff == 0.0 for r in result.per_rank)
 
@@ -122,7 +124,7 @@ def test_a_one_rank_data_parallel_group_is_refused():
     from fxglue.models.workloads import WorkloadError
 
     with pytest.raises(WorkloadError, match="data-parallel group of 1"):
-        check_workload("llama3-8b-fsdp-2", ranks=1)
+        check_workload("llama3-8b-fsdp-2", CheckOptions(ranks=1))
 
 
 def _rank_value(rank, world, fail_on):
@@ -175,7 +177,7 @@ def test_the_sum_order_tolerance_applies_only_where_it_is_granted():
 @pytest.mark.long  # 14 s: 2-rank DDP checks run in the default run
 def test_four_ddp_ranks_pass_within_the_sum_order_tolerance_only():
     # gloo sums a merged all_reduce buffer in another order on more than two ranks
-    result = check_workload("llama3-8b-ddp-2", ranks=4, planner="cpsat")
+    result = check_workload("llama3-8b-ddp-2", CheckOptions(ranks=4, planner="cpsat"))
     assert result.ok, result.summary()
     assert result.sum_order_tolerance is not None
     assert all(r.collectives_after < r.collectives_before for r in result.per_rank)
@@ -230,8 +232,8 @@ def _positioned_check(tmp_path, capsys, workload: str) -> None:
     for r in range(2):
         problem = planner.load_problem(out / f"rank{r}" / "problem.json")
         greedy = planner.load_plan(out / f"rank{r}" / "greedy-plan.json")
-        plan = position_search(problem, [greedy], peak_memory_bytes=None, deadline=time.perf_counter() + 600,
-                               max_evaluations=600).plan
+        plan = position_search(problem, [greedy], planner.PositionSearchOptions(max_evaluations=600),
+                               peak_memory_bytes=None, deadline=time.perf_counter() + 600).plan
         plan = _issued_as_early_as_allowed(problem, plan)
         assert sum(1 for b in plan.buckets if b.issue_before) >= 2, "a plan with positions"
         planner.save(plan, out / f"rank{r}" / "plan.json")

@@ -147,7 +147,7 @@ def test_an_external_repro_is_planned_with_a_measured_table_through_public_api(t
     # torch's scheduler was priced by the same table: the problem's collectives cost what the link says
     for c in problem.collectives:
         assert c.est_ms == pytest.approx(link.time_ms(c.kind, c.wire_bytes), rel=1e-6), c.name
-    result = planner.solve(problem, time_limit_s=5)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=5))
     assert not planner.verify(problem, result.plan)
 
 

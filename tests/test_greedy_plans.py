@@ -43,7 +43,7 @@ def test_greedy_findings_are_explained_and_its_repair_applies(name):
     plan = s.greedy
     resplit = report.by_rule().get(8, 0)  # a situation-B merge may have to be undone
     if not report.feasible:
-        rep = repair(s.problem, s.greedy, time_limit_s=20)
+        rep = repair(s.problem, s.greedy, planner.SolveOptions(time_limit_s=20))
         assert rep.plan is not None and check(s.problem, rep.plan).feasible
         plan = rep.plan
     traced, inputs, est = fresh_schedule(name)

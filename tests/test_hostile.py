@@ -268,9 +268,9 @@ def no_search(monkeypatch):
     (["--workers=0"], "--workers must be a positive number, not 0"),  # was silently 2
     (["--workers=-1"], "--workers must be a positive number, not -1"),  # was MODEL_INVALID
     (["--seed=99999999999"], "--seed must be an integer from -2147483648 to 2147483647"),
-    (["--window=abc"], "--window must be 'auto', 'none' or a positive integer, not 'abc'"),
-    (["--window=0"], "--window must be 'auto', 'none' or a positive integer, not '0'"),
-    (["--window=-3"], "--window must be 'auto', 'none' or a positive integer, not '-3'"),
+    (["--window=abc"], "--window must be 'auto', a positive integer, or none for the full model, not 'abc'"),
+    (["--window=0"], "--window must be 'auto', a positive integer, or none for the full model, not 0"),
+    (["--window=-3"], "--window must be 'auto', a positive integer, or none for the full model, not -3"),
     (["--memory-budget-gb=nan"], "--memory-budget-gb must be a non-negative number, not nan"),
     (["--memory-budget-gb=inf"], "--memory-budget-gb must be a non-negative number, not inf"),
     (["--memory-budget-gb=-1"], "--memory-budget-gb must be a non-negative number, not -1.0"),
@@ -324,7 +324,7 @@ def test_solve_and_repair_refuse_a_plan_of_another_problem():
     other = planner.Plan.model_validate(_plan(Q, []))
     for plan, fragment in ((ghost, "['ghost']"), (other, "another problem")):
         with pytest.raises(planner.PlanMismatchError, match=re.escape(fragment)):
-            planner.solve(P, hint=plan, time_limit_s=5)
+            planner.solve(P, planner.SolveOptions(time_limit_s=5), hint=plan)
         with pytest.raises(planner.PlanMismatchError, match=re.escape(fragment)):
             planner.repair(P, plan)
 

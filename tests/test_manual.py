@@ -176,6 +176,6 @@ def test_the_graph_order_problem_keeps_the_traced_order_and_a_positioned_plan_on
     assert names == sorted(names, key=rank.__getitem__)
     scheduled = [n.name for n in prepare("llama3-8b-fsdp-2", greedy=False).problem.nodes]
     assert set(names) < set(scheduled) and [n for n in scheduled if n in set(names)] != names
-    result = position_search(problem, [], peak_memory_bytes=None, deadline=float("inf"), max_evaluations=200,
-                             per_block=False)
+    result = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=200, per_block=False),
+                             peak_memory_bytes=None, deadline=float("inf"))
     assert not planner.verify(problem, result.plan, **planner.verifier.recorded_policy(result.plan))

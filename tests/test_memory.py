@@ -41,7 +41,7 @@ def _agrees_with_torch(name: str, solve_s: float = 5, bucket_mode=None, preset=N
     problem = prepared.problem
     assert problem.memory is not None and problem.memory.run_starts is not None
     assert_agrees(memory_timeline(problem).peak_bytes, torch_peak_bytes(prepared.inputs.gm.graph), (name, "unbucketed"))
-    plan = planner.solve(problem, time_limit_s=solve_s, objective="count", workers=1).plan
+    plan = planner.solve(problem, planner.SolveOptions(time_limit_s=solve_s, objective="count", workers=1)).plan
     assert sum(len(b.members) > 1 for b in plan.buckets) >= 2, "a plan that merges something"
     assert_agrees(memory_timeline(problem, plan).peak_bytes, _applied_peak(prepared, plan), (name, bucket_mode))
 
@@ -144,8 +144,8 @@ def _positioned_agrees(name: str, evaluations: int) -> None:
     prepared = prepare(name, preset="h100-8nodes")
     problem = prepared.problem
     budget = peak_bytes(problem)
-    result = position_search(problem, [prepared.greedy], peak_memory_bytes=budget,
-                             deadline=time.perf_counter() + 600, max_evaluations=evaluations)
+    result = position_search(problem, [prepared.greedy], planner.PositionSearchOptions(max_evaluations=evaluations),
+                             peak_memory_bytes=budget, deadline=time.perf_counter() + 600)
     assert sum(1 for b in result.plan.buckets if b.issue_before or b.wait_before) >= 2
     assert_agrees(result.peak_bytes, _applied_peak(prepared, result.plan), (name, "positioned"))
 

@@ -29,7 +29,7 @@ def test_mixed_precision_gathers_fold_their_conversions_and_plans_merge_them():
     folder = {f: c.name for c in p.collectives for f in c.folded}
     hiders = {folder[h] for c in p.collectives if c.status != "exposed" for h in c.hiding if h in folder}
     assert hiders, "torch's scheduler lets some conversions hide a collective"
-    result = planner.solve(p, time_limit_s=10, workers=1)
+    result = planner.solve(p, planner.SolveOptions(time_limit_s=10, workers=1))
     report = planner.check(p, result.plan)
     assert report.feasible, report.violations
     merged = {m for b in result.plan.buckets if len(b.members) > 1 for m in b.members}

@@ -191,7 +191,7 @@ def run_case(workload: str, mode: str, mutants: int, seed: int) -> Counter:
 
     prepared = prepare(workload, bucket_mode=mode, greedy=True)
     problem = prepared.problem
-    start = repair(problem, prepared.greedy, time_limit_s=10, workers=1).plan
+    start = repair(problem, prepared.greedy, planner.SolveOptions(time_limit_s=10, workers=1)).plan
     assert start is not None and not verify(problem, start)
     graph_copy = _fresh(prepared)
     original = str(graph_copy[0].graph)

@@ -52,14 +52,14 @@ def test_an_unknown_name_is_one_line_naming_the_registry():
 
 def test_pipeline_and_check_refuse_an_unknown_name_before_any_work(tmp_path, monkeypatch):
     from fxglue.pipeline import run_pipeline
-    from fxglue.run.gloo import check_workload
+    from fxglue.run.gloo import CheckOptions, check_workload
 
     monkeypatch.chdir(tmp_path)  # no file of that name here either
     with pytest.raises(ValueError) as e:
         run_pipeline("llama3-8b-fsdp-2", planner_="greedyy")
     assert str(e.value) == UNKNOWN + ", a Plan or a plan file"
     with pytest.raises(ValueError) as e:
-        check_workload("llama3-8b-fsdp-2", planner="greedyy")  # raised before any rank is spawned
+        check_workload("llama3-8b-fsdp-2", CheckOptions(planner="greedyy"))  # raised before any rank is spawned
     assert str(e.value) == UNKNOWN
 
 
@@ -97,8 +97,8 @@ def test_a_planner_that_starts_from_greedy_refuses_a_request_without_it():
 @pytest.fixture
 def request_fsdp2(get_scheduled):
     s = get_scheduled("llama3-8b-fsdp-2")
-    return planners.PlanRequest(s.problem, greedy=s.greedy, solve_kwargs={"time_limit_s": 10, "workers": 1},
-                                repair_kwargs={"time_limit_s": 10, "workers": 1})
+    options = planner.SolveOptions(time_limit_s=10, workers=1)
+    return planners.PlanRequest(s.problem, greedy=s.greedy, solve=options, repair=options)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if not planners.get(n).torch_applies])

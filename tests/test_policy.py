@@ -33,12 +33,33 @@ def _plan(params: dict, buckets=MERGED) -> planner.Plan:
                         params=params)
 
 
-@pytest.mark.parametrize("fn", [verify, check, build_model, planner.solve, planner.repair], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [verify, check, build_model], ids=lambda f: f.__name__)
 def test_as_params_are_keywords_of_every_function_that_takes_a_policy_with_the_same_defaults(fn):
     params = inspect.signature(fn).parameters
     for key, default in Policy().as_params().items():
         assert params[key].kind is inspect.Parameter.KEYWORD_ONLY, (fn.__name__, key)
         assert params[key].default == default, (fn.__name__, key)
+
+
+@pytest.mark.parametrize("fn", [planner.solve, planner.repair], ids=lambda f: f.__name__)
+def test_the_searches_take_the_policy_inside_their_options_with_the_same_default(fn):
+    options = inspect.signature(fn).parameters["options"].default
+    assert isinstance(options, planner.SolveOptions) and options.policy == Policy()
+
+
+@pytest.mark.parametrize("fields, name", [({"protect_partly": "no"}, "protect_partly"),
+                                          ({"memory_budget_bytes": -1}, "memory_budget_bytes"),
+                                          ({"keep_overlap": 1}, "keep_overlap"),
+                                          ({"peak_memory_bytes": 2.5}, "peak_memory_bytes")])
+def test_a_policy_is_checked_when_built(fields, name):
+    with pytest.raises(ValueError, match=f"^{name} must be"):
+        Policy(**fields)
+
+
+def test_the_cp_sat_search_refuses_a_policy_it_cannot_keep():
+    for policy in (Policy(keep_overlap=False), Policy(peak_memory_bytes=10**9)):
+        with pytest.raises(ValueError, match="^the CP-SAT search keeps torch's overlap"):
+            planner.SolveOptions(policy=policy)
 
 
 @settings(max_examples=40, deadline=None)
@@ -77,7 +98,7 @@ def test_the_recorded_policy_decides_the_verdict_on_the_merged_plan(policy, rule
 @pytest.mark.parametrize("policy", [Policy(), Policy(protect_partly=True), Policy(memory_budget_bytes=0)],
                          ids=["default", "protect_partly", "no extra memory"])
 def test_a_solved_plan_records_its_policy_and_verifies_under_it(policy):
-    result = planner.solve(P, time_limit_s=5, workers=1, **policy.as_params())
+    result = planner.solve(P, planner.SolveOptions(time_limit_s=5, workers=1, policy=policy))
     recorded = recorded_policy(result.plan)
     assert recorded == policy.as_params()
     assert verify(P, result.plan, **recorded) == []

@@ -30,8 +30,8 @@ def test_the_free_position_floor_is_never_above_the_brute_force_optimum(problem)
 @given(problems(max_collectives=3, max_compute=4, costs=True))
 def test_the_search_returns_a_verified_plan_within_the_budget_never_slower_than_unbucketed(problem):
     budget = peak_bytes(problem, None)
-    result = position_search(problem, [], peak_memory_bytes=budget, deadline=time.perf_counter() + 60,
-                             max_evaluations=300)
+    result = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=300), peak_memory_bytes=budget,
+                             deadline=time.perf_counter() + 60)
     assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
     recorded = planner.verifier.recorded_policy(result.plan)
     assert recorded["keep_overlap"] is False and recorded["peak_memory_bytes"] == budget
@@ -50,8 +50,8 @@ def test_on_fsdp_the_per_block_seed_groups_by_block_and_the_search_beats_torch_w
     assert len(seed) == len({(c.module, c.phase, c.key) for c in problem.collectives})
     assert any(b.issue_before for b in seed) and any(b.wait_before for b in seed)
     budget = peak_bytes(problem, None)  # no more than the unbucketed schedule holds
-    result = position_search(problem, [s.greedy], peak_memory_bytes=budget, deadline=time.perf_counter() + 60,
-                             max_evaluations=1500)
+    result = position_search(problem, [s.greedy], planner.PositionSearchOptions(max_evaluations=1500),
+                             peak_memory_bytes=budget, deadline=time.perf_counter() + 60)
     assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
     assert result.plan.schema_version == 2 and any(b.issue_before or b.wait_before for b in result.plan.buckets)
     # faster than torch's greedy plan, priced by the same simulator (greedy breaks rule 9 here,

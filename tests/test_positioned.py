@@ -60,8 +60,8 @@ def test_a_positioned_plan_of_fsdp_is_priced_as_the_simulator_prices_it(get_sche
     """At 2 layers, on a table link with bucketing costs: the positioned search's plans."""
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     for seed in (0, 1):
-        plan = position_search(problem, [], peak_memory_bytes=None, deadline=time.perf_counter() + 60,
-                                max_evaluations=300, seed=seed).plan
+        plan = position_search(problem, [], planner.PositionSearchOptions(seed=seed, max_evaluations=300),
+                               peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan
         plan = _in_plan_order(problem, plan)
         model_ms, slack_ms = _priced(problem, plan)
         simulated = planner.simulate(problem, plan).step_ms
@@ -93,8 +93,8 @@ def test_the_optimum_of_the_candidate_space_is_the_brute_force_one_and_the_bound
 def test_a_full_hint_starts_the_search_from_the_plan(get_scheduled):
     """hint_fully: a whole solution, times included, that CP-SAT takes as its first."""
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
-    plan = _in_plan_order(problem, position_search(problem, [], peak_memory_bytes=None,
-                                                   deadline=time.perf_counter() + 60, max_evaluations=200).plan)
+    plan = _in_plan_order(problem, position_search(problem, [], planner.PositionSearchOptions(max_evaluations=200),
+                                                   peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan)
     found = candidates(problem, [plan])
     h, twin = build_positioned_model(problem, found), build_positioned_model(problem, found)
     add_positioned_step(h)
@@ -114,12 +114,12 @@ def test_a_full_hint_starts_the_search_from_the_plan(get_scheduled):
 def _fsdp2_plans(problem: planner.Problem) -> list[planner.Plan]:
     """Plans whose buffers differ: anchored merges of every kind (CP-SAT's fewest collectives) and
     positioned ones (the positioned search, with and without a memory budget)."""
-    count = planner.solve(problem, time_limit_s=5, objective="count", workers=1).plan
+    count = planner.solve(problem, planner.SolveOptions(time_limit_s=5, objective="count", workers=1)).plan
     plans = [count]
     for seed, budget in ((0, None), (1, planner.memory.peak_bytes(problem))):
-        plans.append(_in_plan_order(problem, position_search(
-            problem, [], peak_memory_bytes=budget, deadline=time.perf_counter() + 60, max_evaluations=150,
-            seed=seed).plan))
+        options = planner.PositionSearchOptions(seed=seed, max_evaluations=150)
+        plans.append(_in_plan_order(problem, position_search(problem, [], options, peak_memory_bytes=budget,
+                                                             deadline=time.perf_counter() + 60).plan))
     return plans
 
 
@@ -198,8 +198,8 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)
-    start = position_search(problem, [], peak_memory_bytes=cap, deadline=time.perf_counter() + 60,
-                            max_evaluations=100, seed=0)
+    start = position_search(problem, [], planner.PositionSearchOptions(seed=0, max_evaluations=100),
+                            peak_memory_bytes=cap, deadline=time.perf_counter() + 60)
     floor = free_position_floor(problem).floor_ms
     result = solve_capped(problem, [start.plan], peak_memory_bytes=cap, time_limit_s=8, workers=1, floor_ms=floor)
     assert not planner.verify(problem, result.plan, **positioned_policy(cap).as_params())

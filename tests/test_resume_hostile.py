@@ -196,7 +196,7 @@ def test_a_plan_solve_dir_did_not_write_counts_and_gets_its_row(tmp_path):
     rebuilt from it (the figures recomputed; there is no solver status to show)."""
     (folder,) = _plan_dir(tmp_path, 1)
     problem = planner.load_problem(folder / PROBLEM)
-    plan = planner.solve(problem, time_limit_s=5, workers=1).plan
+    plan = planner.solve(problem, planner.SolveOptions(time_limit_s=5, workers=1)).plan
     planner.save(plan, folder / PLAN)
     run = _solve_dir(tmp_path)
     assert run.returncode == 0 and "0 to solve" in run.stderr, run.stderr[-2000:]

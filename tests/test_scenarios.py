@@ -78,7 +78,7 @@ def fsdp2():
 
 
 def test_robust_plan_is_verified_and_no_worse_than_any_candidate(fsdp2):
-    r = robust_plan(fsdp2.problem, ["torch", "published"], time_limit_s=8, hint=fsdp2.greedy)
+    r = robust_plan(fsdp2.problem, ["torch", "published"], planner.SolveOptions(time_limit_s=8), hint=fsdp2.greedy)
     assert planner.verify(fsdp2.problem, r.plan) == []
     j = r.judged
     assert set(j.steps) >= {"unbucketed", "step under torch", "step under published", "robust"}
@@ -154,7 +154,7 @@ def test_robust_refuses_a_hint_of_another_problem(chain):
 
     other = chain_problem(70)
     with pytest.raises(PlanMismatchError):
-        robust_plan(chain, ["torch"], time_limit_s=2, hint=empty_plan(other))
+        robust_plan(chain, ["torch"], planner.SolveOptions(time_limit_s=2), hint=empty_plan(other))
 
 
 def test_a_measured_scenario_that_matches_no_group_is_refused(tmp_path, chain):

@@ -70,7 +70,7 @@ def test_a_model_that_takes_longer_to_build_than_the_time_limit_stops_with_the_u
     # 12,000 overlapping collectives: building their windowed model takes far longer than the
     # 1.5 s limit (the issue: 200,000 collectives built past 2:40 with a 10 s limit)
     problem = overlapping_gathers(12_000)
-    result = planner.solve(problem, time_limit_s=1.5, workers=2)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=1.5, workers=2))
     # that the build stopped at the deadline is what is checked (no wall-clock assert: the
     # machines are noisy); the build it stopped would have run far longer
     assert "time limit" in result.stats["model_not_built"]
@@ -82,7 +82,7 @@ def test_a_model_that_takes_longer_to_build_than_the_time_limit_stops_with_the_u
 def test_a_model_beyond_its_candidate_pairs_is_not_built(monkeypatch):
     problem = overlapping_gathers(300)  # a full model: 300 x (up to 81) candidate pairs
     monkeypatch.setattr(solver_module, "MAX_MODEL_PAIRS", 1000)
-    result = planner.solve(problem, time_limit_s=20, window=None, workers=1)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=20, workers=1, window=None))
     assert "too large" in result.stats["model_not_built"]
     assert _verified(problem, result) and result.plan.buckets == ()
     assert result.status == "FEASIBLE"
@@ -92,7 +92,7 @@ def test_the_automatic_window_narrows_to_stay_within_the_candidate_pairs(monkeyp
     # 2,000 collectives and room for 10,000 pairs: at most 5 anchors each, a window of 2
     problem = overlapping_gathers(2000)
     monkeypatch.setattr(solver_module, "MAX_MODEL_PAIRS", 10_000)
-    result = planner.solve(problem, time_limit_s=5, workers=1)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=5, workers=1))
     assert "model_not_built" not in result.stats
     assert result.plan.params["window"] == 2 and result.stats["x_vars"] <= 10_000
     assert _verified(problem, result)
@@ -162,7 +162,7 @@ def test_a_repair_that_finds_nothing_in_time_still_returns_a_feasible_plan_withi
     broken = planner.Plan(problem_fingerprint=problem.fingerprint, planner="hand", created="",
                           buckets=(planner.Bucket(members=tuple(names), start=names[0], wait=names[0]),))
     assert planner.verify(problem, broken)
-    result = planner.repair(problem, broken, time_limit_s=5)
+    result = planner.repair(problem, broken, planner.SolveOptions(time_limit_s=5))
     assert result.stats["search_status"] == "UNKNOWN" and "fallback" in result.stats
     assert _verified(problem, result) and result.plan.planner == "hand-repaired"
     assert all(set(b.members) <= set(names) for b in result.plan.buckets)
@@ -170,7 +170,7 @@ def test_a_repair_that_finds_nothing_in_time_still_returns_a_feasible_plan_withi
 
 def test_a_search_that_finds_nothing_in_time_returns_the_unbucketed_plan(nothing_found_in_time):
     problem = _small()
-    result = planner.solve(problem, time_limit_s=5, workers=1)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=5, workers=1))
     assert result.stats["search_status"] == "UNKNOWN"
     assert _verified(problem, result) and result.plan.buckets == ()
     assert result.status == "FEASIBLE" and result.stats["fallback"] == "unbucketed"
@@ -180,13 +180,14 @@ def test_a_search_that_finds_nothing_in_time_returns_the_unbucketed_plan(nothing
 
 def test_a_search_that_finds_nothing_in_time_returns_a_feasible_hint(monkeypatch):
     problem = _small()
-    first = planner.solve(problem, time_limit_s=5, workers=1, probe=False)  # a real search: some buckets
+    first = planner.solve(problem,
+                          planner.SolveOptions(time_limit_s=5, workers=1, probe=False))  # a real search: some buckets
     assert len(first.plan.buckets) > 1
     # one bucket fewer than the search's plan: above the bound, so the result cannot be OPTIMAL
     hint = first.plan.model_copy(update={"planner": "mine", "buckets": first.plan.buckets[1:]})
     assert not planner.verify(problem, hint)
     _searches_find_nothing(monkeypatch)
-    result = planner.solve(problem, time_limit_s=5, workers=1, hint=hint)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=5, workers=1), hint=hint)
     assert result.stats["fallback"] == "mine" and result.plan.buckets == hint.buckets
     assert _verified(problem, result)
 
@@ -312,8 +313,23 @@ def test_too_many_workers_is_a_one_line_error(tmp_path, capsys, monkeypatch):
 def test_solve_refuses_a_bad_argument_by_name(monkeypatch, kw, name):
     monkeypatch.setattr(solver_module, "build_model", lambda *a, **k: pytest.fail("a model was built"))
     with pytest.raises(ValueError) as e:
-        planner.solve(_small(), **kw)
+        if "hint" in kw:
+            planner.solve(_small(), hint=kw["hint"])
+        else:
+            planner.solve(_small(), _options(kw))
     assert str(e.value).startswith(f"{name} must be"), str(e.value)
+
+
+def _options(kw: dict) -> planner.SolveOptions:
+    """SolveOptions with ``kw``'s fields, the policy's among them (checked as it is built)."""
+    policy = {k: v for k, v in kw.items() if k in ("protect_partly", "memory_budget_bytes")}
+    rest = {k: v for k, v in kw.items() if k not in policy}
+    return planner.SolveOptions(**rest, policy=planner.Policy(**policy))
+
+
+def test_solve_refuses_options_of_another_type():
+    with pytest.raises(ValueError, match="^options must be a planner.SolveOptions, not dict"):
+        planner.solve(_small(), {"time_limit_s": 5})
 
 
 @pytest.mark.parametrize("kw, name", [
@@ -325,7 +341,7 @@ def test_repair_refuses_a_bad_argument_by_name(kw, name):
     greedy = planner.Plan.model_validate(json.loads(gzip.decompress(
         (SMALL / "llama3-8b-fsdp-2" / "greedy-plan.json.gz").read_bytes())))
     with pytest.raises(ValueError, match=f"^{name} must be"):
-        planner.repair(problem, greedy, **kw)
+        planner.repair(problem, greedy, _options(kw))
 
 
 def test_verify_refuses_a_bad_argument_by_name():

@@ -24,7 +24,8 @@ def test_unproved_deterministic_runs_give_the_same_plan():
     # fsdp-2's step search is not proved in 3 deterministic seconds (it takes about a minute)
     problem = planner.Problem.model_validate(json.loads(gzip.decompress(
         (SMALL / "llama3-8b-fsdp-2" / "problem.json.gz").read_bytes())))
-    runs = [solve(problem, objective="step", time_limit_s=3, workers=2, seed=0, deterministic=True)
+    runs = [solve(problem,
+                  planner.SolveOptions(time_limit_s=3, objective="step", workers=2, seed=0, deterministic=True))
             for _ in range(2)]
     assert all(r.status != "OPTIMAL" and not r.stats["wall_limit_hit"] for r in runs)
     assert runs[0].plan.buckets == runs[1].plan.buckets
@@ -47,14 +48,15 @@ def test_a_deterministic_solve_repairs_an_infeasible_hint_deterministically(monk
     within_calls = []
     real_solve = solver_module.solve
 
-    def spy(problem, **kw):
+    def spy(problem, options=planner.SolveOptions(), **kw):
         if kw.get("within") is not None:
-            within_calls.append(kw.get("deterministic"))
-        return real_solve(problem, **kw)
+            within_calls.append(options.deterministic)
+        return real_solve(problem, options, **kw)
 
     monkeypatch.setattr(solver_module, "solve", spy)
     for deterministic in (True, False):
-        result = real_solve(problem, time_limit_s=4, workers=1, hint=greedy, deterministic=deterministic)
+        result = real_solve(problem, planner.SolveOptions(time_limit_s=4, workers=1, deterministic=deterministic),
+                            hint=greedy)
         assert result.plan is not None and result.stats["hint_repaired"]
     assert within_calls == [True, False]
 
@@ -103,20 +105,22 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     real_solve = solver_module.solve
     count_plans = []
 
-    def spy(problem, **kw):
-        result = real_solve(problem, **kw)
-        if kw.get("objective") == "count":
+    def spy(problem, options=planner.SolveOptions(), **kw):
+        result = real_solve(problem, options, **kw)
+        if options.objective == "count":
             count_plans.append(result.plan)
         return result
 
     monkeypatch.setattr(solver_module, "solve", spy)
-    searched = real_solve(problem, objective="step", time_limit_s=4, workers=1, deterministic=True,
+    searched = real_solve(problem, planner.SolveOptions(time_limit_s=4, objective="step", workers=1,
+                                                        deterministic=True),
                           floor_plans=(unbucketed,))
     assert len(count_plans) == 1 and count_plans[0] is not None
     assert searched.objective <= step_ms(problem, count_plans[0]) + 1e-9
 
     given = count_plans.pop()
-    result = real_solve(problem, objective="step", time_limit_s=4, workers=1, deterministic=True, count_plan=given)
+    result = real_solve(problem, planner.SolveOptions(time_limit_s=4, objective="step", workers=1, deterministic=True),
+                        count_plan=given)
     assert not count_plans  # the caller's count plan is used, none searched
     assert {"planner": given.planner, "objective": "count", "step_ms": round(step_ms(problem, given), 6)} \
         in result.stats["starts"]
@@ -124,7 +128,7 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     assert not planner.verify(problem, result.plan)
     # one made for another problem is refused before any search
     with pytest.raises(planner.PlanMismatchError):
-        real_solve(problem, objective="step", time_limit_s=4, count_plan=given.model_copy(
+        real_solve(problem, planner.SolveOptions(time_limit_s=4, objective="step"), count_plan=given.model_copy(
             update={"problem_fingerprint": "another"}))
 
 

@@ -74,7 +74,7 @@ def test_step_search_finds_the_brute_force_optimum_and_its_bound_holds(data, tab
     if not tables:
         problem = _alpha_beta(problem)
     best = _brute_force_step(problem)
-    result = solve(problem, objective="step", time_limit_s=10, workers=1)
+    result = solve(problem, planner.SolveOptions(time_limit_s=10, objective="step", workers=1))
     assert result.plan is not None and not planner.verify(problem, result.plan)
     assert result.objective == planner.simulate(problem, result.plan).step_ms
     assert result.bound <= best + 1e-6
@@ -229,5 +229,5 @@ def test_a_folded_conversion_is_priced_at_its_buckets_copy_in():
     assert [r.name for r in sim.compute] == ["conv", "mm_0", "mm_1"]
     model_ms, slack_ms = _model_value_ms(problem, plan)
     assert abs(model_ms - sim.step_ms) <= slack_ms
-    result = solve(problem, objective="step", time_limit_s=10, workers=1)
+    result = solve(problem, planner.SolveOptions(time_limit_s=10, objective="step", workers=1))
     assert abs(result.objective - _brute_force_step(problem)) < 1e-6

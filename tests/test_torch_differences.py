@@ -194,7 +194,7 @@ def test_torch_merges_a_gather_whose_folded_conversion_hides_and_a_positioned_pl
     assert {c.name: c for c in p.collectives}[ag2].folded == (conversion.name,)
     at_ag2 = plan_for(p, [([ag2, ag3], ag2, ag3)])
     assert [(v.rule, v.collectives) for v in verify(p, at_ag2)] == [(7, (ag1,))]
-    result = planner.solve(p, time_limit_s=5, workers=1)
+    result = planner.solve(p, planner.SolveOptions(time_limit_s=5, workers=1))
     assert result.status == "OPTIMAL" and result.objective == 3
     where_it_was = planner.Plan(problem_fingerprint=p.fingerprint, planner="hand", created="test", buckets=(
         planner.Bucket(members=(ag2, ag3), start=ag2, wait=ag3, issue_before=conversion.name),))
@@ -204,8 +204,8 @@ def test_torch_merges_a_gather_whose_folded_conversion_hides_and_a_positioned_pl
     # the positioned search held to torch's overlap (rules 4, 7, 8) finds torch's count itself
     from planner.position_search import position_search
 
-    found = position_search(p, [], peak_memory_bytes=None, deadline=time.perf_counter() + 60, max_evaluations=2000,
-                            keep_overlap=True).plan
+    found = position_search(p, [], planner.PositionSearchOptions(max_evaluations=2000, keep_overlap=True),
+                            peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan
     assert "keep_overlap" not in found.params and not verify(p, found)  # recorded as the default: on
     assert planner.collectives_after(p, found) == 2
     with h.fake_mode:

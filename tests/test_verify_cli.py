@@ -104,9 +104,17 @@ def test_a_recorded_memory_budget_is_applied_and_a_flag_overrides_it(tmp_path, c
     assert _policy_line(out).endswith("protect_partly=False (default), memory budget 0 GB (0 bytes) "
                                       "(recorded in the plan)")
     code, out = _verify(capsys, *files, "--memory-budget-gb", "1")
-    assert code == 0 and "memory budget 1 GB (1073741824 bytes) (from flags)" in out
+    assert code == 0 and "memory budget 1 GB (1000000000 bytes) (from flags)" in out
     code, out = _verify(capsys, *files, "--no-memory-budget")
     assert code == 0 and "memory budget none (from flags)" in out
+
+
+def test_a_budget_recorded_from_a_gib_flag_reads_back_as_its_bytes(tmp_path, capsys):
+    """Plans record budgets in bytes: one solved when --memory-budget-gb 1 meant 2^30 bytes keeps
+    that budget, shown in GB = 10^9 bytes."""
+    code, out = _verify(capsys, *_files(tmp_path, {"memory_budget_bytes": 2**30}))
+    assert code == 0 and _policy_line(out).endswith("memory budget 1.07374 GB (1073741824 bytes) "
+                                                    "(recorded in the plan)")
 
 
 def test_a_plan_without_a_policy_is_checked_under_the_default(tmp_path, capsys):
@@ -154,7 +162,8 @@ def test_a_repaired_plan_records_the_policy_it_was_repaired_under():
     # the quick re-anchoring path keeps the given plan's params: they said protect_partly=False
     given = planner.Plan(problem_fingerprint=P.fingerprint, planner="cpsat", created="t", buckets=(),
                          params={"protect_partly": False, "memory_budget_bytes": None})
-    result = planner.repair(P, given, protect_partly=True, memory_budget_bytes=0)
+    result = planner.repair(P, given,
+                            planner.SolveOptions(policy=planner.Policy(protect_partly=True, memory_budget_bytes=0)))
     assert result.stats.get("repair") == "re-anchored"
     assert result.plan.params["protect_partly"] is True and result.plan.params["memory_budget_bytes"] == 0
 

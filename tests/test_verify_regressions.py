@@ -131,13 +131,14 @@ def test_rule_4_names_the_fully_hidden_collective_a_hider_hides(hider, owner):
 @pytest.mark.parametrize("hider,owner", _HIDERS)
 def test_solve_protect_partly_never_merges_a_hider_of_a_partly_hidden_collective(hider, owner):
     p = _hidden_by_another_collective(hider)
-    strict = planner.solve(p, protect_partly=True, time_limit_s=5, workers=1)
+    strict = planner.solve(p,
+                           planner.SolveOptions(time_limit_s=5, workers=1, policy=planner.Policy(protect_partly=True)))
     assert strict.status == "OPTIMAL" and strict.objective == 3
     assert verify(p, strict.plan, protect_partly=True) == []
     assert not any(owner in b.members and len(b.members) > 1 for b in strict.plan.buckets)
     assert check(p, strict.plan, protect_partly=True).quality.partly_kept == 2
     # the default policy merges them (torch would too), and says the relation is lost
-    loose = planner.solve(p, time_limit_s=5, workers=1)
+    loose = planner.solve(p, planner.SolveOptions(time_limit_s=5, workers=1))
     assert loose.status == "OPTIMAL" and loose.objective == 2
     assert verify(p, loose.plan) == [] and check(p, loose.plan).quality.partly_kept == 1
 
@@ -219,7 +220,8 @@ def test_cpsat_matches_brute_force_when_starts_and_waits_hide(problem, protect_p
     # protect_partly: the model merges a hider the verifier keeps alone.)
     expected = min(plan_objective(problem, plan, "count")
                    for plan in feasible_plans(problem, protect_partly=protect_partly))
-    result = planner.solve(problem, time_limit_s=10, workers=1, protect_partly=protect_partly)
+    result = planner.solve(problem, planner.SolveOptions(time_limit_s=10, workers=1,
+                                                         policy=planner.Policy(protect_partly=protect_partly)))
     assert result.status == "OPTIMAL" and result.objective == expected
     assert verify(problem, result.plan, protect_partly=protect_partly) == []
 
@@ -270,7 +272,7 @@ def test_a_folded_conversion_hiding_a_collective_is_judged_at_its_buckets_start(
     assert "copy-in" in violations[0].message and conversion.name in violations[0].message
     with h.fake_mode, pytest.raises(PlanError):
         apply_plan(h.gm.graph, h.collective_info, h.scheduled, late, problem=p, bucket_mode=mode)
-    result = planner.solve(p, time_limit_s=5, workers=1)
+    result = planner.solve(p, planner.SolveOptions(time_limit_s=5, workers=1))
     assert result.status == "OPTIMAL" and result.objective == 2 and verify(p, result.plan) == []
     assert result.plan.buckets[0].start == c1  # the only start inside c0's interval
     with h.fake_mode:

@@ -28,9 +28,7 @@ def run(args) -> int:
     plan = planner.load_plan(args.plan)
     try:
         result = run_pipeline(options.workload(args), planner_=plan, preset=options.preset(args),
-                              pre_bucketing=args.pre_bucketing, bucket_mode=args.bucket_mode,
-                              hardware=options.hardware(args),
-                              max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
+                              pipeline=options.pipeline(args), progress=say)
     except (PlanError, WorkloadError) as e:
         raise CLIError(f"{args.plan}: {e}") from None
     print(f"workload            {result.name}")

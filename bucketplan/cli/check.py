@@ -4,7 +4,12 @@ compare them bitwise."""
 from __future__ import annotations
 
 import bucketplan.cli.options as options
-from bucketplan.cli.common import CLIError, progress
+from bucketplan.cli.common import CLIError, built, progress
+
+# the flag that sets each CheckOptions field (save_problems: `extract --tiny -o`; timeout_s: the
+# library's default)
+CHECK_FLAGS = {"ranks": "--ranks", "planner": "--planner", "plan": "--plan", "bucket_mode": "--bucket-mode",
+               "pre_bucketing": "--pre-bucketing", "seed": "--seed"}
 
 
 def add_parser(sub) -> None:
@@ -50,11 +55,16 @@ def run(args) -> int:
     shapes = "tiny shapes" if args.workload else "the shapes the factory builds"
     say(f"running {what} ({shapes}) on {args.ranks} gloo ranks: original vs bucketed")
     try:
-        result = check_workload(args.workload, ranks=args.ranks, planner=args.planner,
-                                plan=args.plan, bucket_mode=args.bucket_mode,
-                                pre_bucketing=args.pre_bucketing, seed=args.seed,
-                                model=args.model, parallel=args.parallel, layers=args.layers)
+        result = check_workload(args.workload, _check_options(args), model=args.model,
+                                parallel=args.parallel, layers=args.layers)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     print(result.summary())
     return 0 if result.ok else 1
+
+
+def _check_options(args):
+    """The CheckOptions of the flags, checked once (before anything is spawned)."""
+    from fxglue.run.gloo import CheckOptions
+
+    return built(CheckOptions, {field: getattr(args, field) for field in CHECK_FLAGS}, CHECK_FLAGS)

@@ -93,18 +93,35 @@ def writable_place(folder: Path, flag: str, shown: str) -> None:
     os.unlink(probe)
 
 
-def memory_budget(gb: float | None) -> int | None:
-    """--memory-budget-gb in bytes (None: no budget), as solve and verify take it."""
+# a memory flag's GB: 10^9 bytes, as every figure the command line prints (torch's own
+# --max-bucket-memory-gb apart, which torch reads as GiB)
+GB = 10**9
+
+
+def gigabytes(gb: float | None, flag: str, *, zero_ok: bool = False) -> int | None:
+    """A memory flag (--memory-budget-gb, --peak-memory-gb) in bytes, GB = 10^9 bytes (None: not
+    given)."""
     from planner.problem import MAX_BYTES
 
     if gb is None:
         return None
-    positive(gb, "--memory-budget-gb", zero_ok=True)  # 0: nothing extra may stay alive
-    budget = int(gb * 1024**3)
+    positive(gb, flag, zero_ok=zero_ok)
+    budget = int(gb * GB)
     if budget >= MAX_BYTES:  # as a problem's byte counts: sums stay within CP-SAT's int64
-        raise CLIError(f"--memory-budget-gb {gb!r} is beyond any machine "
-                       f"(below {MAX_BYTES // 1024**3} GB)")
+        raise CLIError(f"{flag} {gb!r} is beyond any machine (below {MAX_BYTES // GB} GB)")
     return budget
+
+
+def built(options_type, values: dict, flags: dict):
+    """``options_type(**values)``, an options object checked when built: a value its rule refuses
+    is one line naming the flag that set it (``flags``: field -> flag)."""
+    from planner.arguments import ArgumentError
+
+    try:
+        return options_type(**values)
+    except ArgumentError as e:
+        flag = flags.get(e.name)
+        raise CLIError(str(e).replace(e.name, flag, 1) if flag else str(e)) from None
 
 
 # what --robust and --scenarios take, as their help says it
@@ -150,7 +167,7 @@ def memory_line(problem, plan) -> str:
     from planner.memory import memory_timeline
 
     t = memory_timeline(problem, plan)
-    gb = 1e9
+    gb = GB
     what = ("torch's estimator's accounting" if t.profiled
             else "no memory profile in this problem: the collectives' buffers only")
     return (f"peak memory         {t.peak_bytes / gb:.3f} GB planned, "

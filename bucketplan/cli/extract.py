@@ -7,8 +7,7 @@ import sys
 from pathlib import Path
 
 import bucketplan.cli.options as options
-from bucketplan.cli.common import (CLIError, fmt_counts, output_file, overlap_line, positive,
-                                   progress)
+from bucketplan.cli.common import CLIError, built, fmt_counts, output_file, overlap_line, progress
 
 
 def add_parser(sub) -> None:
@@ -45,9 +44,7 @@ def run(args) -> int:
         if args.save_graph:
             workload = _save_graph(workload, preset, args.save_graph, say)
         result = run_pipeline(workload, planner_="greedy", preset=preset,
-                              pre_bucketing=args.pre_bucketing, bucket_mode=args.bucket_mode,
-                              hardware=options.hardware(args), apply=False,
-                              max_bucket_memory_gb=args.max_bucket_memory_gb, progress=say)
+                              pipeline=options.pipeline(args), apply=False, progress=say)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     problem, plan = result.problem, result.plan
@@ -89,22 +86,21 @@ def _report(args, result, out: Path) -> None:
 def _extract_tiny(args) -> int:
     """Each gloo rank's problem at tiny shapes, as `check` extracts it, for `check --plan`."""
     from fxglue.models.workloads import WorkloadError
-    from fxglue.run.gloo import check_workload
+    from fxglue.run.gloo import CheckOptions, check_workload
 
     if args.hf_config or args.hf or args.graph:
         raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
     options.workload(args)
-    ranks = args.ranks or 2
-    positive(ranks, "--ranks")
     out = Path(args.output)
+    run = built(CheckOptions, {"ranks": args.ranks or 2, "planner": "none", "bucket_mode": args.bucket_mode,
+                               "pre_bucketing": args.pre_bucketing, "save_problems": str(out)},
+                {"ranks": "--ranks"})
     output_file(str(out / "rank0" / "problem.json"), "-o")
     say = progress(args.quiet)
-    say(f"extracting each of {ranks} gloo ranks' problems at tiny shapes")
+    say(f"extracting each of {run.ranks} gloo ranks' problems at tiny shapes")
     try:
-        result = check_workload(args.workload, ranks=ranks, planner="none", model=args.model,
-                                parallel=args.parallel, layers=args.layers,
-                                bucket_mode=args.bucket_mode, pre_bucketing=args.pre_bucketing,
-                                save_problems=str(out))
+        result = check_workload(args.workload, run, model=args.model, parallel=args.parallel,
+                                layers=args.layers)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     failed = [r for r in result.per_rank if r.error]
@@ -113,6 +109,7 @@ def _extract_tiny(args) -> int:
               f"{failed[0].error.splitlines()[-1]}", file=sys.stderr)
         return 1
     distinct = len({r.problem_fingerprint for r in result.per_rank})
+    ranks = run.ranks
     for r in range(ranks):
         print(f"wrote               {out / f'rank{r}' / 'problem.json'}, "
               f"{out / f'rank{r}' / 'greedy-plan.json'}")

@@ -85,7 +85,8 @@ def add_pipeline_options(s) -> None:
     s.add_argument("--bucket-mode", choices=BUCKET_MODES, default=None,
                    help="torch's bucket mode (default: torch's config, i.e. 'default')")
     s.add_argument("--max-bucket-memory-gb", type=float, default=2.0,
-                   help="bucket cap in GB (default %(default)s, as torch)")
+                   help="torch's bucket cap, its max_bucket_memory_gb, which torch reads as GiB "
+                        "(2^30 bytes; default %(default)s, as torch)")
     s.add_argument("--hardware", help="JSON file overriding the estimator's hardware figures "
                                       "(default: the preset's)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -144,6 +145,21 @@ def _graph_file(args):
     if len(set(names)) != len(names):
         raise CLIError(f"--group {next(n for n in names if names.count(n) > 1)!r} is given twice")
     return GraphFile(args.graph, groups)
+
+
+def pipeline(args):
+    """The PipelineOptions of the pipeline flags (checked once, there: a bad one names its flag)."""
+    from bucketplan.cli.common import built
+    from fxglue.pipeline import PipelineOptions
+
+    return built(PipelineOptions, {"pre_bucketing": args.pre_bucketing, "bucket_mode": args.bucket_mode,
+                                   "max_bucket_memory_gb": args.max_bucket_memory_gb,
+                                   "hardware": hardware(args)}, PIPELINE_FLAGS)
+
+
+# the flag that sets each PipelineOptions field (estimator and insert_overlap_deps: library only)
+PIPELINE_FLAGS = {"pre_bucketing": "--pre-bucketing", "bucket_mode": "--bucket-mode",
+                  "max_bucket_memory_gb": "--max-bucket-memory-gb", "hardware": "--hardware"}
 
 
 def hardware(args):

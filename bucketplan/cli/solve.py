@@ -8,12 +8,42 @@ import contextlib
 import sys
 import time
 
-from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, memory_budget, memory_line,
-                                   output_file, positive, progress, seed, stamped, workers)
+from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, built, gigabytes, memory_line,
+                                   output_file, progress, stamped)
 
 OBJECTIVES = ["count", "exposure", "step"]
 OBJECTIVE_HELP = ("step: the simulated step time in ms; count: the number of collectives; "
                   "exposure: exposed communication summed per bucket, without stream queuing")
+
+# The options field(s) each flag sets (planner.options; a field of the same name in both objects
+# is set by one flag), checked once when the object is built; tests/test_cli_options.py walks the
+# parser against these tables and the options' fields.
+FLAG_FIELDS = {
+    "--time-limit": ("SolveOptions.time_limit_s",),
+    "--objective": ("SolveOptions.objective",),
+    "--workers": ("SolveOptions.workers",),
+    "--seed": ("SolveOptions.seed", "PositionSearchOptions.seed"),
+    "--deterministic": ("SolveOptions.deterministic", "PositionSearchOptions.max_evaluations"),
+    "--window": ("SolveOptions.window",),
+    "--protect-partly": ("SolveOptions.policy.protect_partly",),
+    "--memory-budget-gb": ("SolveOptions.policy.memory_budget_bytes",),
+    "--keep-overlap": ("PositionSearchOptions.keep_overlap",),
+}
+# the flags that set no options field, and what each is instead
+NOT_OPTIONS = {
+    "problem": "the problem file",
+    "--output": "the plan file written",
+    "--hint": "a plan: solve's hint and a start of the positioned search",
+    "--positions": "which searches run: solve alone, or position_search after it",
+    "--peak-memory-gb": "position_search's peak_memory_bytes, the budget it searches within",
+    "--robust": "the scenarios of planner.scenarios.robust_plan, which runs instead of solve",
+    "--quiet": "solve's progress (none)",
+}
+# the fields no flag sets, and what the command line uses
+LIBRARY_ONLY = {
+    "SolveOptions.probe": "on: a count search probes its bound with the time left",
+    "PositionSearchOptions.per_block": "on: the positioned search starts from the per-block plan too",
+}
 
 
 def add_parser(sub) -> None:
@@ -43,7 +73,7 @@ def add_parser(sub) -> None:
                         "rules; default: off, torch's rules)")
     s.add_argument("--memory-budget-gb", type=float, default=None,
                    help="extra memory kept alive by moved starts/waits stays within this at every "
-                        "position (default: no budget)")
+                        "position (GB = 10^9 bytes; default: no budget)")
     s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
                    help="anchored (the default): each bucket starts and waits where torch "
                         "scheduled one of its members; free: also choose where "
@@ -54,8 +84,8 @@ def add_parser(sub) -> None:
                         "bucket keeps what hid each member), as anchored plans do (default: off; "
                         "the step prices lost overlap)")
     s.add_argument("--peak-memory-gb", type=float, default=None,
-                   help="with --positions free: the planned schedule's peak memory (GB, 1e9 bytes) "
-                        "stays within this (default: the --hint plan's peak, or the unbucketed "
+                   help="with --positions free: the planned schedule's peak memory (GB = 10^9 "
+                        "bytes) stays within this (default: the --hint plan's peak, or the unbucketed "
                         "schedule's)")
     s.add_argument("--robust", metavar="A,B,...",
                    help="the plan with the least worst-case regret across these cost scenarios "
@@ -67,29 +97,24 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     # every flag and the output path are checked before anything is loaded or solved: a bad
     # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
-    # nan and inf too: CP-SAT would run unbounded or not at all
-    positive(args.time_limit, "--time-limit")
-    workers(args.workers, "--workers")
-    seed(args.seed, "--seed")
-    window = _window(args.window)
-    budget = memory_budget(args.memory_budget_gb)
+    options = solve_options(args)
     if args.positions == "free" and args.objective != "step":
         raise CLIError("--positions free needs --objective step (positions are chosen by the "
                        "simulated step)")
-    if args.peak_memory_gb is not None:
-        if args.positions != "free":
-            raise CLIError("--peak-memory-gb needs --positions free")
-        positive(args.peak_memory_gb, "--peak-memory-gb")
+    if args.peak_memory_gb is not None and args.positions != "free":
+        raise CLIError("--peak-memory-gb needs --positions free")
     if args.keep_overlap and args.positions != "free":
         raise CLIError("--keep-overlap needs --positions free (anchored plans always keep torch's "
                        "overlap)")
+    peak = gigabytes(args.peak_memory_gb, "--peak-memory-gb")
+    positioned = position_options(args) if args.positions == "free" else None
     output_file(args.output, "-o")
     try:
         if args.robust is not None:
             from bucketplan.cli.solve_robust import robust_and_report
 
-            return robust_and_report(args, budget)
-        return _solve_and_report(args, window, budget)
+            return robust_and_report(args, options)
+        return _solve_and_report(args, options, positioned, peak)
     except KeyboardInterrupt:
         # solve keeps the best verified plan at a first Ctrl-C (written, exit 130); this one came
         # while loading the problem, at a second Ctrl-C, or while writing: nothing verified to keep
@@ -97,24 +122,46 @@ def run(args) -> int:
         return 130
 
 
-def _window(value: str) -> int | str | None:
-    """--window: 'auto', 'none' (the full model) or a positive number of same-key neighbours
-    (planner.arguments.window's rule, spelled for the command line)."""
-    import planner.arguments as arguments
+def solve_options(args):
+    """The SolveOptions of the flags (FLAG_FIELDS), built and checked once."""
+    from planner.options import SolveOptions
+    from planner.policy import Policy
 
+    flags = {f.rpartition(".")[2]: flag for flag, fs in FLAG_FIELDS.items() for f in fs}
+    policy = built(Policy, {"protect_partly": args.protect_partly, "memory_budget_bytes": gigabytes(
+        args.memory_budget_gb, "--memory-budget-gb", zero_ok=True)}, flags)  # 0: nothing extra stays alive
+    return built(SolveOptions, {"time_limit_s": args.time_limit, "objective": args.objective,
+                                "workers": args.workers, "seed": args.seed, "window": _window(args.window),
+                                "deterministic": args.deterministic, "policy": policy}, flags)
+
+
+def position_options(args):
+    """The PositionSearchOptions of the flags (FLAG_FIELDS): with --deterministic, a number of
+    evaluations (EVALUATIONS_PER_S of the positioned share of --time-limit) instead of seconds."""
+    from planner.options import PositionSearchOptions
+    from planner.position_search import EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE
+
+    evaluations = (max(1, int(EVALUATIONS_PER_S * (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit))
+                   if args.deterministic else None)
+    return PositionSearchOptions(seed=args.seed, max_evaluations=evaluations, keep_overlap=args.keep_overlap)
+
+
+def _window(value: str) -> int | str | None:
+    """--window as SolveOptions takes it: 'auto', 'none' (None: the full model) or a number (which
+    SolveOptions checks)."""
     if value in ("auto", "none"):
         return None if value == "none" else value
     try:
-        n = int(value)
-        arguments.window(n, "--window")
+        return int(value)
     except ValueError:
-        raise CLIError(f"--window must be 'auto', 'none' or a positive integer, "
+        raise CLIError(f"--window must be 'auto', a positive integer, or none for the full model, "
                        f"not {value!r}") from None
-    return n
 
 
-def _solve_and_report(args, window: int | str | None, budget: int | None) -> int:
+def _solve_and_report(args, options, positioned, peak: int | None) -> int:
     """``bucketplan solve`` once its flags are checked: load, solve, write, report."""
+    import dataclasses
+
     import planner
     from planner.position_search import FREE_POSITIONS_CP_SAT_SHARE
     from planner.progress import LiveLine
@@ -126,21 +173,17 @@ def _solve_and_report(args, window: int | str | None, budget: int | None) -> int
     say = progress(args.quiet)
     say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective "
         f"{args.objective}, time limit {args.time_limit}s")
-    # with free positions, CP-SAT's anchored step plan is one start of the positioned search
-    share = FREE_POSITIONS_CP_SAT_SHARE if args.positions == "free" else 1.0
+    if positioned is not None:  # CP-SAT's anchored step plan is one start of the positioned search
+        options = dataclasses.replace(options, time_limit_s=options.time_limit_s * FREE_POSITIONS_CP_SAT_SHARE)
     try:
         with LiveLine(say) if not args.quiet else contextlib.nullcontext(say) as live:
-            result = solve(problem, time_limit_s=args.time_limit * share,
-                           objective=args.objective, workers=args.workers, seed=args.seed,
-                           hint=hint, window=window, protect_partly=args.protect_partly,
-                           memory_budget_bytes=budget, deterministic=args.deterministic,
-                           progress=live)
+            result = solve(problem, options, hint=hint, progress=live)
     except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
-    if args.positions == "free" and not result.stats.get("interrupted"):
+    if positioned is not None and not result.stats.get("interrupted"):
         from bucketplan.cli.solve_positions import position_search_and_report
 
-        return position_search_and_report(args, problem, result, hint, t_start)
+        return position_search_and_report(args, problem, result, hint, positioned, peak, t_start)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1

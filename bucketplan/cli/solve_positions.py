@@ -6,31 +6,29 @@ from __future__ import annotations
 import sys
 import time
 
-from bucketplan.cli.common import CLIError, memory_line, positive, progress, stamped
+from bucketplan.cli.common import GB, CLIError, memory_line, progress, stamped
 
 
-def position_search_and_report(args, problem, anchored, hint, t_start: float) -> int:
-    """The positioned search after CP-SAT's ``anchored`` result. ``--deterministic``: a number
-    of evaluations instead of seconds (EVALUATIONS_PER_S of the positioned share), the wall clock
-    only a guard, and no creation time in the plan: two runs write the same bytes."""
+def position_search_and_report(args, problem, anchored, hint, options, peak: int | None, t_start: float) -> int:
+    """The positioned search after CP-SAT's ``anchored`` result, as ``options`` say, within ``peak``
+    bytes (None: the hint's peak, or the unbucketed schedule's). With ``--deterministic``
+    (``options.max_evaluations``) the wall clock is only a guard, and the plan records no creation
+    time: two runs write the same bytes."""
     import planner
-    from planner.position_search import (EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE,
-                                         position_search)
+    from planner.position_search import default_peak_budget, position_search
     from planner.solver import DETERMINISTIC_WALL_FACTOR
 
-    budget = _peak_budget(args.peak_memory_gb, problem, hint)
+    # by default a plan never holds more than what it replaces
+    budget = peak if peak is not None else default_peak_budget(problem, [hint])
     starts = [p for p in (anchored.plan, hint) if p is not None]
-    evaluations = (int(EVALUATIONS_PER_S * (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit)
-                   if args.deterministic else None)
+    evaluations = options.max_evaluations
     deadline = t_start + args.time_limit * (DETERMINISTIC_WALL_FACTOR if args.deterministic
                                             else 1.0)
-    progress(args.quiet)(f"positioned search within a peak of {budget / 1e9:.3f} GB, "
+    progress(args.quiet)(f"positioned search within a peak of {budget / GB:.3f} GB, "
                          + (f"{evaluations} evaluations" if evaluations is not None
                             else f"{max(0.0, deadline - time.perf_counter()):.0f} s"))
     try:
-        result = position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline,
-                                 seed=args.seed, keep_overlap=args.keep_overlap,
-                                 max_evaluations=evaluations)
+        result = position_search(problem, starts, options, peak_memory_bytes=budget, deadline=deadline)
     except ValueError as e:  # nothing fits the budget
         raise CLIError(f"--peak-memory-gb: {e}") from None
     except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified plan is the best
@@ -65,10 +63,10 @@ def _report(args, problem, anchored, result, budget: int) -> None:
     if anchored.plan is not None:
         over = memory_timeline(problem, anchored.plan).peak_bytes
         print(f"CP-SAT's start      {anchored.objective:.3f} ms (anchored), "
-              f"peak {over / 1e9:.3f} GB"
+              f"peak {over / GB:.3f} GB"
               + (" (over the budget: fitted before the search)" if over > budget else ""))
     print(f"gap                 {gap:.1%}")
-    print(memory_line(problem, result.plan) + f"; budget {budget / 1e9:.3f} GB")
+    print(memory_line(problem, result.plan) + f"; budget {budget / GB:.3f} GB")
 
 
 def _print_wall(result, evaluations: int | None, t_start: float) -> None:
@@ -78,18 +76,3 @@ def _print_wall(result, evaluations: int | None, t_start: float) -> None:
         " (stopped by the wall-clock guard before its evaluations: another run may differ)"
         if guarded else
         f" ({result.stats['evaluations']} evaluations: the same plan on any machine)"))
-
-
-def _peak_budget(gb: float | None, problem, hint) -> int:
-    """--peak-memory-gb in bytes; by default the peak of the hint (e.g. torch's greedy plan), or
-    of the unbucketed schedule without one: a plan never holds more than what it replaces."""
-    from planner.position_search import default_peak_budget
-    from planner.problem import MAX_BYTES
-
-    if gb is None:
-        return default_peak_budget(problem, [hint])
-    positive(gb, "--peak-memory-gb")
-    budget = int(gb * 1e9)
-    if budget >= MAX_BYTES:
-        raise CLIError(f"--peak-memory-gb {gb!r} is beyond any machine")
-    return budget

@@ -6,10 +6,10 @@ from __future__ import annotations
 from bucketplan.cli.common import CLIError, progress, scenario_list
 
 
-def robust_and_report(args, budget: int | None) -> int:
-    """Refuse the flags the regret search cannot honour, search, write, report."""
+def robust_and_report(args, options) -> int:
+    """Refuse the flags the regret search cannot honour, search as ``options`` (SolveOptions)
+    say, write, report."""
     import planner
-    from planner.policy import Policy
     from planner.scenarios import ScenarioError, describe, robust_plan
     from planner.solver import PlanMismatchError
 
@@ -26,10 +26,7 @@ def robust_and_report(args, budget: int | None) -> int:
     problem = planner.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     try:
-        result = robust_plan(problem, scenarios, time_limit_s=args.time_limit, hint=hint,
-                             seed=args.seed, workers=args.workers,
-                             policy=Policy(args.protect_partly, budget),
-                             progress=progress(args.quiet))
+        result = robust_plan(problem, scenarios, options, hint=hint, progress=progress(args.quiet))
     except ScenarioError as e:
         raise CLIError(f"{args.problem}: {e}") from None
     except PlanMismatchError as e:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bucketplan.cli.common import CLIError, memory_budget, memory_line, overlap_line
+from bucketplan.cli.common import GB, CLIError, gigabytes, memory_line, overlap_line
 
 
 def add_parser(sub) -> None:
@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
                         "its params, else torch's")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--memory-budget-gb", type=float, default=None,
-                   help="check rule 10 with this budget (GB); default: the budget the plan "
-                        "records, else none")
+                   help="check rule 10 with this budget (GB = 10^9 bytes); default: the budget "
+                        "the plan records (in bytes), else none")
     g.add_argument("--no-memory-budget", action="store_true", help="check without a memory budget")
     s.set_defaults(func=run)
 
@@ -47,7 +47,7 @@ def _verify_and_report(args) -> int:
     if args.protect_partly is not None:
         given["protect_partly"] = args.protect_partly
     if args.memory_budget_gb is not None:
-        given["memory_budget_bytes"] = memory_budget(args.memory_budget_gb)
+        given["memory_budget_bytes"] = gigabytes(args.memory_budget_gb, "--memory-budget-gb", zero_ok=True)
     elif args.no_memory_budget:
         given["memory_budget_bytes"] = None
     problem = planner.load_problem(args.problem)
@@ -68,7 +68,7 @@ def _verify_and_report(args) -> int:
     if not overlap:
         print("overlap rules       4, 7 and 8 off (keep_overlap false, recorded in the plan)")
     if peak is not None:
-        print(f"peak budget         {peak / 1e9:.3f} GB (rule 11, recorded in the plan)")
+        print(f"peak budget         {peak / GB:.3f} GB (rule 11, recorded in the plan)")
     if not any(v.rule in (1, 5) for v in report.violations):  # memory needs a well-formed plan
         print(memory_line(problem, plan))
     return 0 if report.feasible else 1
@@ -100,7 +100,7 @@ def _print_policy(policy: dict, source: dict) -> None:
     budget = policy["memory_budget_bytes"]
     parts = {"protect_partly": f"protect_partly={policy['protect_partly']}",
              "memory_budget_bytes": "memory budget " + (
-                 "none" if budget is None else f"{budget / 1024**3:g} GB ({budget} bytes)")}
+                 "none" if budget is None else f"{budget / GB:g} GB ({budget} bytes)")}
     if len(set(source.values())) == 1:
         print(f"policy              {', '.join(parts.values())} ({source['protect_partly']})")
     else:

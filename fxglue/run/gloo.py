@@ -18,18 +18,49 @@ import queue as queue_module
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
 
+import planner.arguments as arguments
+from planner.options import SolveOptions
 from planner.solver import PlanMismatchError
 
 SUM_ORDER_EPS_PER_RANK = 8  # see CheckResult.sum_order_tolerance
 # Rank 0's search parameters at these tiny shapes: one worker (every rank is a process on this
 # machine) and a fixed seed; CP-SAT starts from torch's greedy plan.
-RANK0_SOLVE = {"time_limit_s": 20, "workers": 1, "seed": 0}
-RANK0_REPAIR = {"time_limit_s": 10, "workers": 1}
+RANK0_SOLVE = SolveOptions(time_limit_s=20, workers=1, seed=0)
+RANK0_REPAIR = SolveOptions(time_limit_s=10, workers=1)
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    """How ``check_workload`` runs a workload: on ``ranks`` gloo processes, bucketed by ``planner``
+    (a name of ``fxglue.planners``) or by ``plan`` (a plan file for every rank, or a folder of
+    ``rank<R>/plan.json``), torch's ``bucket_mode`` and FSDP ``pre_bucketing``, its parameters
+    drawn from torch's ``seed``, every rank within ``timeout_s``; ``save_problems``: a folder that
+    gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check with
+    ``plan`` (``bucketplan extract --tiny``)."""
+
+    ranks: int = 2
+    planner: str = "greedy"
+    plan: str | None = None
+    bucket_mode: str | None = None
+    pre_bucketing: bool = False
+    seed: int = 0
+    timeout_s: float = 900.0
+    save_problems: str | None = None
+
+    def __post_init__(self) -> None:
+        from fxglue import planners
+
+        arguments.positive_integer(self.ranks, "ranks")
+        if not self.plan:
+            planners.get(self.planner)  # an unknown name: one line naming every planner
+        arguments.flag(self.pre_bucketing, "pre_bucketing")
+        arguments.seed(self.seed, "seed")
+        arguments.positive_number(self.timeout_s, "timeout_s")
 
 
 @dataclass
@@ -131,19 +162,19 @@ def _save_rank_problem(folder: str, problem, greedy) -> None:
     planner.save(problem, os.path.join(where, "problem.json"))
 
 
-def _bucket(traced, planner_name, given_plan, bucket_mode, pre_bucketing, result: RankResult,
-            save_problems: str | None = None):
-    """Schedule and bucket ``traced.gm`` in place with the chosen planner (a name of
+def _bucket(traced, options: CheckOptions, given_plan, result: RankResult):
+    """Schedule and bucket ``traced.gm`` in place with ``options.planner`` (a name of
     ``fxglue.planners``) or ``given_plan`` (this rank's ``--plan``; ``apply_plan`` raises
-    ``PlanError`` if it does not fit this rank's problem); returns it. ``save_problems``: a folder
-    that gets this rank's problem and torch's greedy plan (``rank<R>/``) first."""
+    ``PlanError`` if it does not fit this rank's problem); returns it. ``options.save_problems``: a
+    folder that gets this rank's problem and torch's greedy plan (``rank<R>/``) first."""
     from fxglue import planners
     from fxglue.apply import apply_plan
     from fxglue.cpu_compat import cpu_compat
     from fxglue.pipeline import finalize_with_torch, prepare
 
     gm, fake_mode = traced.gm, traced.fake_mode
-    prepared = prepare(traced, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode, greedy=False)
+    bucket_mode, save_problems = options.bucket_mode, options.save_problems
+    prepared = prepare(traced, pre_bucketing=options.pre_bucketing, bucket_mode=bucket_mode, greedy=False)
     problem, inputs, est = prepared.problem, prepared.inputs, prepared.estimator
     result.problem_fingerprint = problem.fingerprint
     if save_problems:
@@ -151,7 +182,7 @@ def _bucket(traced, planner_name, given_plan, bucket_mode, pre_bucketing, result
     if given_plan is not None:
         plan = given_plan
     else:
-        entry = planners.get(planner_name)
+        entry = planners.get(options.planner)
         if entry.finalize is not None:  # torch buckets by itself, on every rank
             with cpu_compat(est), fake_mode:
                 finalize_with_torch(inputs, **entry.finalize.as_kwargs())
@@ -176,8 +207,7 @@ def _rank0_plan(entry, problem, record_greedy):
     box = [None]
     if dist.get_rank() == 0:
         greedy = record_greedy()
-        request = planners.PlanRequest(problem, greedy=greedy, solve_kwargs={**RANK0_SOLVE, "hint": greedy},
-                                       repair_kwargs=RANK0_REPAIR)
+        request = planners.PlanRequest(problem, greedy=greedy, solve=RANK0_SOLVE, repair=RANK0_REPAIR)
         box[0] = entry.plan(request).plan
     dist.broadcast_object_list(box, src=0)
     return box[0].model_copy(update={"problem_fingerprint": problem.fingerprint})
@@ -226,7 +256,8 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     wl = _rank_workload(spec)
     groups = mesh_groups(wl.style, world, tp_size=spec.get("tp_size", 1))
     dp_rank = rank // groups.tp_size
-    torch.manual_seed(spec["seed"])  # identical full parameters on every rank
+    options = spec["options"]
+    torch.manual_seed(options.seed)  # identical full parameters on every rank
     module, inputs, loss_fn = wl.build(groups)
     blocks = block_meta(module)  # before wrapping renames the parameters
     wrapped = wrap_module(wl, module, groups, dp_rank)
@@ -243,8 +274,7 @@ def _check_rank(rank: int, world: int, spec: dict) -> RankResult:
     fake_mode = detect_fake_mode([n.meta.get("val") for n in graph.graph.find_nodes(op="placeholder")])
     traced = TracedWorkload(name=wl.name, gm=graph, fake_mode=fake_mode, groups=groups, trace_s=0.0, meta=blocks)
     try:
-        bucketed = _bucket(traced, spec["planner"], given, spec.get("bucket_mode"), spec.get("pre_bucketing", False),
-                           result, spec.get("save_problems"))
+        bucketed = _bucket(traced, options, given, result)
     except PlanError as e:
         if given is None:
             raise  # a planner's own plan refused: a bug, reported with its traceback
@@ -363,22 +393,18 @@ class GlooWorld:
         self.close()
 
 
-def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "greedy", plan: str | None = None,
-                   bucket_mode: str | None = None, pre_bucketing: bool = False, seed: int = 0,
-                   timeout_s: float = 900.0, model: str | None = None, parallel: str = "fsdp",
-                   layers: int | None = None, save_problems: str | None = None) -> CheckResult:
-    """Run ``workload`` original vs bucketed on ``ranks`` gloo processes; compare every output.
+def check_workload(workload: str | None, options: CheckOptions = CheckOptions(), *, model: str | None = None,
+                   parallel: str = "fsdp", layers: int | None = None) -> CheckResult:
+    """Run ``workload`` original vs bucketed as ``options`` say; compare every output.
     ``model`` (instead of a built-in name): a user's factory, ``MODULE:FACTORY`` or
-    ``FILE.py:FACTORY``, run at the shapes it builds, wrapped for ``parallel``. ``plan``: a plan
-    file for every rank, or a folder of ``rank<R>/plan.json``; ``save_problems``: a folder that
-    gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check
-    with ``plan`` (``bucketplan extract --tiny``). Raises ``PlanRefused`` for a plan that cannot
-    be read (before anything is spawned) or that a rank's problem refuses."""
-    from fxglue import planners
+    ``FILE.py:FACTORY``, run at the shapes it builds (``layers`` deep, where it takes them),
+    wrapped for ``parallel``. Raises ``PlanRefused`` for an ``options.plan`` that cannot be read
+    (before anything is spawned) or that a rank's problem refuses."""
     from fxglue.models.workloads import WorkloadError, get_workload
 
-    if not plan:
-        planners.get(planner)  # an unknown name: one line naming every planner, before spawning anything
+    if not isinstance(options, CheckOptions):
+        raise ValueError(f"options must be a fxglue.run.gloo.CheckOptions, not {type(options).__name__}")
+    ranks, plan = options.ranks, options.plan
     if model:
         from fxglue.models.custom import factory_workload
 
@@ -399,16 +425,17 @@ def check_workload(workload: str | None, *, ranks: int = 2, planner: str = "gree
         # no FSDP anyway, so it is refused rather than reported as a difference
         raise WorkloadError(f"{workload}: {ranks} rank(s) leave a data-parallel group of {dp}; use at least 2 ranks")
     plans = _load_rank_plans(plan, ranks) if plan else None
-    spec = {"workload": workload, "planner": "plan" if plan else planner, "plans": plans,
-            "bucket_mode": bucket_mode, "pre_bucketing": pre_bucketing, "seed": seed, "tp_size": tp,
-            "model": model, "parallel": parallel, "layers": layers,
-            "save_problems": os.path.abspath(save_problems) if save_problems else None}
-    result = CheckResult(workload, ranks, spec["planner"], bucket_mode, pre_bucketing)
+    if options.save_problems:  # the ranks' working folder is another
+        options = replace(options, save_problems=os.path.abspath(options.save_problems))
+    spec = {"workload": workload, "options": options, "plans": plans, "tp_size": tp, "model": model,
+            "parallel": parallel, "layers": layers}
+    result = CheckResult(workload, ranks, "plan" if plan else options.planner, options.bucket_mode,
+                         options.pre_bucketing)
     if dp > 2:  # see CheckResult.sum_order_tolerance
         result.sum_order_tolerance = SUM_ORDER_EPS_PER_RANK * (dp - 1) * torch.finfo(torch.float32).eps
     with GlooWorld(ranks) as world:
         try:
-            result.per_rank = world.run(_check_rank, spec, timeout_s=timeout_s)
+            result.per_rank = world.run(_check_rank, spec, timeout_s=options.timeout_s)
         except RankError as e:
             # every rank is reported; the failing one carries the message
             result.per_rank = [RankResult(rank=r, error=str(e)[:2000]) for r in range(ranks)]

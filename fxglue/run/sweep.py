@@ -140,15 +140,15 @@ def extract_case(case: Case, folder: Path, say: Callable[[str], None]) -> None:
 
 
 def _apply_child(case: Case, folder: str, plan_file: str, sha: str) -> None:
-    from fxglue.pipeline import run_pipeline
+    from fxglue.pipeline import PipelineOptions, run_pipeline
 
     folder_p = Path(folder)
     keep = stage_list(folder_p / STAGES)
     meter = StageMeter(folder_p / STAGES, prefix=f"apply {Path(plan_file).stem.removesuffix('-plan')}: ",
                        keep=[s for s in keep if not str(s.get("stage")).startswith("apply")])
     workload, preset = resolve(case)
-    result = run_pipeline(workload, planner_=plan_file, preset=preset, pre_bucketing=case.pre_bucketing,
-                          progress=meter.say)
+    result = run_pipeline(workload, planner_=plan_file, preset=preset,
+                          pipeline=PipelineOptions(pre_bucketing=case.pre_bucketing), progress=meter.say)
     after = sum(result.collectives_after.values())
     meter.close(note=f"plan {sha}: {sum(result.collectives_before.values())} -> {after} collectives in the graph")
 

@@ -29,7 +29,7 @@ def main(problem_path: str, objective: str) -> None:
             threading.Timer(0.0, _thread.interrupt_main).start()
 
     solver_module._Progress.on_solution_callback = interrupt_at_first_solution
-    result = solver_module.solve(problem, objective=objective, time_limit_s=120, workers=2)
+    result = solver_module.solve(problem, planner.SolveOptions(time_limit_s=120, objective=objective, workers=2))
     verified = result.plan is not None and not planner.verify(problem, result.plan)
     print(json.dumps({"fired": fired, "interrupted": result.stats["interrupted"], "verified": verified,
                       "probes": "probes" in result.stats, "objective": result.objective, "bound": result.bound,

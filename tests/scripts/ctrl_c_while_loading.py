@@ -41,8 +41,7 @@ def main(problem_path: str) -> None:
                 time.sleep(0.01)
 
     solver_module._Progress.on_solution_callback = first_step_solution
-    result = solver_module.solve(problem, objective="step", time_limit_s=60, workers=2, count_plan=unbucketed,
-                                 deterministic=True)
+    result = solver_module.solve(problem, planner.SolveOptions(time_limit_s=60, objective="step", workers=2, deterministic=True), count_plan=unbucketed)
     assert result.stats["hint_every_variable"], result.stats
     assert fired and fired[0] > 1e6, fired  # a step in ns: the step search's first solution
     assert result.stats["interrupted"] and result.stats["stop_deferred"], result.stats

@@ -53,13 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     for objective, workers, hinted, window in configurations(opts.quick):
         name = f"{objective}/workers={workers}/hint={hinted}/window={window}"
         print(f"start {name}", flush=True)
-        result = planner.solve(problem, objective=objective, workers=workers, hint=greedy if hinted else None,
-                               window=window, time_limit_s=opts.time_limit)
+        options = planner.SolveOptions(time_limit_s=opts.time_limit, objective=objective, workers=workers,
+                                       window=window)
+        result = planner.solve(problem, options, hint=greedy if hinted else None)
         assert result.plan is not None and not verify(problem, result.plan, **recorded_policy(result.plan)), name
         probes = len(result.stats.get("probes", ()))
         print(f"ok {name} {result.status} {result.objective} probes={probes}", flush=True)
     if not opts.quick:  # the repair: a search within the buckets of a rule-breaking plan
-        fixed = repair(problem, greedy, time_limit_s=opts.time_limit, workers=2)
+        fixed = repair(problem, greedy, planner.SolveOptions(time_limit_s=opts.time_limit, workers=2))
         assert fixed.plan is not None and not verify(problem, fixed.plan, **recorded_policy(fixed.plan))
         print(f"ok repair {fixed.status} {fixed.objective}", flush=True)
     return 0
