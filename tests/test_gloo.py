@@ -28,7 +28,7 @@ def test_bucketed_graph_is_bitwise_equal(workload, planner, mode, ranks):
 
 
 def _checked_and_prepared(rank, world, spec):
-    """This rank's problem as ``check`` makes it (written to ``spec["save_problems"]``), and
+    """This rank's problem as ``check`` makes it (written to ``spec["options"].save_problems``), and
     ``prepare``'s on the same graph: the rank's step traced as check traces it, taken as it is."""
     import torch
     from torch._guards import detect_fake_mode
@@ -41,7 +41,7 @@ def _checked_and_prepared(rank, world, spec):
     assert not _check_rank(rank, world, spec).error
     wl = get_workload(spec["workload"], small=True)
     groups = mesh_groups(wl.style, world, tp_size=1)
-    torch.manual_seed(spec["seed"])
+    torch.manual_seed(spec["options"].seed)
     module, inputs, loss_fn = wl.build(groups)
     wrapped = wrap_module(wl, module, groups, rank)
     gm = trace_step(parallel.make_train_step(wrapped, loss_fn), [*parallel.stored_params(wrapped), *inputs])
@@ -56,8 +56,8 @@ def test_the_checked_problem_is_prepares_with_blocks(tmp_path):
     import planner
     from fxglue.run.gloo import GlooWorld
 
-    spec = {"workload": "llama3-8b-fsdp-2", "planner": "none", "plans": None, "bucket_mode": None,
-            "pre_bucketing": False, "seed": 0, "tp_size": 1, "model": None, "save_problems": str(tmp_path)}
+    spec = {"workload": "llama3-8b-fsdp-2", "options": CheckOptions(planner="none", save_problems=str(tmp_path)),
+            "plans": None, "tp_size": 1, "model": None}
     with GlooWorld(2) as world:
         prepared = world.run(_checked_and_prepared, spec)
     for rank, expected in enumerate(prepared):
