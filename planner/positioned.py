@@ -252,7 +252,8 @@ def _places_keep_dependencies(m: cp_model.CpModel, colls, x, starts, waits, inde
     """Rule 9 at the places chosen: every member's bucket starts after the member's fixed
     predecessors and after the waits it consumes (a folded conversion's too: it runs right before
     the start), waits before the member's fixed consumers, and starts before it waits."""
-    top = SCALE * (max(c.w for c in colls) + 2) if colls else SCALE
+    # the latest place any start or wait may take (a wait deferred past every collective's own)
+    top = max((p for opts in (*starts.values(), *waits.values()) for p, _, _ in opts), default=0) + SCALE
     st = {a: sum(p * lit for p, lit, _ in opts) for a, opts in starts.items()}
     wt = {a: sum(p * lit for p, lit, _ in opts) for a, opts in waits.items()}
     # a named place before the first node lies below 0
