@@ -303,8 +303,10 @@ def views_first_input(target) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None or not schema.arguments or schema.arguments[0].alias_info is None:
         return False
-    first = schema.arguments[0].alias_info.before_set
-    return any(r.alias_info is not None and r.alias_info.before_set == first for r in schema.returns)
+    alias = schema.arguments[0].alias_info
+    if alias.is_write:  # an in-place op (add_, t_): not a view, and retracing it would mutate
+        return False
+    return any(r.alias_info is not None and r.alias_info.before_set == alias.before_set for r in schema.returns)
 
 
 def _views_see_their_new_inputs(graph: fx.Graph) -> None:
@@ -326,7 +328,9 @@ def _views_see_their_new_inputs(graph: fx.Graph) -> None:
         mode = getattr(src, "fake_mode", None)
         if mode is None:  # real tensors (a gloo run's graph): nothing estimates from them
             continue
-        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta.get("val"))
+        if any("val" not in n.meta for n in node.all_input_nodes):  # nothing to trace it on: keep it
+            continue
+        args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
         with mode:
             node.meta["val"] = target(*args, **kwargs)
 

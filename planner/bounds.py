@@ -521,7 +521,7 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
         launches += need
         total = sum(c.wire_bytes for c in cs)
         by_count = _key_stream_floor(problem.link(pg), kind, total, need)
-        largest = _most_wire_within_cap(cs, problem.bucket_cap_bytes)
+        largest = _largest_bucket_wire(cs, problem.bucket_cap_bytes)
         stream[pg] = stream.get(pg, 0.0) + max(by_count, total * least[pg, kind](largest))
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
@@ -529,6 +529,12 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
     chain = release_deadline_floor(problem)
     return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, stream_ms=stream,
                      chain_ms=chain)
+
+
+def _largest_bucket_wire(cs: list, cap: int) -> int:
+    """An upper bound on the wire bytes of any bucket of ``cs``: one within the cap, or one
+    collective alone, which may exceed the cap (rule 3 holds buckets of two or more to it)."""
+    return max(_most_wire_within_cap(cs, cap), max((c.wire_bytes for c in cs), default=0))
 
 
 def _most_wire_within_cap(cs: list, cap: int) -> int:
@@ -559,23 +565,27 @@ def release_deadline_floor(problem: Problem) -> float:
     limits = fixed_limits(problem)
     nodes = problem.nodes
     positions = [n.pos for n in nodes]
-    done = np.cumsum([n.stream_ms for n in nodes])  # compute done once node k has run
+    # a folded dtype conversion runs where its bucket starts, not where it was scheduled: its
+    # own time is counted nowhere here (its unpinned compute stays at its place)
+    moving = {f for c in problem.collectives for f in c.folded}
+    fixed = [n.stream_ms - (n.own_ms if n.name in moving else 0.0) for n in nodes]
+    done = np.cumsum(fixed)  # fixed compute done once node k has run
     total = float(done[-1]) if len(nodes) else 0.0
 
-    def released(pos: int) -> float:  # compute of every node at or before ``pos``
+    def released(pos: int) -> float:  # fixed compute of every node at or before ``pos``
         k = bisect.bisect_right(positions, pos) - 1
         return float(done[k]) if k >= 0 else 0.0
 
-    def tail(pos: int) -> float:  # the consumer's own compute and everything after it
+    def tail(pos: int) -> float:  # the consumer's own compute and the fixed compute after it
         k = bisect.bisect_left(positions, pos)
         if k >= len(nodes):
             return 0.0
-        return total - float(done[k]) + nodes[k].own_ms
+        return total - float(done[k]) + (0.0 if nodes[k].name in moving else nodes[k].own_ms)
 
     least = per_byte_floors(problem)
     items: dict[str, list[tuple[float, int, float]]] = {}
     for (kind, pg, _), cs in _by_key(problem).items():
-        largest = _most_wire_within_cap(cs, problem.bucket_cap_bytes)
+        largest = _largest_bucket_wire(cs, problem.bucket_cap_bytes)
         for c in cs:
             s_lo, w_hi = limits[c.name]
             items.setdefault(pg, []).append((released(s_lo), w_hi, c.wire_bytes * least[pg, kind](largest)))

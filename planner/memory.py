@@ -223,7 +223,9 @@ def own_memory(problem: Problem):
 
 def memory_profile(problem: Problem, plan: Plan | None) -> list[tuple[float, int]]:
     """The exact accounting (module docstring): (instant, bytes) at every instant where the memory
-    can change, in order. No other instant holds more than the last one listed before it."""
+    can change, in order. An instant not listed holds no more than the one listed before it (in
+    a run) or the one after it (just before a pinned node), so the peak is among these, and a cap
+    on any instant holds for every plan (tests/test_positioned.py)."""
     runs = problem.memory.run_starts
     pinned = {n.pos for n in problem.nodes}
     intervals: list[tuple[float, float, int]] = []

@@ -99,9 +99,9 @@ def test_a_member_of_size_zero_is_within_reach_beside_a_full_bucket():
     assert step_floor(problem).floor_ms <= planner.simulate(problem, plan).step_ms + 1e-12
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problems(max_collectives=2, max_compute=3, costs=True))
-def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(problem):
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(data):
     """Brute force over every plan with free positions of a tiny problem (every partition, anchor,
     named start and wait): the floor is at most the simulated step of each the verifier accepts
     under the positioned policy, and at least free_position_floor's compute part where it binds."""
@@ -109,6 +109,11 @@ def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(p
     from planner.position_search import positioned_policy
     from tests.brute import positioned_plans
 
+    from tests.strategies import folded_conversions
+
+    problem = data.draw(problems(max_collectives=2, max_compute=3, costs=True, dtypes=("bfloat16",)))
+    if data.draw(st.booleans()):  # a conversion that runs at its bucket's copy-in when merged
+        problem = data.draw(folded_conversions(problem))
     rules = positioned_policy(None).as_params()
     floor = release_deadline_floor(problem)
     steps = [planner.simulate(problem, p).step_ms for p in positioned_plans(problem)
@@ -145,3 +150,63 @@ def test_the_release_deadline_floor_is_never_above_a_committed_plan():
             assert floor > max(busy.compute_ms, *busy.stream_ms.values()) + 2
         seen += 1
     assert seen == 28
+
+
+def test_a_collective_above_the_bucket_cap_is_priced_whole():
+    """A collective alone may exceed the bucket cap (rule 3 holds merged buckets to it): the floors
+    price its bytes at its own size, not at a smaller bucket's per-byte time (a 100 MiB all_reduce
+    under a 1 MiB cap read 102.18 ms against an unbucketed step of 3.18)."""
+    from planner.bounds import free_position_floor
+
+    link = planner.Link(pg="b", group_size=8, latency_ms=0.5, bandwidth_gbps=100.0)
+    big = 100 << 20
+    problem = planner.Problem(
+        bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=4,
+        collectives=(planner.Collective(name="ar", wait="w", kind="all_reduce", pg="b", key="all_reduce/b/bf16",
+                                        dtype="bfloat16", size_bytes=big, wire_bytes=big, est_ms=1.0,
+                                        exposed_ms=1.0, start_pos=1, wait_pos=2, status="exposed"),),
+        nodes=(planner.Node(name="mm0", kind="compute", pos=0, est_ms=1.0),
+               planner.Node(name="ar", kind="start", pos=1, est_ms=0.0, deps=(0,)),
+               planner.Node(name="w", kind="wait", pos=2, est_ms=0.0, deps=(1,)),
+               planner.Node(name="mm1", kind="compute", pos=3, est_ms=1.0, deps=(2,))),
+        timelines=(planner.Timeline(pg="b", nodes=(0, 1, 2, 3), types="cswc"),), links=(link,),
+    ).with_fingerprint()
+    step = planner.simulate(problem).step_ms
+    assert free_position_floor(problem).floor_ms <= step + 1e-9
+    assert step_floor(problem).floor_ms <= step + 1e-9
+
+
+def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
+    """A dtype conversion folded into a merged all_gather runs at the bucket's copy-in: scheduled
+    10 ms of compute before the reduce_scatter's gradient, it did not delay that reduce in a plan
+    that issues the gather bucket later (an independent review's case: step 22.01 ms, where the
+    release floor read 32.01)."""
+    from planner.bounds import free_position_floor, release_deadline_floor
+    from planner.position_search import positioned_policy
+
+    def node(**k):
+        return planner.Node(**{"est_ms": 0.0, **k})
+
+    nodes = (node(name="F", kind="compute", pos=0, est_ms=10.0), node(name="A", kind="start", pos=1, deps=(0,)),
+             node(name="A2", kind="start", pos=2), node(name="C", kind="compute", pos=3, est_ms=1.0),
+             node(name="B", kind="start", pos=4, deps=(3,)), node(name="wA", kind="wait", pos=5, deps=(1,)),
+             node(name="wA2", kind="wait", pos=6, deps=(2,)), node(name="E", kind="compute", pos=7, est_ms=0.1),
+             node(name="wB", kind="wait", pos=8, deps=(4,)), node(name="D", kind="compute", pos=9, est_ms=1.0, deps=(8,)))
+    ag = dict(kind="all_gather", pg="a", key="ag/a", dtype="bfloat16", size_bytes=1000, wire_bytes=1000, est_ms=0.1,
+              exposed_ms=0.1, status="exposed")
+    colls = (planner.Collective(name="A", wait="wA", start_pos=1, wait_pos=5, folded=("F",), **ag),
+             planner.Collective(name="A2", wait="wA2", start_pos=2, wait_pos=6, **ag),
+             planner.Collective(name="B", wait="wB", kind="reduce_scatter", pg="b", key="rs/b", dtype="bfloat16",
+                                size_bytes=10**6, wire_bytes=10**6, est_ms=20, exposed_ms=20, start_pos=4, wait_pos=8,
+                                status="exposed"))
+    links = (planner.Link(pg="a", group_size=2, latency_ms=0.01, bandwidth_gbps=50.0),
+             planner.Link(pg="b", group_size=2, latency_ms=20.0, bandwidth_gbps=50.0))
+    problem = planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=10, collectives=colls,
+                              nodes=nodes, links=links, timelines=()).with_fingerprint()
+    plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="t", created="t",
+                        buckets=(planner.Bucket(members=("A", "A2"), start="A", wait="A", issue_before="E",
+                                                wait_before="D"),))
+    assert not planner.verify(problem, plan, **positioned_policy(None).as_params())
+    step = planner.simulate(problem, plan).step_ms
+    assert release_deadline_floor(problem) <= step + 1e-9
+    assert free_position_floor(problem).floor_ms <= step + 1e-9

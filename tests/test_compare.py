@@ -119,10 +119,12 @@ def test_a_searching_row_above_torch_defaults_peak_is_flagged():
         return PlanRow(label, problem, planner.load_plan(case / f"{stem}-plan.json.gz"), 0.0)
 
     workload = WorkloadRow("hf-qwen3-2", 0, 0)
+    workload.problem = planner.load_problem(case / "problem.json.gz")  # unbucketed 9.450 GB
     workload.plans = [row(DEFAULT_LABEL, "torch-default-pre-bucketing-greedy", True),
                       row(MANUAL_LABEL, "torch-manual-a-bucket-per-block", True),
                       row(POSITIONED_LABEL, "bucketplan-step-free-positions", True),
                       row("cpsat (count)", "cpsat-count", False)]
     _flag_over_default_peak(workload)
     assert [r.note for r in workload.plans[:3]] == ["", "", ""]
-    assert workload.plans[3].note == "peak 10.131 GB, above torch default's 9.450 GB"
+    assert workload.plans[3].note == ("peak 10.131 GB, above the budget 9.450 GB (torch default's peak, or the "
+                                      "unbucketed schedule's if higher)")
