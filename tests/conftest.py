@@ -1,14 +1,22 @@
 """Shared fixtures: traced and scheduled built-in workloads, cached per test session; a
 one-collective problem file (``problem_file``, ``edit_json``) for the file tests of
-test_io.py and test_problem.py.
+test_io.py and test_problem.py; and the test tiers.
 
 Tracing and scheduling an 8-layer workload takes seconds; many tests read the same
 problem, so each (workload, pre-bucketing) pair is built once. Tests that mutate a graph
 build their own copy with ``fresh_schedule``.
+
+Tiers (tests/README.md, "Tiers"): ``long`` tests leave the default run (pyproject's addopts);
+``slow`` ones stay in it but leave the fast tier; every other test is marked ``fast`` here, so
+``pytest -m fast`` is the edit-test loop. A test that asks for ``get_scheduled`` is slow without
+saying so (it traces a workload); one that calls ``scheduled`` or ``fresh_schedule`` from the fast
+tier fails, naming the marker it needs; and a fast test that takes longer than ``FAST_BUDGET_S`` is
+listed at the end of the run.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import os
@@ -20,6 +28,46 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+# A fast test's setup, call and teardown together, on 2 shared cores; the whole fast tier is meant
+# to stay under 4 minutes there (tests/README.md)
+FAST_BUDGET_S = 10.0
+_running: list = []  # the test being run now
+_fast_seconds: dict[str, float] = collections.defaultdict(float)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "get_scheduled" in item.fixturenames and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)  # it traces and schedules a built-in workload
+        if not item.get_closest_marker("slow") and not item.get_closest_marker("long"):
+            item.add_marker(pytest.mark.fast)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _running[:] = [item]
+    yield
+    _running.clear()
+
+
+def pytest_runtest_logreport(report):
+    if "fast" in report.keywords:
+        _fast_seconds[report.nodeid] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    over = sorted(((s, n) for n, s in _fast_seconds.items() if s > FAST_BUDGET_S), reverse=True)
+    if over:
+        terminalreporter.section(f"fast tests over {FAST_BUDGET_S:g} s: speed them up or mark them slow")
+        for seconds, nodeid in over:
+            terminalreporter.write_line(f"{seconds:6.1f}s {nodeid}")
+
+
+def _not_in_the_fast_tier(what: str) -> None:
+    if _running and _running[0].get_closest_marker("fast"):
+        pytest.fail(f"{what}: a fast test may not; mark it slow (tests/README.md, Tiers)", pytrace=False)
 
 
 @dataclass
@@ -34,6 +82,7 @@ class Scheduled:
 
 
 def fresh_schedule(name: str, pre_bucketing: bool = False, preset: str | None = None):
+    _not_in_the_fast_tier(f"fresh_schedule({name!r}) traces a workload")
     from fxglue.pipeline import estimator_for, resolve_preset, schedule
     from fxglue.models.workloads import trace
 
@@ -43,8 +92,13 @@ def fresh_schedule(name: str, pre_bucketing: bool = False, preset: str | None = 
     return traced, schedule(traced, est, pre_bucketing=pre_bucketing), est
 
 
-@functools.lru_cache(maxsize=None)
 def scheduled(name: str, pre_bucketing: bool = False, preset: str | None = None) -> Scheduled:
+    _not_in_the_fast_tier(f"scheduled({name!r}) traces a workload")
+    return _scheduled(name, pre_bucketing, preset)
+
+
+@functools.lru_cache(maxsize=None)
+def _scheduled(name: str, pre_bucketing: bool, preset: str | None) -> Scheduled:
     from fxglue.pipeline import prepare
 
     p = prepare(name, pre_bucketing=pre_bucketing, preset=preset, greedy=False)
@@ -53,9 +107,11 @@ def scheduled(name: str, pre_bucketing: bool = False, preset: str | None = None)
     return Scheduled(name, p.traced, p.inputs, p.estimator, p.problem, p.greedy, before)
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def get_scheduled():
-    return scheduled
+    """``scheduled``, for a test (or a fixture of any scope) that traces a workload: asking for it
+    makes a test slow (``pytest_collection_modifyitems``)."""
+    return lambda name, pre_bucketing=False, preset=None: _scheduled(name, pre_bucketing, preset)
 
 
 @pytest.fixture

@@ -54,6 +54,15 @@ def start_cli(*args, **kw) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, **kw)
 
 
+def run_main(argv: list, capsys) -> tuple[int, str, str]:
+    """``bucketplan ARGV`` in this process: its exit status, and its stdout and stderr (``capsys``)."""
+    from bucketplan.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def script_argv(name: str, *args) -> list[str]:
     """``tests/scripts/NAME.py ARGS`` run as a module from the repository root (so ``tests`` imports)."""
     return [sys.executable, "-m", f"tests.scripts.{name}", *map(str, args)]

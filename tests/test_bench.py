@@ -23,6 +23,8 @@ from planner.plan_dir import GREEDY, PLAN, PROBLEM, fingerprint_digest
 from tests.chain import chain_problem, pairs_plan
 from tests.test_training_flow import ROOT, flow_env, graph_lines, run
 
+pytestmark = pytest.mark.slow  # compiles on gloo ranks; the flag checks start the example
+
 
 def _kernel(name, ts, dur, *, grid=(132, 1, 1), device=0, nccl=False) -> dict:
     args = {"device": device, "grid": list(grid), "block": [128, 1, 1]}

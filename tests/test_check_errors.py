@@ -4,19 +4,20 @@ few lines, exit 2, without a traceback: through the command line, as a user runs
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import run_cli
+
+pytestmark = pytest.mark.slow  # check spawns gloo ranks
+
 DATA = Path(__file__).resolve().parent / "data"
 
 
 def _check(*argv: str) -> subprocess.CompletedProcess:
     # bounded: a rank left waiting in a collective for one that stopped would otherwise hang the run
-    return subprocess.run([sys.executable, "-m", "bucketplan", "check", *argv, "-q"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return run_cli("check", *argv, "-q", timeout=300)
 
 
 def test_check_model_runs_the_factorys_own_inputs():

@@ -5,7 +5,11 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 import planner
+
+pytestmark = pytest.mark.slow  # compare traces and plans a workload
 
 
 def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):

@@ -24,6 +24,8 @@ from fxglue.estimator import Estimator, collective_kind
 from fxglue.presets import Hardware
 from tests.handmade import build
 
+pytestmark = pytest.mark.slow  # traces workloads
+
 HW = Hardware()
 aten = torch.ops.aten
 

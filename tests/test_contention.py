@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
 import planner
 from planner.scenarios import CONTENTION_SLOWDOWN, contention_of, describe, judge, reprice
 from tests.chain import chain_problem, pairs_plan
+from tests.support import run_cli
 
 N, C = planner.Node, planner.Collective
 
@@ -139,11 +138,6 @@ def test_the_scenario_keeps_the_costs_and_slows_by_its_published_factor():
         assert j.steps[name]["contention=2"] == planner.simulate(chain, plan, contention=2.0).step_ms
 
 
-def _cli(*argv, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bucketplan", *argv], capture_output=True, text=True,
-                          timeout=timeout)
-
-
 def _busy_chain() -> planner.Problem:
     """``chain_problem(60)`` with 20x its compute (0.2 ms a node): its gathers (0.5 ms) hide
     behind compute, so contention shows."""
@@ -168,7 +162,7 @@ def _table(text: str, key: int = 0) -> dict[str, list[str]]:
 
 def test_compare_reprices_every_row_under_contention(tmp_path, chain_file):
     out = tmp_path / "cmp"
-    r = _cli("compare", str(chain_file), "-o", str(out), "--time-limit", "1", "-q", "--scenarios", "torch,contention")
+    r = run_cli("compare", str(chain_file), "-o", str(out), "--time-limit", "1", "-q", "--scenarios", "torch,contention")
     assert r.returncode == 0, r.stderr
     text = (out / "scenarios.md").read_text()
     assert "`contention`: compute 1.189x slower" in text
@@ -195,7 +189,7 @@ def test_compare_reprices_every_row_under_contention(tmp_path, chain_file):
 
 def test_solve_robust_under_torch_and_contention_reports_its_worst_regret(tmp_path, chain_file):
     out = tmp_path / "robust.json"
-    r = _cli("solve", str(chain_file), "-o", str(out), "--robust", "torch,contention", "--time-limit", "4")
+    r = run_cli("solve", str(chain_file), "-o", str(out), "--robust", "torch,contention", "--time-limit", "4")
     assert r.returncode == 0, r.stderr
     assert "scenario contention: compute 1.189x slower" in r.stdout
     rows = _table(r.stdout)
@@ -214,7 +208,7 @@ def test_solve_robust_under_torch_and_contention_reports_its_worst_regret(tmp_pa
                                            ("contention=0.5", "slow-down factor"),
                                            ("contention=", "is not a number")])
 def test_a_bad_contention_factor_is_one_line_exit_2(tmp_path, chain_file, scenario, says):
-    r = _cli("solve", str(chain_file), "-o", str(tmp_path / "p.json"), "--robust", f"torch,{scenario}")
+    r = run_cli("solve", str(chain_file), "-o", str(tmp_path / "p.json"), "--robust", f"torch,{scenario}")
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "p.json").exists()

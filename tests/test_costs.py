@@ -20,6 +20,8 @@ from planner.problem import copy_bytes
 from tests.strategies import problems
 from tests.brute import feasible_plans
 
+pytestmark = pytest.mark.slow  # traces workloads and applies plans
+
 
 def _groups_of(preset):
     """(group size, its ranks per node) of every group the preset's workloads use."""

@@ -127,10 +127,8 @@ def test_time_objective_matches_brute_force(problem):
 
 
 @pytest.mark.parametrize("name", ["llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2"])
-def test_nothing_beats_the_proved_bound_and_cpsat_is_never_worse_than_greedy(name):
-    from tests.conftest import scheduled
-
-    s = scheduled(name)
+def test_nothing_beats_the_proved_bound_and_cpsat_is_never_worse_than_greedy(name, get_scheduled):
+    s = get_scheduled(name)
     result = solve(s.problem, planner.SolveOptions(time_limit_s=30, workers=2), hint=s.greedy)
     assert result.plan is not None and verify(s.problem, result.plan) == []
     assert result.bound is not None and result.objective >= result.bound
@@ -140,10 +138,8 @@ def test_nothing_beats_the_proved_bound_and_cpsat_is_never_worse_than_greedy(nam
         assert result.objective <= greedy
 
 
-def test_solve_is_deterministic_for_a_fixed_seed_and_worker_count():
-    from tests.conftest import scheduled
-
-    p = scheduled("llama3-8b-2d-2").problem
+def test_solve_is_deterministic_for_a_fixed_seed_and_worker_count(get_scheduled):
+    p = get_scheduled("llama3-8b-2d-2").problem
     a = solve(p, planner.SolveOptions(time_limit_s=60, workers=2, seed=3))
     b = solve(p, planner.SolveOptions(time_limit_s=60, workers=2, seed=3))
     assert not a.stats["wall_limit_hit"] and not b.stats["wall_limit_hit"]
@@ -226,12 +222,10 @@ def test_constraint_family_feasible_and_infeasible_pair(case):
     assert _fixed(problem, bad) == "INFEASIBLE", name
 
 
-def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status():
-    from tests.conftest import scheduled
-
+def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status(get_scheduled):
     from planner.repair import repair
 
-    s = scheduled("llama3-8b-fsdp-2")
+    s = get_scheduled("llama3-8b-fsdp-2")
     hint = s.greedy if not verify(s.problem, s.greedy) else repair(s.problem, s.greedy).plan
     assert hint is not None and not verify(s.problem, hint)
     result = solve(s.problem, planner.SolveOptions(time_limit_s=0.001, workers=1), hint=hint)

@@ -4,63 +4,29 @@ by the command line alone; every broken spec is a one-line error that writes not
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 
 import planner
-from bucketplan.cli import main as cli
+from tests.support import DATA, ROOT, run_main
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow  # traces users' models, and runs one on gloo ranks
 
-FACTORY = textwrap.dedent('''
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class Net(nn.Module):
-        def __init__(self, layers):
-            super().__init__()
-            self.embed = nn.Embedding(512, 256)
-            self.blocks = nn.ModuleList(nn.Linear(256, 256) for _ in range(layers))
-            self.head = nn.Linear(256, 512, bias=False)
-
-        def forward(self, tokens):
-            x = self.embed(tokens)
-            for b in self.blocks:
-                x = x + F.relu(b(x))
-            return self.head(x)
-
-    def loss(module, tokens, labels):
-        return F.cross_entropy(module(tokens).view(-1, 512), labels.view(-1))
-
-    def build(groups, layers=2):
-        tokens = torch.zeros((1, 128), dtype=torch.long)
-        return Net(layers), (tokens, tokens.clone()), loss
-
-    def wrong(groups):
-        return Net(1)
-''')
-
-
-def _run(args, capsys):
-    code = cli(args)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err.strip()
+FACTORY = (DATA / "net_factory.py").read_text()  # a user's factory: each test writes it outside the package
 
 
 def _plan_by_cli_alone(tmp_path, capsys, source: list[str]):
     out = tmp_path / "out"
-    code, _, err = _run(["extract", *source, "-o", str(out), "-q", "--preset", "h100-1node"], capsys)
+    code, _, err = run_main(["extract", *source, "-o", str(out), "-q", "--preset", "h100-1node"], capsys)
     assert code == 0, err
     problem = planner.load_problem(out / "problem.json")
-    code, text, err = _run(["solve", str(out / "problem.json"), "-o", str(out / "plan.json"), "--objective", "step",
-                            "--hint", str(out / "greedy-plan.json"), "--time-limit", "5", "-q"], capsys)
+    code, text, err = run_main(["solve", str(out / "problem.json"), "-o", str(out / "plan.json"), "--objective", "step",
+                               "--hint", str(out / "greedy-plan.json"), "--time-limit", "5", "-q"], capsys)
     assert code == 0, err
-    code, text, _ = _run(["verify", str(out / "problem.json"), str(out / "plan.json")], capsys)
+    code, text, _ = run_main(["verify", str(out / "problem.json"), str(out / "plan.json")], capsys)
     assert code == 0 and "feasible            yes" in text
     plan = planner.load_plan(out / "plan.json")
-    code, text, err = _run(["apply", *source, str(out / "plan.json"), "-q", "--preset", "h100-1node"], capsys)
+    code, text, err = run_main(["apply", *source, str(out / "plan.json"), "-q", "--preset", "h100-1node"], capsys)
     assert code == 0, err
     after = int(text.split("collectives after")[1].split()[0])
     assert after == planner.collectives_after(problem, plan)
@@ -95,7 +61,7 @@ def test_broken_model_specs_are_one_line_errors_that_write_nothing(tmp_path, cap
     (tmp_path / "net.py").write_text(FACTORY)
     (tmp_path / "broken.py").write_text("def build(groups):\n    return (\n")
     out = tmp_path / "out"
-    code, _, err = _run(["extract", "--model", spec.format(dir=tmp_path), "-o", str(out), "-q"], capsys)
+    code, _, err = run_main(["extract", "--model", spec.format(dir=tmp_path), "-o", str(out), "-q"], capsys)
     assert code == 2 and len(err.splitlines()) == 1 and named in err and "Traceback" not in err
     assert not out.exists()
 

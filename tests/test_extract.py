@@ -9,6 +9,8 @@ import pytest
 import planner
 from tests.conftest import fresh_schedule, scheduled
 
+pytestmark = pytest.mark.slow  # traces and schedules every small built-in workload
+
 SMALL = [f"llama3-8b-{v}-{n}" for v in ("fsdp", "2d", "ddp") for n in (2, 8)]
 
 

@@ -29,12 +29,10 @@ NCCL = DATA / "llama3-8b-fsdp-8--h100-8nodes.json.gz"
 
 
 @pytest.fixture(scope="module")
-def two_layer(tmp_path_factory) -> Path:
+def two_layer(tmp_path_factory, get_scheduled) -> Path:
     """A 2-layer FSDP problem priced by torch's NCCL model (re-priceable under scenarios)."""
-    from tests.conftest import scheduled
-
     path = tmp_path_factory.mktemp("fsdp2") / "problem.json"
-    planner.save(scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem, path)
+    planner.save(get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem, path)
     return path
 
 

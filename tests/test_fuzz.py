@@ -35,6 +35,8 @@ from planner.solver import solve
 from planner.verifier import verify
 from tests.strategies import plans
 
+pytestmark = pytest.mark.slow  # traces random programs, runs a sample on gloo ranks
+
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 GLOO_EVERY = int(os.environ.get("FUZZ_GLOO_EVERY", "5"))  # 0: never run on gloo
 GLOO_RANKS = 2

@@ -6,6 +6,8 @@ import pytest
 
 from fxglue.run.gloo import CheckOptions, check_workload
 
+pytestmark = pytest.mark.slow  # steps run for real on gloo ranks
+
 
 @pytest.mark.parametrize("workload,planner,mode,ranks", [
     ("llama3-8b-fsdp-2", "greedy", None, 2),

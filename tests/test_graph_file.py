@@ -15,15 +15,11 @@ import re
 import pytest
 
 import planner
-from bucketplan.cli import main as cli
+from tests.support import run_main
+
+pytestmark = pytest.mark.slow  # traces graph files
 
 TINY = "tests/data/tiny_factory.py:build"
-
-
-def _run(argv, capsys):
-    code = cli(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _fingerprint(folder) -> str:
@@ -33,11 +29,11 @@ def _fingerprint(folder) -> str:
 @pytest.mark.parametrize("workload", [["llama3-8b-fsdp-2"], ["--model", TINY]], ids=["builtin", "factory"])
 def test_save_graph_then_graph_gives_the_same_problem(tmp_path, capsys, workload):
     saved = tmp_path / "step.py"
-    code, _, err = _run(["extract", *workload, "-o", str(tmp_path / "a"), "--save-graph", str(saved), "-q"], capsys)
+    code, _, err = run_main(["extract", *workload, "-o", str(tmp_path / "a"), "--save-graph", str(saved), "-q"], capsys)
     assert code == 0, err
     text = saved.read_text()
     assert "class Repro(torch.nn.Module)" in text and "def load_args(reader)" in text and "def get_pg_config" in text
-    code, out, err = _run(["extract", "--graph", str(saved), "-o", str(tmp_path / "b"), "-q"], capsys)
+    code, out, err = run_main(["extract", "--graph", str(saved), "-o", str(tmp_path / "b"), "-q"], capsys)
     assert code == 0, err
     assert "graph:step.py" in out
     assert _fingerprint(tmp_path / "a") == _fingerprint(tmp_path / "b")
@@ -90,17 +86,17 @@ def test_forward_only_and_backward_only_graphs_are_planned_from_the_cli(tmp_path
     paths = _compile_graphs(tmp_path)
     for kind, only in (("forward", "all_gather"), ("backward", "reduce_scatter")):
         out = tmp_path / kind
-        code, text, err = _run(["extract", "--graph", str(paths[kind]), "-o", str(out), "-q"], capsys)
+        code, text, err = run_main(["extract", "--graph", str(paths[kind]), "-o", str(out), "-q"], capsys)
         assert code == 0, err
         problem = planner.load_problem(out / "problem.json")
         assert {c.kind for c in problem.collectives} == {only} and len(problem.collectives) > 2
-        code, _, err = _run(["solve", str(out / "problem.json"), "-o", str(out / "plan.json"), "--time-limit", "5",
-                             "-q"], capsys)
+        code, _, err = run_main(["solve", str(out / "problem.json"), "-o", str(out / "plan.json"), "--time-limit", "5",
+                                "-q"], capsys)
         assert code == 0, err
         plan = planner.load_plan(out / "plan.json")
         assert not planner.verify(problem, plan)
-        assert _run(["verify", str(out / "problem.json"), str(out / "plan.json")], capsys)[0] == 0
-        code, text, err = _run(["apply", "--graph", str(paths[kind]), str(out / "plan.json")], capsys)
+        assert run_main(["verify", str(out / "problem.json"), str(out / "plan.json")], capsys)[0] == 0
+        code, text, err = run_main(["apply", "--graph", str(paths[kind]), str(out / "plan.json")], capsys)
         assert code == 0, err
         after = int(re.search(r"collectives after\s+(\d+)", text).group(1))
         assert after == planner.collectives_after(problem, plan) < len(problem.collectives)
@@ -109,8 +105,8 @@ def test_forward_only_and_backward_only_graphs_are_planned_from_the_cli(tmp_path
 def _external_file(tmp_path, capsys):
     """llama3-8b-fsdp-2's step as another tool might dump it: cuda device literals, a group named
     ``dp_shard`` of 64 ranks, 8 per node, declared by its own ``get_pg_config``; no blocks."""
-    code, _, err = _run(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path / "own"), "--save-graph",
-                         str(tmp_path / "own.py"), "-q"], capsys)
+    code, _, err = run_main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path / "own"), "--save-graph",
+                            str(tmp_path / "own.py"), "-q"], capsys)
     assert code == 0, err
     text = (tmp_path / "own.py").read_text()
     assert text.count("device(type='cpu')") > 0 and text.count(", '0')") > 0
@@ -214,14 +210,14 @@ def test_a_graph_file_that_cannot_be_planned_is_one_line_exit_2(tmp_path, capsys
             "        return (torch.ops._c10d_functional.wait_tensor.default(ag),)\n"
             "def load_args(reader):\n    reader.tensor(reader.storage(None, 64), (4, 4))\n")
     out = tmp_path / "out"
-    code, _, err = _run(["extract", "--graph", str(tmp_path / name), *argv, "-o", str(out), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(tmp_path / name), *argv, "-o", str(out), "-q"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and named in err and "Traceback" not in err, err
     assert not out.exists()
 
 
 def test_loading_a_graph_file_says_first_that_it_runs_python(tmp_path, capsys):
     (tmp_path / "g.py").write_text(_file())
-    code, _, err = _run(["extract", "--graph", str(tmp_path / "g.py"), "-o", str(tmp_path / "o")], capsys)
+    code, _, err = run_main(["extract", "--graph", str(tmp_path / "g.py"), "-o", str(tmp_path / "o")], capsys)
     assert code == 0, err
     assert re.search(rf"^\[ *[\d.]+s\] note: {re.escape(str(tmp_path / 'g.py'))} is Python: running it \(its code runs "
                      r"with your permissions\)$", err.splitlines()[0]), err
@@ -240,7 +236,7 @@ def test_a_graph_file_that_never_returns_is_stopped_at_the_time_limit(tmp_path, 
     monkeypatch.setenv("BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S", "1")
     with bounded(20, "loading a file that loops"):
         outer = signal.getsignal(signal.SIGALRM)
-        code, _, err = _run(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+        code, _, err = run_main(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
         # the caller's alarm and its handler are back (here: bounded's, still counting down)
         assert signal.getsignal(signal.SIGALRM) is outer and 0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 20
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -265,7 +261,7 @@ def test_the_working_directory_a_graph_file_changes_is_restored(tmp_path, capsys
     elsewhere.mkdir()
     (tmp_path / "g.py").write_text(_file(top=f"import os\nos.chdir({str(elsewhere)!r})\n"))
     monkeypatch.chdir(tmp_path)
-    code, _, err = _run(["extract", "--graph", "g.py", "-o", "relout", "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", "g.py", "-o", "relout", "-q"], capsys)
     assert code == 0, err
     assert (tmp_path / "relout" / "problem.json").is_file() and not (elsewhere / "relout").exists()
 
@@ -281,7 +277,7 @@ def test_a_graph_file_that_exits_is_refused_in_one_line(tmp_path, capsys, where,
     path = tmp_path / "exits.py"
     path.write_text(_file(**{where: code}))
     out = tmp_path / "o"
-    status, _, err = _run(["extract", "--graph", str(path), "-o", str(out), "-q"], capsys)
+    status, _, err = run_main(["extract", "--graph", str(path), "-o", str(out), "-q"], capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"{path}: {failed}: its code exited" in err and not out.exists()
 
@@ -296,13 +292,11 @@ def test_a_graph_file_that_exits_is_refused_in_one_line(tmp_path, capsys, where,
      "have same reduction dim"),
 ], ids=["os._exit-at-import", "os._exit-in-load_args", "misshaped"])
 def test_a_graph_file_refused_in_its_own_process_is_one_line(tmp_path, name, text, named):
-    import subprocess
-    import sys
+    from tests.support import run_cli
 
     (tmp_path / name).write_text(text)
     out = tmp_path / "o"
-    run = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "--graph", str(tmp_path / name),
-                          "-o", str(out), "-q"], capture_output=True, text=True, timeout=120)
+    run = run_cli("extract", "--graph", tmp_path / name, "-o", out, "-q", timeout=120)
     assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert "Traceback" not in run.stderr and named in run.stderr and not out.exists(), run.stderr
 
@@ -339,7 +333,7 @@ def test_repro_buffers_parameters_and_constants_as_torch_writes_them_are_planned
              "        x = self.lin2(self.lin(x + self._tensor_constant2 + self._tensor_constant3)) @ self.w2\n")
     path = tmp_path / "state.py"
     path.write_text(_file(init=init, extra=extra, top="mod = Repro()\n"))
-    code, out, err = _run(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+    code, out, err = run_main(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
     assert code == 0, err
     problem = planner.load_problem(tmp_path / "o" / "problem.json")
     assert [c.pg for c in problem.collectives] == ["mystery"]
@@ -359,29 +353,29 @@ _GROUPED = _ONE_GATHER + "def get_pg_config():\n    return {'mystery': 4}\n"
 def test_a_graph_with_groups_from_flags_plans_and_check_refuses_it(tmp_path, capsys):
     path = tmp_path / "g.py"
     path.write_text(_ONE_GATHER)
-    code, out, err = _run(["extract", "--graph", str(path), "--group", "mystery=4@1", "-o", str(tmp_path / "o"), "-q"],
-                          capsys)
+    code, out, err = run_main(["extract", "--graph", path, "--group", "mystery=4@1", "-o", tmp_path / "o", "-q"],
+                              capsys)
     assert code == 0, err
     assert "pg mystery (4 ranks)" in out and "1 per node" in out
-    code, out, err = _run(["compare", "--graph", str(path), "--group", "mystery=4@1", "--time-limit", "1",
-                           "-o", str(tmp_path / "c"), "-q"], capsys)
+    code, out, err = run_main(["compare", "--graph", str(path), "--group", "mystery=4@1", "--time-limit", "1",
+                              "-o", str(tmp_path / "c"), "-q"], capsys)
     assert code == 0, err
     table = (tmp_path / "c" / "compare.md").read_text()
     assert "| graph:g.py | h100-8nodes | 6 | 1 | torch default" in table and "(step, free positions)" in table
-    code, _, err = _run(["check", "--graph", str(path)], capsys)
+    code, _, err = run_main(["check", "--graph", str(path)], capsys)
     assert code == 2 and "a --graph file holds no module to run" in err
-    code, _, err = _run(["extract", "llama3-8b-fsdp-2", "--group", "x=2", "-o", str(tmp_path / "p")], capsys)
+    code, _, err = run_main(["extract", "llama3-8b-fsdp-2", "--group", "x=2", "-o", str(tmp_path / "p")], capsys)
     assert code == 2 and "--group names the process groups of a --graph file" in err
 
 
 def test_a_sweep_case_plans_a_graph_file(tmp_path, capsys):
     (tmp_path / "g.py").write_text(_GROUPED)
     (tmp_path / "spec.toml").write_text('[[case]]\ngraph = "g.py"\nobjectives = ["step"]\ntime_limit_s = 2\n')
-    code, _, err = _run(["sweep", str(tmp_path / "spec.toml"), "-o", str(tmp_path / "out"), "--sequential", "-q"],
-                        capsys)
+    code, _, err = run_main(["sweep", str(tmp_path / "spec.toml"), "-o", str(tmp_path / "out"), "--sequential", "-q"],
+                            capsys)
     assert code == 0, err
     results = (tmp_path / "out" / "results.md").read_text()
     assert "graph-g" in results
     (tmp_path / "bad.toml").write_text('[[case]]\ngraph = "g.py"\nranks = [8]\n')
-    code, _, err = _run(["sweep", str(tmp_path / "bad.toml"), "-o", str(tmp_path / "bad"), "--sequential"], capsys)
+    code, _, err = run_main(["sweep", str(tmp_path / "bad.toml"), "-o", str(tmp_path / "bad"), "--sequential"], capsys)
     assert code == 2 and "ranks: a graph file carries its groups" in err and len(err.strip().splitlines()) == 1

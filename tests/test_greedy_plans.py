@@ -16,6 +16,8 @@ from planner.repair import repair
 from planner.verifier import check
 from tests.conftest import fresh_schedule, scheduled
 
+pytestmark = pytest.mark.slow  # traces each workload twice (the second graph to apply to)
+
 WORKLOADS = [f"llama3-8b-{v}-{n}" for v in ("fsdp", "2d", "ddp") for n in (2, 8)]
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 
+pytestmark = pytest.mark.slow  # traces Hugging Face models
+
 pytest.importorskip("transformers")
 
 import torch  # noqa: E402

@@ -362,13 +362,11 @@ def test_non_regular_files_are_refused_up_front(tmp_path, capsys, which, special
 def test_a_closed_pipe_exits_quietly(tmp_path, command):
     # `bucketplan ... | head -1` with head gone before we write: the read end is closed before
     # the command has even started, so the first write meets a broken pipe every time
-    import subprocess
-    import sys
+    from tests.support import start_cli
 
     planner.save(P, tmp_path / "problem.json")
     _write(tmp_path / "plan.json", _plan(P, []))
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", *command], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli(*command, cwd=tmp_path)
     proc.stdout.close()
     err = proc.stderr.read()
     assert proc.wait(timeout=300) == 141 and err == ""  # as a tool killed by SIGPIPE; no traceback

@@ -10,12 +10,8 @@ group, as a terminal sends Ctrl-C, once its progress says it is where the test w
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,12 +20,13 @@ import pytest
 
 import planner
 from planner.plan_dir import PLAN, PROBLEM, problem_dir, solve_dir
+from tests.support import PROBLEMS, ROOT, run_cli, start_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "tests" / "data" / "problems"
-FSDP8 = DATA / "llama3-8b-fsdp-8--ab-ib8.json.gz"
-FSDP8_GREEDY = DATA / "llama3-8b-fsdp-8--ab-ib8-greedy-plan.json.gz"
-FSDP8_NCCL = DATA / "llama3-8b-fsdp-8--h100-8nodes.json.gz"  # priced by torch's NCCL model: re-priceable
+pytestmark = pytest.mark.slow  # every command runs, and is interrupted, in a child process
+
+FSDP8 = PROBLEMS / "llama3-8b-fsdp-8--ab-ib8.json.gz"
+FSDP8_GREEDY = PROBLEMS / "llama3-8b-fsdp-8--ab-ib8-greedy-plan.json.gz"
+FSDP8_NCCL = PROBLEMS / "llama3-8b-fsdp-8--h100-8nodes.json.gz"  # priced by torch's NCCL model: re-priceable
 BOUND_S = 120  # every command here is interrupted within seconds; one that runs this long hangs
 STOPS_WITHIN_S = 5.0  # from SIGINT to exit: "within a second or two", with a loaded machine's slack
 
@@ -38,9 +35,7 @@ class Interrupted:
     """A command run in its own session, interrupted once ``marker`` shows on its stderr."""
 
     def __init__(self, *args: str, marker: str, delay_s: float = 0.0, cwd: Path = ROOT):
-        self.proc = subprocess.Popen([sys.executable, "-m", "bucketplan", *map(str, args)], cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)
+        self.proc = start_cli(*args, cwd=cwd, start_new_session=True)
         self.err_lines: list[str] = []
         seen = threading.Event()
 
@@ -134,8 +129,7 @@ def test_ctrl_c_in_solve_dir_free_positions_keeps_the_plan_marked_and_the_rerun_
     run.assert_interrupted()
     plan = planner.load_plan(folder / PLAN)
     assert plan.params["interrupted"] is True and plan.params.get("positions") == "free"
-    rerun = subprocess.run([sys.executable, "-m", "bucketplan", "solve-dir", str(tmp_path), "--time-limit", "2",
-                            "--workers", "1"], cwd=ROOT, capture_output=True, text=True, timeout=BOUND_S)
+    rerun = run_cli("solve-dir", tmp_path, "--time-limit", "2", "--workers", "1", timeout=BOUND_S)
     assert rerun.returncode == 0 and "1 to solve (1 interrupted earlier)" in rerun.stderr, rerun.stderr[-2000:]
     assert planner.load_plan(folder / PLAN).params["interrupted"] is False
 
@@ -151,8 +145,7 @@ def test_ctrl_c_while_the_command_line_starts_is_exit_130(tmp_path):
     """SIGINT a moment after start, while planner, OR-Tools and torch load (from 0.3 s on: before
     that the interpreter is still compiling the command line's own module, which is Python's)."""
     for delay in (0.3, 0.45, 0.6, 1.0, 1.5):
-        proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "workloads"], cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        proc = start_cli("workloads", start_new_session=True)
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=BOUND_S)
@@ -207,9 +200,8 @@ def test_solve_dir_cli_reports_the_dead_solve_and_exits_1(tmp_path):
     does) while the other goes on."""
     doomed = _recorded(tmp_path, FSDP8_NCCL)
     (healthy,) = _tiny_problems(tmp_path, 1)
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve-dir", str(tmp_path), "--jobs", "2",
-                             "--workers", "1", "--time-limit", "60"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_cli("solve-dir", tmp_path, "--jobs", "2", "--workers", "1", "--time-limit", "60",
+                     start_new_session=True)
     from tests.test_resume_hostile import _children
 
     deadline = time.monotonic() + BOUND_S

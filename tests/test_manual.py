@@ -12,8 +12,12 @@ from __future__ import annotations
 import functools
 import math
 
+import pytest
+
 import planner
 from fxglue.models.llama import LLAMA3_8B
+
+pytestmark = pytest.mark.slow  # traces workloads for torch's manual pass
 
 BLOCK_PARAMS = 9
 LAYERS = 2

@@ -12,6 +12,8 @@ import planner
 from planner.memory import memory_timeline, rule10_extra
 from tests.strategies import two_gathers
 
+pytestmark = pytest.mark.slow  # torch's memory estimator on traced graphs
+
 LINK = planner.Link(pg="0", group_size=8, latency_ms=0.5, bandwidth_gbps=10.0)
 TOLERANCE = 0.01  # within 1% of torch's estimator on the applied graph, and never below it
 

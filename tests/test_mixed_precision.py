@@ -10,10 +10,13 @@ relation, which the quality figures count.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import planner
 from fxglue.pipeline import prepare, run_pipeline
+
+pytestmark = pytest.mark.slow  # traces a workload
 
 
 def test_mixed_precision_gathers_fold_their_conversions_and_plans_merge_them():

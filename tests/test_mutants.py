@@ -31,6 +31,8 @@ import planner
 from planner.repair import repair
 from planner.verifier import verify
 
+pytestmark = pytest.mark.slow  # traces workloads and applies each mutant to a fresh graph
+
 WORKLOADS = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "hf-qwen3-moe-2")
 MODES = ("default", "custom_ops", "custom_ops_multidtype", "coalesced")
 MUTANTS_PER_CASE = 70

@@ -18,6 +18,8 @@ import planner
 from fxglue.pipeline import count_collectives, run_pipeline
 from tests.conftest import scheduled
 
+pytestmark = pytest.mark.slow  # traces and schedules built-in workloads
+
 c10d = torch.ops._c10d_functional
 STARTS = {c10d.all_gather_into_tensor.default: "all_gather", c10d.reduce_scatter_tensor.default: "reduce_scatter",
           c10d.all_reduce.default: "all_reduce"}

@@ -16,6 +16,8 @@ from fxglue.pipeline import count_collectives
 from planner.plan_dir import GREEDY, PLAN, PROBLEM, read_index, recorded_problems, solve_dir
 from tests.bounded import bounded
 
+pytestmark = pytest.mark.slow  # torch's compile pass on traced graphs
+
 WORKLOAD = "llama3-8b-ddp-2"
 
 

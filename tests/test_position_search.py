@@ -59,22 +59,16 @@ def test_on_fsdp_the_per_block_seed_groups_by_block_and_the_search_beats_torch_w
     assert result.step_ms < planner.simulate(problem, s.greedy).step_ms
 
 
-def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path):
+def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path, get_scheduled):
     """--deterministic reaches the positioned search: a number of evaluations instead of seconds,
     and no creation time in the plan, so two runs (on a loaded machine or not) write one file."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from tests.conftest import scheduled
+    from tests.support import run_cli
 
     problem = tmp_path / "problem.json"
-    planner.save(scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem, problem)
-    root = Path(__file__).resolve().parent.parent
+    planner.save(get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem, problem)
     for k in (1, 2):
-        run = subprocess.run([sys.executable, "-m", "bucketplan", "solve", str(problem), "-o", str(tmp_path / f"{k}.json"),
-                              "--positions", "free", "--deterministic", "--time-limit", "4", "-q"],
-                             cwd=root, capture_output=True, text=True, timeout=600)
+        run = run_cli("solve", problem, "-o", tmp_path / f"{k}.json", "--positions", "free", "--deterministic",
+                      "--time-limit", "4", "-q", timeout=600)
         assert run.returncode == 0 and "evaluations: the same plan on any machine" in run.stdout, run.stderr[-2000:]
     assert (tmp_path / "1.json").read_bytes() == (tmp_path / "2.json").read_bytes()
     plan = planner.load_plan(tmp_path / "1.json")

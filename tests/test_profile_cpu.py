@@ -9,11 +9,13 @@ compile is ``tests/test_bench.py``.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+
+from tests.support import run_cli
+
+pytestmark = pytest.mark.slow  # traces workloads priced by CPU profiles
 
 MM = [[4096, 4096], [4096, 4096]]
 MM_STRIDES = [[4096, 1], [1, 4096]]
@@ -56,12 +58,10 @@ def test_a_cpu_trace_prices_the_matmuls_it_timed_at_their_cpu_time(tmp_path, for
 
 def test_a_cpu_trace_without_the_flag_says_how_to_read_it(tmp_path):
     trace = _write(tmp_path / "cpu.json", _mm_op(MM, MM_STRIDES))
-    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile", trace,
-                        "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    r = run_cli("extract", "llama3-8b-fsdp-2", "--profile", trace, "-o", tmp_path / "out")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "no GPU kernel" in r.stderr and "--profile-cpu" in r.stderr and trace in r.stderr
-    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile", trace,
-                        "--profile-cpu", "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    r = run_cli("extract", "llama3-8b-fsdp-2", "--profile", trace, "--profile-cpu", "-o", tmp_path / "out")
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "out" / "problem.json").is_file()
 
@@ -89,7 +89,6 @@ def test_a_bad_cpu_trace_is_one_line_naming_the_file(tmp_path, case):
 
 
 def test_profile_cpu_without_a_trace_is_refused(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile-cpu",
-                        "-o", str(tmp_path / "out")], capture_output=True, text=True)
+    r = run_cli("extract", "llama3-8b-fsdp-2", "--profile-cpu", "-o", tmp_path / "out")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "--profile" in r.stderr, r.stderr
     assert not (tmp_path / "out").exists()

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 import planner
-from bucketplan.cli import main as cli
+from tests.support import run_main
+
+pytestmark = pytest.mark.slow  # traces repro files
 
 DATA = Path(__file__).parent / "data" / "repro"
 CORPUS = ["fw_scalar_index.py", "bw_empty_cuda.py", "autoparallel_2d.py"]
@@ -26,12 +28,6 @@ KIND_OPS = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_sc
             "all_reduce": "all_reduce"}
 # the factories of the corpus: ops that make a tensor from literals alone
 FACTORIES = ("full", "empty", "empty_strided", "zeros", "ones", "arange", "scalar_tensor", "new_zeros")
-
-
-def _run(argv, capsys):
-    code = cli(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def _collectives_in(text: str) -> dict[str, int]:
@@ -55,20 +51,20 @@ def _table(path: Path) -> tuple[list[int], dict[tuple[str, int, str], list[float
 def test_each_repro_file_extracts_solves_verifies_and_applies_from_the_cli(tmp_path, capsys, name):
     graph = DATA / name
     out = tmp_path / "out"
-    code, _, err = _run(["extract", "--graph", str(graph), "-o", str(out), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(graph), "-o", str(out), "-q"], capsys)
     assert code == 0, err
     problem = planner.load_problem(out / "problem.json")
     counted = _collectives_in(graph.read_text())
     assert {k: sum(c.kind == k for c in problem.collectives) for k in KIND_OPS} == counted
     forward = graph.read_text().split("def load_args")[0]
     assert problem.meta["devices_mapped"] == len(re.findall(r"device = (?:device\(type='cuda'|'cuda)", forward))
-    code, _, err = _run(["solve", str(out / "problem.json"), "-o", str(out / "plan.json"), "--time-limit", "5", "-q"],
-                        capsys)
+    code, _, err = run_main(["solve", out / "problem.json", "-o", out / "plan.json", "--time-limit", "5", "-q"],
+                            capsys)
     assert code == 0, err
     plan = planner.load_plan(out / "plan.json")
     assert not planner.verify(problem, plan)
-    assert _run(["verify", str(out / "problem.json"), str(out / "plan.json")], capsys)[0] == 0
-    code, text, err = _run(["apply", "--graph", str(graph), str(out / "plan.json")], capsys)
+    assert run_main(["verify", str(out / "problem.json"), str(out / "plan.json")], capsys)[0] == 0
+    code, text, err = run_main(["apply", "--graph", str(graph), str(out / "plan.json")], capsys)
     assert code == 0, err
     after = int(re.search(r"collectives after\s+(\d+)", text).group(1))
     assert after == planner.collectives_after(problem, plan) < len(problem.collectives)
@@ -158,7 +154,7 @@ def test_a_graph_that_does_not_trace_names_its_node_and_op_in_one_line(tmp_path,
     graph = DATA / "untraceable_bool_index.py"
     line = _line_of(graph.read_text(), "index_1 = ")
     out = tmp_path / "o"
-    code, _, err = _run(["extract", "--graph", str(graph), "-o", str(out), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(graph), "-o", str(out), "-q"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"does not trace on fake CPU tensors: node index_1 (aten.index.Tensor, line {line}): " in err, err
     assert not out.exists()
@@ -177,7 +173,7 @@ def test_an_error_raised_in_the_graphs_own_code_is_one_line_too(tmp_path, capsys
         "        return (getitem_5,)\n"
         "def load_args(reader):\n    reader.tensor(reader.storage(None, 64), (4, 4))\n"
         "def get_pg_config():\n    return {'g': 4}\n")
-    code, _, err = _run(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert "node getitem_5 (getitem, line 7): IndexError: " in err, err
 
@@ -186,24 +182,9 @@ def test_a_graph_files_numbered_groups_load_after_a_2d_mesh_left_the_same_names(
     """Group names are often '0' and '1': an earlier trace's 2-D mesh of the same world size left
     '1' registered at another size; the file still reads as it says, and a mesh made afterwards
     gets names of its own. In a process of its own: it starts the fake world afresh."""
-    import subprocess
-    import sys
+    from tests.support import run_script
 
-    script = f"""
-from torch.distributed.distributed_c10d import _get_group_size_by_name
-from fxglue.graph_file import load_graph
-from fxglue.models.workloads import _MESH_CACHE, ensure_fake_world, mesh_groups
-ensure_fake_world(8)
-mesh_groups("2d", 8, 2)
-print(_get_group_size_by_name("1"))
-load_graph({str(DATA / "autoparallel_2d.py")!r})
-print(_get_group_size_by_name("0"), _get_group_size_by_name("1"))
-_MESH_CACHE.clear()
-again = mesh_groups("2d", 8, 4)
-print(again.dp in ("0", "1") or again.tp in ("0", "1"))
-"""
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         cwd=Path(__file__).parent.parent)
+    run = run_script("numbered_groups", DATA / "autoparallel_2d.py")
     assert run.returncode == 0, run.stderr
     # the mesh's data-parallel group of 4 took the name '1'; the file's '0' and '1' are its 8 ranks
     assert run.stdout.split() == ["4", "8", "8", "False"], run.stdout
@@ -244,7 +225,7 @@ def test_a_graph_naming_its_table_is_priced_by_it_with_no_flag(tmp_path, capsys,
     (within 1%), torch's scheduler by the same curve, and says which groups it priced."""
     monkeypatch.chdir(tmp_path)  # the table is found beside the graph, not in the working directory
     graph = DATA / "autoparallel_2d.py"
-    code, _, err = _run(["extract", "--graph", str(graph), "-o", "out"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(graph), "-o", "out"], capsys)
     assert code == 0, err
     problem = planner.load_problem(tmp_path / "out" / "problem.json")
     table = DATA / "autoparallel_2d.table"
@@ -272,8 +253,8 @@ def test_the_table_is_accepted_by_collectives_and_wins_over_the_files_own(tmp_pa
     text = (DATA / "autoparallel_2d.table").read_text().splitlines()
     flag = tmp_path / "mine.table"
     flag.write_text("\n".join(text[:2] + ["      1             8  all_reduce  " + "  ".join(map(str, ours))]) + "\n")
-    code, _, err = _run(["extract", "--graph", str(DATA / "autoparallel_2d.py"), "--collectives", str(flag),
-                         "-o", str(tmp_path / "out"), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(DATA / "autoparallel_2d.py"), "--collectives", str(flag),
+                            "-o", str(tmp_path / "out"), "-q"], capsys)
     assert code == 0, err
     problem = planner.load_problem(tmp_path / "out" / "problem.json")
     for mb, ms in zip(sizes, ours):
@@ -293,8 +274,8 @@ def test_collectives_takes_the_table_for_a_built_in_workload_by_group_name_and_s
     path = tmp_path / "colls64.table"
     path.write_text("\n".join([head, rule, "0  64  all_gather_into_tensor  " + "  ".join(map(str, ag)),
                                "0  8  reduce_scatter_tensor  " + "  ".join(map(str, rs))]) + "\n")
-    code, _, err = _run(["extract", "llama3-8b-fsdp-2", "--collectives", str(path), "-o", str(tmp_path / "o")],
-                        capsys)
+    code, _, err = run_main(["extract", "llama3-8b-fsdp-2", "--collectives", str(path), "-o", str(tmp_path / "o")],
+                            capsys)
     assert code == 0, err
     link = planner.load_problem(tmp_path / "o" / "problem.json").link("0")
     for mb, ms in zip(sizes, ag):
@@ -326,8 +307,8 @@ def test_a_bad_table_is_one_line_naming_file_and_line_exit_2(tmp_path, capsys, n
     text, named = BAD_TABLES[name]
     path = tmp_path / f"{name}.table"
     path.write_text(text)
-    code, _, err = _run(["extract", "llama3-8b-fsdp-2", "--collectives", str(path), "-o", str(tmp_path / "o"), "-q"],
-                        capsys)
+    code, _, err = run_main(["extract", "llama3-8b-fsdp-2", "--collectives", path, "-o", tmp_path / "o", "-q"],
+                            capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert str(path) in err and named in err, err
     assert not (tmp_path / "o").exists()
@@ -342,7 +323,7 @@ def test_a_graph_files_bad_or_missing_table_is_one_line_naming_graph_table_and_l
     graph.write_text((DATA / "autoparallel_2d.py").read_text().replace('"autoparallel_2d.table"', f'"{table}"'))
     if table == "bad.table":
         (tmp_path / table).write_text("Group  Group Size  Collective  1MB (ms)\n---\n0 8 all_to_all 0.1\n")
-    code, _, err = _run(["extract", "--graph", str(graph), "-o", str(tmp_path / "o"), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(graph), "-o", str(tmp_path / "o"), "-q"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert f"{graph}: get_colls_estimations_file() " in err and named.format(table=tmp_path / table) in err, err
     assert not (tmp_path / "o").exists()
@@ -354,12 +335,12 @@ def test_a_saved_32_layer_step_reads_back_from_its_graph_file(tmp_path, capsys):
     --save-graph and its device literals turned into a CUDA run's, extracted back with --graph to
     the same problem (measured: 20 s each on 2 shared cores, trace 9 s)."""
     saved = tmp_path / "step.py"
-    code, _, err = _run(["extract", "llama3-8b-fsdp-32", "-o", str(tmp_path / "a"), "--save-graph", str(saved), "-q"],
-                        capsys)
+    code, _, err = run_main(["extract", "llama3-8b-fsdp-32", "-o", tmp_path / "a", "--save-graph", saved, "-q"],
+                            capsys)
     assert code == 0, err
     cuda = tmp_path / "step_cuda.py"
     cuda.write_text(saved.read_text().replace("device(type='cpu')", "device(type='cuda', index=0)"))
-    code, _, err = _run(["extract", "--graph", str(cuda), "-o", str(tmp_path / "b"), "-q"], capsys)
+    code, _, err = run_main(["extract", "--graph", str(cuda), "-o", str(tmp_path / "b"), "-q"], capsys)
     assert code == 0, err
     a, b = (planner.load_problem(tmp_path / d / "problem.json") for d in "ab")
     assert len(a.collectives) == len(b.collectives) == 872

@@ -15,7 +15,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,19 +26,14 @@ from planner.plan_dir import (INDEX, PLAN, PROBLEM, PlanDirError, append_index, 
                               recorded_problems)
 from planner.sweep import ray_available
 from tests.bounded import bounded
+from tests.support import data_problem, run_cli, start_cli
 from tests.test_hostile import _problem, assert_one_line_error
 
-ROOT = Path(__file__).resolve().parent.parent
-PRESETS = ROOT / "experiments" / "results" / "presets"
 BOUND_S = 60  # any command here takes seconds; one that runs this long is hanging
 
 
 def _cli(*args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run([sys.executable, "-m", "bucketplan", *map(str, args)], cwd=ROOT,
-                              capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"bucketplan {' '.join(map(str, args))} did not end within {timeout}s (hangs?)")
+    return run_cli(*args, timeout=timeout)
 
 
 def _one_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -128,6 +122,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+@pytest.mark.slow  # four 8-layer problems solved two at a time, interrupted, solved again
 def test_ctrl_c_in_solve_dir_with_two_jobs_loses_no_row_and_the_rerun_finishes(tmp_path):
     """Four problems that take minutes to prove, two at a time; Ctrl-C (to the process group, as a
     terminal sends it) while both solve. It must end promptly (no queued solve runs on to its
@@ -136,11 +131,10 @@ def test_ctrl_c_in_solve_dir_with_two_jobs_loses_no_row_and_the_rerun_finishes(t
     names = ("llama3-8b-fsdp-8--h100-8nodes", "llama3-8b-ddp-8--h100-8nodes", "llama3-8b-2d-8--h100-8nodes",
              "hf-qwen3-8--h100-8nodes")
     for name in names:
-        p = planner.load_problem(PRESETS / name / "problem.json.gz")
+        p = data_problem(name)
         planner.save(p, problem_dir(tmp_path, p.fingerprint) / PROBLEM)
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve-dir", str(tmp_path), "--jobs", "2",
-                             "--workers", "1", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_cli("solve-dir", tmp_path, "--jobs", "2", "--workers", "1", "--time-limit", "300",
+                     start_new_session=True)
     try:
         deadline = time.monotonic() + BOUND_S
         while len(_children(proc.pid)) < 2:

@@ -3,15 +3,13 @@ hand and against the simulator's own sums; regret and the robust choice against 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 import planner
 from planner.scenarios import (PUBLISHED_BUSBW, PUBLISHED_COMPUTE_SCALE, Judged, ScenarioError, judge, layout,
                                reprice, robust_plan)
 from tests.chain import chain_problem
+from tests.support import run_cli
 
 
 def _with_layout(problem, ranks, per_node):
@@ -71,10 +69,8 @@ def test_regret_and_the_robust_choice_match_brute_force():
 
 
 @pytest.fixture(scope="module")
-def fsdp2():
-    from fxglue.pipeline import prepare
-
-    return prepare("llama3-8b-fsdp-2", preset="h100-8nodes")
+def fsdp2(get_scheduled):
+    return get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes")
 
 
 def test_robust_plan_is_verified_and_no_worse_than_any_candidate(fsdp2):
@@ -104,8 +100,7 @@ def test_solve_robust_refuses_bad_flags_in_one_line(tmp_path, flags, chain):
     planner.save(chain, path)
     (tmp_path / "bad.csv").write_text("kind,group\n")
     flags = [f.replace("BAD", str(tmp_path / "bad.csv")) for f in flags]
-    r = subprocess.run([sys.executable, "-m", "bucketplan", "solve", str(path), "-o", str(tmp_path / "p.json"),
-                        *flags], capture_output=True, text=True)
+    r = run_cli("solve", path, "-o", tmp_path / "p.json", *flags)
     assert r.returncode == 2, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
@@ -113,8 +108,7 @@ def test_solve_robust_refuses_bad_flags_in_one_line(tmp_path, flags, chain):
 def test_solve_robust_on_an_alpha_beta_problem_says_it_has_no_layout(tmp_path, chain):
     path = tmp_path / "problem.json"
     planner.save(chain, path)
-    r = subprocess.run([sys.executable, "-m", "bucketplan", "solve", str(path), "-o", str(tmp_path / "p.json"),
-                        "--robust", "torch,published-comm", "--time-limit", "2"], capture_output=True, text=True)
+    r = run_cli("solve", path, "-o", tmp_path / "p.json", "--robust", "torch,published-comm", "--time-limit", "2")
     assert r.returncode == 2 and "layout" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "p.json").exists()
 

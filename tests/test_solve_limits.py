@@ -4,25 +4,18 @@ model is built, a solve always returns a verified plan, Ctrl-C while building or
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 import signal
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 import planner
 import planner.solver as solver_module
 from bucketplan.cli import main as cli
-from tests.test_solver import _sigint_default
-
-ROOT = Path(__file__).resolve().parent.parent
-SMALL = ROOT / "experiments" / "results" / "greedy_vs_cpsat_small"
+from tests.support import ROOT, data_plan, data_problem, script_argv, sigint_default, start_cli
 
 
 def overlapping_gathers(n: int, overlap: int = 40) -> planner.Problem:
@@ -57,7 +50,7 @@ def overlapping_gathers(n: int, overlap: int = 40) -> planner.Problem:
 
 
 def _small(name: str = "llama3-8b-fsdp-2") -> planner.Problem:
-    return planner.Problem.model_validate(json.loads(gzip.decompress((SMALL / name / "problem.json.gz").read_bytes())))
+    return data_problem(f"{name}--alpha-beta")
 
 
 def _verified(problem: planner.Problem, result) -> bool:
@@ -88,6 +81,7 @@ def test_a_model_beyond_its_candidate_pairs_is_not_built(monkeypatch):
     assert result.status == "FEASIBLE"
 
 
+@pytest.mark.slow  # a search of seconds
 def test_the_automatic_window_narrows_to_stay_within_the_candidate_pairs(monkeypatch):
     # 2,000 collectives and room for 10,000 pairs: at most 5 anchors each, a window of 2
     problem = overlapping_gathers(2000)
@@ -122,9 +116,7 @@ def test_projected_reach_is_never_below_the_grids(monkeypatch):
     # looser than the exact grid (every feasible bucket is within the grid's reach, test_bounds)
     import planner.bounds as bounds
 
-    for problem in (planner.Problem.model_validate(json.loads(gzip.decompress(
-            (ROOT / "experiments/results/sweep_production/cases/llama3-405b-fsdp-126--h100-64nodes/problem.json.gz")
-            .read_bytes()))), overlapping_gathers(300)):
+    for problem in (data_problem("llama3-405b-fsdp-126--h100-64nodes"), overlapping_gathers(300)):
         exact = bounds.bucket_reach(problem)
         with monkeypatch.context() as patched:
             patched.setattr(bounds, "REACH_GRID_MAX_CELLS", 0)
@@ -208,13 +200,13 @@ def test_solve_on_the_command_line_writes_the_unbucketed_plan_when_nothing_bette
 
 # -- Ctrl-C while building the model, and in verify ------------------------------------------------
 
+@pytest.mark.slow  # a model of 12,000 collectives built in a child process
 def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130(tmp_path):
     problem = overlapping_gathers(12_000)  # its windowed model takes 8-20 s to build
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     planner.save(problem, problem_path)
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve", str(problem_path), "-o", str(plan_path),
-                             "--objective", "count", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    proc = start_cli("solve", problem_path, "-o", plan_path, "--objective", "count", "--time-limit", "300",
+                     preexec_fn=sigint_default)
     watchdog = threading.Timer(240, proc.kill)  # bounded, should the child stop talking
     watchdog.start()
     seen = []
@@ -239,29 +231,15 @@ def test_ctrl_c_while_building_the_model_keeps_the_unbucketed_plan_and_exits_130
     assert not planner.verify(problem, plan)
 
 
-# The real check, made to take long: the Ctrl-C lands inside `bucketplan verify` for certain.
-_SLOW_VERIFY = """
-import signal, sys, time
-signal.signal(signal.SIGINT, signal.default_int_handler)
-import planner.verifier, bucketplan.cli
-real = planner.verifier.check
-def slow_check(*a, **k):
-    print("checking", flush=True)
-    time.sleep(60)
-    return real(*a, **k)
-planner.verifier.check = slow_check
-sys.exit(bucketplan.cli.main(["verify", sys.argv[1], sys.argv[2]]))
-"""
-
-
 def test_ctrl_c_in_verify_exits_130_without_a_traceback(tmp_path):
     problem = _small()
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
     planner.save(problem, problem_path)
     planner.save(planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=()),
                  plan_path)
-    proc = subprocess.Popen([sys.executable, "-c", _SLOW_VERIFY, str(problem_path), str(plan_path)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    # the real check, made to take a minute: the Ctrl-C lands inside `bucketplan verify` for certain
+    proc = subprocess.Popen(script_argv("slow_verify", problem_path, plan_path), cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
     assert proc.stdout.readline().strip() == "checking"
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)
@@ -338,8 +316,7 @@ def test_solve_refuses_options_of_another_type():
 ])
 def test_repair_refuses_a_bad_argument_by_name(kw, name):
     problem = _small()
-    greedy = planner.Plan.model_validate(json.loads(gzip.decompress(
-        (SMALL / "llama3-8b-fsdp-2" / "greedy-plan.json.gz").read_bytes())))
+    greedy = data_plan("llama3-8b-fsdp-2--alpha-beta-greedy-plan")
     with pytest.raises(ValueError, match=f"^{name} must be"):
         planner.repair(problem, greedy, _options(kw))
 
@@ -407,6 +384,7 @@ def test_bounds_asked_for_past_the_deadline_are_the_volume_bound():
     assert bin_packing_bound(sizes, cap, deadline=time.perf_counter() - 1) == 4
 
 
+@pytest.mark.slow  # a floor of seconds
 def test_a_chain_floor_cut_at_its_deadline_is_still_a_floor():
     # quadratic in the points (200,000 collectives: 490 s before a 10 s step solve could start);
     # cut at a deadline it is a longest path over fewer edges: never above the full one, never

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 import planner
 from planner.solver import solve
+from tests.support import PROBLEMS, data_plan, data_problem, run_script, sigint_default, start_cli
 
-ROOT = Path(__file__).resolve().parent.parent
-SMALL = ROOT / "experiments" / "results" / "greedy_vs_cpsat_small"
-FSDP8 = SMALL / "llama3-8b-fsdp-8" / "problem.json.gz"
+pytestmark = pytest.mark.slow  # searches of seconds; Ctrl-C in child processes
+
+FSDP8 = PROBLEMS / "llama3-8b-fsdp-8--alpha-beta.json.gz"
 
 
 def test_unproved_deterministic_runs_give_the_same_plan():
     # fsdp-2's step search is not proved in 3 deterministic seconds (it takes about a minute)
-    problem = planner.Problem.model_validate(json.loads(gzip.decompress(
-        (SMALL / "llama3-8b-fsdp-2" / "problem.json.gz").read_bytes())))
+    problem = data_problem("llama3-8b-fsdp-2--alpha-beta")
     runs = [solve(problem,
                   planner.SolveOptions(time_limit_s=3, objective="step", workers=2, seed=0, deterministic=True))
             for _ in range(2)]
@@ -39,10 +35,8 @@ def test_a_deterministic_solve_repairs_an_infeasible_hint_deterministically(monk
     # ddp-2 breaks rule 9; re-anchoring is made to fail so that the within-search runs.
     import planner.solver as solver_module
 
-    problem = planner.Problem.model_validate(json.loads(gzip.decompress(
-        (SMALL / "llama3-8b-ddp-2" / "problem.json.gz").read_bytes())))
-    greedy = planner.Plan.model_validate(json.loads(gzip.decompress(
-        (SMALL / "llama3-8b-ddp-2" / "greedy-plan.json.gz").read_bytes())))
+    problem = data_problem("llama3-8b-ddp-2--alpha-beta")
+    greedy = data_plan("llama3-8b-ddp-2--alpha-beta-greedy-plan")
     assert planner.verify(problem, greedy)
     monkeypatch.setattr(solver_module, "reanchored", lambda problem, plan: plan)
     within_calls = []
@@ -61,26 +55,17 @@ def test_a_deterministic_solve_repairs_an_infeasible_hint_deterministically(monk
     assert within_calls == [True, False]
 
 
-def _sigint_default() -> None:
-    """In a child before it starts: SIGINT as a terminal gives it. A background job of a shell
-    inherits it ignored, and Python then never raises KeyboardInterrupt: every Ctrl-C test failed
-    in a test run started with `nohup ... &`."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-@pytest.mark.slow
 def test_ctrl_c_keeps_the_best_verified_plan_and_exits_130(tmp_path):
+    # fsdp-2: its step search is not proved within minutes, and has an incumbent within seconds
     problem_path, plan_path = tmp_path / "problem.json", tmp_path / "plan.json"
-    problem_path.write_bytes(gzip.decompress(FSDP8.read_bytes()))
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "solve", str(problem_path), "-o", str(plan_path),
-                             "--objective", "step", "--time-limit", "300"], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_default)
+    planner.save(data_problem("llama3-8b-fsdp-2--alpha-beta"), problem_path)
+    proc = start_cli("solve", problem_path, "-o", plan_path, "--objective", "step", "--time-limit", "300",
+                     preexec_fn=sigint_default)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # interrupt once the search has an incumbent
-        time.sleep(0.5)
         if proc.poll() is not None:
             break
-        line = proc.stderr.readline()
+        line = proc.stderr.readline()  # blocks until the next progress line
         if "incumbent" in line:
             proc.send_signal(signal.SIGINT)
             break
@@ -99,8 +84,7 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     import planner.solver as solver_module
     from planner.simulator import step_ms
 
-    problem = planner.Problem.model_validate(json.loads(gzip.decompress(
-        (SMALL / "llama3-8b-fsdp-2" / "problem.json.gz").read_bytes())))
+    problem = data_problem("llama3-8b-fsdp-2--alpha-beta")
     unbucketed = planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=())
     real_solve = solver_module.solve
     count_plans = []
@@ -132,33 +116,9 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
             update={"problem_fingerprint": "another"}))
 
 
-# A Ctrl-C (simulated from another thread, as a real one may come) at the first incumbent of a
-# search, in a child process that handles SIGINT whatever this one inherited (see _sigint_default).
-_CTRL_C_AT_FIRST_SOLUTION = """
-import gzip, json, signal, sys, threading, _thread
-signal.signal(signal.SIGINT, signal.default_int_handler)
-import planner, planner.solver as solver_module
-problem = planner.Problem.model_validate(json.loads(gzip.decompress(open(sys.argv[1], "rb").read())))
-real = solver_module._Progress.on_solution_callback
-fired = []
-def interrupt_at_first_solution(self):
-    real(self)
-    if not fired:
-        fired.append(self.objective_value)
-        threading.Timer(0.0, _thread.interrupt_main).start()
-solver_module._Progress.on_solution_callback = interrupt_at_first_solution
-result = solver_module.solve(problem, objective=sys.argv[2], time_limit_s=120, workers=2)
-verified = result.plan is not None and not planner.verify(problem, result.plan)
-print(json.dumps({"fired": fired, "interrupted": result.stats["interrupted"], "verified": verified,
-                  "probes": "probes" in result.stats, "objective": result.objective, "bound": result.bound,
-                  "bound_scope": result.stats.get("bound_scope"),
-                  "simulated": planner.simulate(problem, result.plan).step_ms if result.plan else None}))
-"""
-
-
+# A Ctrl-C at the first incumbent of a search, in a child process (tests/scripts/ctrl_c_at_first_solution.py)
 def _ctrl_c_at_the_first_solution(objective: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AT_FIRST_SOLUTION, str(FSDP8), objective], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_script("ctrl_c_at_first_solution", FSDP8, objective)
     assert proc.returncode == 0, proc.stderr[-800:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -171,49 +131,15 @@ def test_ctrl_c_in_a_count_search_skips_its_probe():
     assert got["verified"]
 
 
-# Run in a child process: on the old code CP-SAT aborts the whole process (exit -6). Its
-# precondition is made certain, not hoped for on a busy machine (it once failed with no step
-# solution before the solve ended): the step search starts from a complete hint, which CP-SAT 9.15
-# reports as its first solution while it loads the model. The unbucketed plan is given as the
-# fewest-collectives plan, so no count search runs first; the hint's twin solve gets all the time
-# it needs (hint_every_variable, asserted); limits are deterministic time, so load cuts nothing;
-# and the loading is held until the main thread has handled the Ctrl-C.
-_CTRL_C_WHILE_LOADING = """
-import gzip, json, signal, sys, time, _thread
-signal.signal(signal.SIGINT, signal.default_int_handler)
-import planner, planner.solver as solver_module
-problem = planner.Problem.model_validate(json.loads(gzip.decompress(open(sys.argv[1], "rb").read())))
-real_hint = solver_module.hint_every_variable
-solver_module.hint_every_variable = lambda handle, twin, plan, time_limit_s: real_hint(handle, twin, plan,
-                                                                                      time_limit_s=600)
-unbucketed = planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=())
-real = solver_module._Progress.on_solution_callback
-fired = []
-def first_step_solution(self):
-    real(self)
-    if not fired:
-        fired.append(self.objective_value)  # the complete hint, reported while CP-SAT loads its workers
-        _thread.interrupt_main()
-        held = time.monotonic() + 120  # bounded: a stop that is never deferred fails below
-        while not self.stop_deferred and time.monotonic() < held:
-            time.sleep(0.01)
-solver_module._Progress.on_solution_callback = first_step_solution
-result = solver_module.solve(problem, objective="step", time_limit_s=60, workers=2, count_plan=unbucketed,
-                             deterministic=True)
-assert result.stats["hint_every_variable"], result.stats
-assert fired and fired[0] > 1e6, fired  # a step in ns: the step search's first solution
-assert result.stats["interrupted"] and result.stats["stop_deferred"], result.stats
-assert result.plan is not None and not planner.verify(problem, result.plan)
-print("kept", result.objective)
-"""
+# Run in a child process (tests/scripts/ctrl_c_while_loading.py, which says how its precondition is
+# made certain): on the old code CP-SAT aborts the whole process (exit -6)
 
 
 def test_ctrl_c_while_cp_sat_loads_a_complete_hint_does_not_abort():
     # CP-SAT 9.15 reports a complete feasible hint as its first solution while it loads the model
     # into its workers; a stop then aborted in its postsolve ("Check failed: solution->size() ==
     # postsolve_mapping.size()"): 4 of 6 Ctrl-Cs after the first incumbent on a loaded machine
-    proc = subprocess.run([sys.executable, "-c", _CTRL_C_WHILE_LOADING, str(FSDP8)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = run_script("ctrl_c_while_loading", FSDP8)
     assert proc.returncode == 0, proc.stderr[-800:]
     assert "kept" in proc.stdout
 

@@ -14,16 +14,18 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support import CLI_MODULE, PROBLEMS, ROOT
+
+pytestmark = pytest.mark.slow  # CP-SAT in child processes under faulthandler
+
 BOUND_S = 600
 
 
 def _run(*args: str, timeout: float = BOUND_S) -> subprocess.CompletedProcess:
+    """``python -X faulthandler ARGS``: a native abort shows as the exit status and its stack on stderr."""
     return subprocess.run([sys.executable, "-X", "faulthandler", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -54,40 +56,22 @@ def test_every_solver_configuration_completes():
 def test_count_solve_on_the_problem_that_aborted_returns_its_plan_from_the_cli(tmp_path):
     """The command that aborted, as a user types it: a 60 s count solve with two workers (the
     library's solve with its probes brought forward runs in the default tier, above)."""
-    data = ROOT / "tests" / "data" / "problems"
     problem = tmp_path / "problem.json.gz"
-    problem.write_bytes((data / "llama3-8b-fsdp-8--ab-ib8.json.gz").read_bytes())
-    proc = _run("-m", "bucketplan", "solve", str(problem), "-o", str(tmp_path / "p.json"), "--objective", "count",
+    problem.write_bytes((PROBLEMS / "llama3-8b-fsdp-8--ab-ib8.json.gz").read_bytes())
+    proc = _run("-m", CLI_MODULE, "solve", str(problem), "-o", str(tmp_path / "p.json"), "--objective", "count",
                 "--time-limit", "60", "--workers", "2", "-q")
     _assert_clean(proc)
     assert (tmp_path / "p.json").is_file() and "status" in proc.stdout
 
 
 def test_or_tools_still_aborts_on_the_minimal_model():
-    """The upstream bug, reduced (docs/results.md, "An OR-Tools abort"): three Booleans whose odd
-    cycle cover needs two, at most one allowed -- infeasible, which the LP finds while loading --,
-    a hint, interleaved search, two workers. Without the hint it ends INFEASIBLE. Skipped once an
-    OR-Tools release no longer aborts."""
-    model = textwrap.dedent("""
-        import sys
-        from ortools.sat.python import cp_model
-        m = cp_model.CpModel()
-        x = [m.new_bool_var(f"x{i}") for i in range(3)]
-        for i in range(3):
-            m.add(x[i] + x[(i + 1) % 3] >= 1)
-        m.add(sum(x) <= 1)
-        if sys.argv[1] == "hint":
-            for v in x:
-                m.add_hint(v, 1)
-        s = cp_model.CpSolver()
-        s.parameters.num_workers = 2
-        s.parameters.interleave_search = True
-        s.parameters.cp_model_presolve = False
-        print(s.status_name(s.solve(m)))
-        """)
-    without = _run("-c", model, "nohint", timeout=60)
+    """The upstream bug, reduced (docs/results.md, "An OR-Tools abort"; tests/scripts/or_tools_abort.py):
+    three Booleans whose odd cycle cover needs two, at most one allowed -- infeasible, which the LP
+    finds while loading --, a hint, interleaved search, two workers. Without the hint it ends
+    INFEASIBLE. Skipped once an OR-Tools release no longer aborts."""
+    without = _run("-m", "tests.scripts.or_tools_abort", "nohint", timeout=60)
     assert without.returncode == 0 and without.stdout.strip() == "INFEASIBLE", without.stderr[-2000:]
-    hinted = _run("-c", model, "hint", timeout=60)
+    hinted = _run("-m", "tests.scripts.or_tools_abort", "hint", timeout=60)
     if hinted.returncode == 0:  # not a failure of ours: the rule above _probe may then be relaxed
         pytest.skip("this OR-Tools no longer aborts on a hinted infeasible model")
     assert hinted.returncode == -signal.SIGABRT and "heuristics.fixed_search" in hinted.stderr

@@ -16,6 +16,7 @@ from planner.solver import solve
 from planner.step import NS_PER_MS, PIECE_TOLERANCE_NS, _fix, add_step_objective
 from tests.strategies import folded_conversions, folded_pair, merged, plans, problems, two_gathers
 from tests.brute import feasible_plans
+from tests.support import data_problem
 
 
 def _brute_force_step(problem: planner.Problem) -> float:
@@ -89,12 +90,9 @@ def test_the_chord_cut_lies_under_the_link_curve_on_a_torch_nccl_table():
     # every byte count of a grid between a collective's own bytes and its widest bucket
     import random
 
-    from pathlib import Path
-
     from planner.step import BYTE_UNIT, chord_cut, duration_lines
 
-    case = Path(__file__).parent.parent / "experiments/results/sweep_presets_step/cases/llama3-8b-ddp-2--h100-8nodes"
-    link = planner.load_problem(case / "problem.json.gz").links[0]
+    link = data_problem("llama3-8b-ddp-2--h100-8nodes").links[0]
     rng = random.Random(0)
     cuts = 0
     for kind in ("all_reduce", "all_gather", "reduce_scatter"):
@@ -133,14 +131,11 @@ def test_duration_pieces_lie_under_a_torch_nccl_curve_and_meet_it():
     # within 2 PIECE_TOLERANCE_NS of it, and past the region by the slack still under it
     import random
 
-    from pathlib import Path
-
     from planner.step import duration_pieces
 
-    cases = Path(__file__).parent.parent / "experiments/results/sweep_presets_step/cases"
     rng = random.Random(0)
     for case in ("llama3-8b-ddp-2--h100-8nodes", "llama3-8b-ddp-2--h100-64nodes"):
-        link = planner.load_problem(cases / case / "problem.json.gz").links[0]
+        link = data_problem(case).links[0]
         for kind in ("all_reduce", "all_gather", "reduce_scatter"):
             for _ in range(6):
                 lo = rng.choice([8192, 1 << 20, 8 << 20, 117440512])

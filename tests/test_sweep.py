@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,10 +15,9 @@ import planner
 from bucketplan.cli import main
 from planner import sweep
 from planner.sweep import load_spec, ray_available, run_sweep
+from tests.support import PROBLEMS, start_cli
 from tests.test_hostile import _one_line_error
 
-ROOT = Path(__file__).resolve().parent.parent
-PRESETS = ROOT / "experiments" / "results" / "presets"
 needs_ray = pytest.mark.skipif(not ray_available(), reason="Ray is not installed (the `sweep` extra)")
 
 
@@ -64,7 +61,7 @@ def test_a_bad_spec_is_one_line_naming_the_item(tmp_path, capsys, case):
 def _problem_case(tmp_path, name="llama3-8b-ddp-2--h100-1node", objectives='["count", "step"]', seconds=3,
                   deterministic="true") -> Path:
     return _spec(tmp_path, f"objectives = {objectives}\ntime_limit_s = {seconds}\ndeterministic = {deterministic}\n"
-                           f"[[case]]\nproblems = ['{PRESETS / name / 'problem.json.gz'}']\n")
+                           f"[[case]]\nproblems = ['{PROBLEMS / f'{name}.json.gz'}']\n")
 
 
 @pytest.mark.slow
@@ -80,7 +77,7 @@ deterministic = true
 workloads = ["llama3-8b-ddp-2"]
 presets = ["h100-1node"]
 [[case]]
-problems = ['{PRESETS / "llama3-8b-fsdp-2--h100-1node" / "problem.json.gz"}']
+problems = ['{PROBLEMS / "llama3-8b-fsdp-2--h100-1node.json.gz"}']
 """)
     one, ray_out = tmp_path / "one", tmp_path / "ray"
     assert main(["sweep", str(spec), "-o", str(one), "-q", "--sequential"]) == 0
@@ -138,8 +135,7 @@ def test_a_killed_ray_worker_is_retried_and_the_table_is_complete(tmp_path):
     case = "llama3-8b-fsdp-8--h100-8nodes"
     spec = _problem_case(tmp_path, case, objectives='["step"]', seconds=15, deterministic="false")
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "bucketplan", "sweep", str(spec), "-o", str(out), "--ray",
-                             "--cpus", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = start_cli("sweep", spec, "-o", out, "--ray", "--cpus", "2")
     try:
         deadline = time.monotonic() + 120
         while not (pids := _ray_task_pids(case)):

@@ -19,6 +19,8 @@ import pytest
 import planner
 from planner.plan_dir import PLAN, PROBLEM, recorded_problems, solve_dir
 
+pytestmark = pytest.mark.slow  # torchtitan's models traced and compiled
+
 
 @pytest.fixture
 def titan():
