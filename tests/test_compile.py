@@ -83,8 +83,14 @@ def _max_diff(a: dict, b: dict) -> float:
                                                                                                     b["grads"])])
 
 
-@pytest.mark.parametrize("style", [pytest.param("ddp", marks=pytest.mark.long), "fsdp", pytest.param("2d", marks=pytest.mark.long)])
+@pytest.mark.long
+@pytest.mark.parametrize("style", ["ddp", "fsdp", "2d"])
 def test_record_solve_use_applies_the_plan_and_keeps_the_numbers(world, style, tmp_path):
+    """Each style compiled four ways; the planned step's loss and gradients are the unbucketed
+    one's. Long (95 s a style): the same flow runs by default as the README's (test_training_flow.py:
+    record -> solve-dir -> use, every graph planned, the loss kept), FSDP plans are used inside a
+    compile by test_bench.py's ``plan`` configuration, and bucketed FSDP graphs keep their gradients
+    bitwise on gloo ranks in test_gloo.py."""
     eager = _run(world, style, "eager", tmp_path)
     plain = _run(world, style, "unbucketed", tmp_path)
     recorded = _run(world, style, "record", tmp_path)

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow  # steps run for real on gloo ranks
     # mixed precision: fp32 shards, bf16 gathers; merges fold each conversion into the bucket's copy
     ("llama3-8b-fsdp-mp-2", "cpsat", None, 2),
     # a Hugging Face model whose rotary inv_freq is a real buffer, not an input (it used to stop
-    # fake tracing on every rank)
-    pytest.param("hf-qwen3-2", "cpsat", None, 2, marks=pytest.mark.slow),
+    # fake tracing on every rank); long: hf-qwen3-moe-2's has one too, checked by default below
+    pytest.param("hf-qwen3-2", "cpsat", None, 2, marks=pytest.mark.long),
 ])
 def test_bucketed_graph_is_bitwise_equal(workload, planner, mode, ranks):
     """Loss and gradients of the bucketed graph bitwise those of the original, on gloo ranks (the
@@ -114,7 +114,11 @@ def test_traced_step_is_functional_so_any_data_edge_order_computes_the_same():
     assert bitwise_equal(clone_moved_late(gm)(x.clone()), expected)
 
 
+@pytest.mark.long
 def test_check_cli_reports_and_exits_zero(capsys):
+    """`bucketplan check` on a built-in workload. Long: the README's `bucketplan check llama3-8b-fsdp-2
+    --planner cpsat` runs verbatim by default (test_readme.py), its report's lines in test_custom.py
+    (a factory's model), built-in workloads on gloo above."""
     from bucketplan.cli import main
 
     assert main(["check", "llama3-8b-fsdp-2", "--planner", "cpsat", "--ranks", "2", "-q"]) == 0

@@ -29,8 +29,11 @@ def _hf_workloads():
     return [n for n in workloads() if n.endswith(("-2", "-8"))]
 
 
-@pytest.mark.parametrize("name", WORKLOADS + _hf_workloads())
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.long) if n.endswith("-8") else n
+                                  for n in WORKLOADS + _hf_workloads()])
 def test_greedy_findings_are_explained_and_its_repair_applies(name):
+    """Every family at 2 layers by default; at 8 layers (the same findings and repair, four times
+    the blocks, each traced a second time to apply to) under -m long."""
     s = scheduled(name)
     report = check(s.problem, s.greedy)
     assert set(report.by_rule()) <= {8, 9}, [str(v) for v in report.violations[:3]]

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 
 import pytest
 import torch
+
+from tests.support import run_cli
+
+pytestmark = pytest.mark.slow  # traces workloads priced by profiles
 
 MM_SHAPE = [[4096, 4096], [4096, 4096]]
 MM_US = 1234.0
@@ -126,16 +129,24 @@ BAD.update({
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
-def test_a_bad_trace_is_one_line_naming_the_file_exit_2(tmp_path, case):
+def test_a_bad_trace_is_one_line_naming_the_file_exit_2(tmp_path, capfd, case):
+    """`bucketplan extract --profile BAD`: in this process (its file descriptors captured), and for
+    one case in a child process as a shell runs it."""
+    from bucketplan.cli import main
+
     text, message = BAD[case]
     path = tmp_path / "trace.json"
     if text is not None:
         path.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "bucketplan", "extract", "llama3-8b-fsdp-2", "--profile", str(path),
-                        "-o", str(tmp_path / "out")], capture_output=True, text=True)
-    assert r.returncode == 2, r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], r.stderr
+    argv = ["extract", "llama3-8b-fsdp-2", "--profile", str(path), "-o", str(tmp_path / "out")]
+    if case == "not JSON":
+        r = run_cli(*argv)
+        code, err = r.returncode, r.stderr
+    else:
+        code, err = main(argv), capfd.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and message in lines[0], err
     assert not (tmp_path / "out").exists()
 
 
