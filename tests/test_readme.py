@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import planner
+from planner.verifier import recorded_policy
 from tests.test_training_flow import flow_env, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +73,14 @@ def test_the_main_job_runs_verbatim(tmp_path):
     assert (out / "compare.md").is_file() and (out / "step_time.png").is_file()
     plans = sorted((out / "plans").glob("*.json"))
     assert len(plans) == 4 * 6  # six plans per workload of the default suite
-    for plan in plans:
-        assert planner.load_plan(plan).buckets is not None
+    # each plan is listed beside the problem it is for, and verifies against it under the policy it records
+    listed = [row.strip("|").split("|") for row in (out / "plans" / "index.md").read_text().splitlines()
+              if row.startswith("| ") and row.endswith(".json |")]
+    assert sorted(out / plan.strip() for _, _, plan, _ in listed) == plans
+    for _, _, plan_file, problem_file in listed:
+        problem, plan = planner.load_problem(out / problem_file.strip()), planner.load_plan(out / plan_file.strip())
+        assert plan.problem_fingerprint == problem.fingerprint, plan_file
+        assert not planner.verify(problem, plan, **recorded_policy(plan)), plan_file
 
 
 @pytest.mark.slow
