@@ -337,8 +337,7 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
     plan = best.model_copy(update={"planner": "robust", "params": {
         "objective": "robust", "scenarios": list(scenarios), "time_limit_s": time_limit_s, "seed": seed,
         "workers": options.workers, **rules, "interrupted": interrupted, "wall_limit_hit": wall_hit}})
-    violations = verify(problem, plan, **rules)
-    if violations:  # polish moves only to verified plans from verified starts: a defect if this fires
+    if violations := verify(problem, plan, **rules):  # polish keeps to verified plans: a defect if this fires
         raise AssertionError(f"robust plan fails the verifier: {violations[0]}")
     final = judge(problem, {**candidates, "robust": plan}, scenarios)
     return RobustResult(plan, final, time.perf_counter() - t0, wall_hit, interrupted)

@@ -12,6 +12,7 @@ from tests.brute import feasible_plans
 from tests.strategies import problems
 
 
+@pytest.mark.slow  # brute force over 150 problems of up to 6 collectives: ~15 s
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
 def test_chain_floor_never_exceeds_the_best_simulated_plan(problem):
