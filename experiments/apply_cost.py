@@ -22,9 +22,9 @@ from experiments.common import git_revision, machine
 from fxglue.apply import apply_plan
 from fxglue.cpu_compat import cpu_compat
 from fxglue.pipeline import count_collectives, finalize_with_torch, prepare
-from planner.options import SolveOptions
-from planner.repair import repair
-from planner.verifier import check
+from planner.core.options import SolveOptions
+from planner.search.repair import repair
+from planner.rules.verifier import check
 
 
 def main() -> None:

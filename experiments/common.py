@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from planner.report import markdown_lines
+from planner.jobs.tables import TableStyle, markdown_lines
 
 
 def git_revision() -> str:
@@ -45,7 +45,7 @@ def save_gz(obj, path) -> None:
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(planner.io.dumps(obj).encode()))
+    path.write_bytes(gzip.compress(planner.core.io.dumps(obj).encode()))
 
 
 def read_rows(path) -> list[dict]:
@@ -62,7 +62,7 @@ def append_row(path, row: dict) -> None:
 
 def rewrite_rows(path, rows: list[dict]) -> None:
     """``rows`` as the whole of ``rows.jsonl``, written atomically (a row replaced or dropped)."""
-    from planner.io import atomic_write_text
+    from planner.core.io import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
@@ -85,4 +85,4 @@ def run_missing(out: Path, cases, run, case_key, row_key) -> list[dict]:
 def markdown_table(cols: list[str], rows: list[dict]) -> list[str]:
     """Header, rule and one line per row (missing cells empty, None as "None", "|" kept: the
     committed results tables as they were written)."""
-    return markdown_lines(cols, rows, cell=str, pipe=None)
+    return markdown_lines(cols, rows, TableStyle(cell=str, pipe=None))

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows
-from planner.options import SolveOptions
-from planner.problem import Problem
-from planner.solver import solve
+from planner.core.options import SolveOptions
+from planner.core.problem import Problem
+from planner.search.solver import solve
 
 REVISION = git_revision()
 

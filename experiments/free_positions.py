@@ -3,8 +3,8 @@
 For each workload on one cluster preset: trace and schedule with torch (pre-bucketing off),
 extract the problem (with its memory profile and block labels), run torch's manual per-block
 pass on a fresh trace and take its own problem's step and peak (both by our simulator and
-``planner.memory``, which equals torch's estimator on applied graphs: tests/test_memory.py), then
-run ``planner.position_search`` with the manual plan's peak as the budget, from the per-block seed
+``planner.cost.memory``, which equals torch's estimator on applied graphs: tests/test_memory.py), then
+run ``planner.search.position_search`` with the manual plan's peak as the budget, from the per-block seed
 and torch's greedy plan, for ``--seconds`` of wall time on one core. Writes ``table.md``,
 ``rows.jsonl`` and per workload the problem and the positioned plan (gzipped) to ``--out``.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import planner
 from experiments.common import append_row, git_revision, machine, read_rows, save_gz
-from planner.bounds import free_position_floor
-from planner.memory import memory_timeline
-from planner.position_search import position_search
+from planner.cost.bounds import free_position_floor
+from planner.cost.memory import memory_timeline
+from planner.search.position_search import position_search
 
 
 def _torch_rows(name: str, preset: str, manual: bool) -> tuple[dict, object, object]:
@@ -31,12 +31,12 @@ def _torch_rows(name: str, preset: str, manual: bool) -> tuple[dict, object, obj
     greedy, on its own pre-bucketed problem), its greedy alone, and its manual per-block pass on a
     fresh trace (``manual``), each as (step ms, peak bytes); a greedy plan that breaks a rule is
     priced as its repair, as compare does. Returns them, the problem and greedy's plan."""
-    from fxglue.compare import _greedy_row, _manual_row
-    from fxglue.pipeline import prepare
+    from bucketplan.compare import _greedy_row, _manual_row
+    from fxglue.pipeline import PipelineOptions, prepare
 
     rows = {}
     base = prepare(name, preset=preset)
-    pre = prepare(name, preset=preset, pre_bucketing=True)
+    pre = prepare(name, preset=preset, pipeline=PipelineOptions(pre_bucketing=True))
     for label, prepared in (("default", pre), ("greedy", base)):
         row = _greedy_row(label, prepared.problem, prepared.greedy, 0.0)
         rows[label] = (planner.simulate(row.problem, row.plan).step_ms, memory_timeline(row.problem, row.plan).peak_bytes)
@@ -55,7 +55,7 @@ def run(name: str, preset: str, seconds: float, out: Path, manual: bool = True) 
     t1 = time.perf_counter()
     result = position_search(problem, [greedy], peak_memory_bytes=budget, deadline=t1 + seconds)
     search_s = time.perf_counter() - t1
-    assert not planner.verify(problem, result.plan, **planner.verifier.recorded_policy(result.plan))
+    assert not planner.verify(problem, result.plan, **planner.rules.verifier.recorded_policy(result.plan))
     save_gz(problem, out / name / f"{preset}--problem.json.gz")
     save_gz(result.plan, out / name / f"{preset}--positioned-plan.json.gz")
     gb = 1e9
@@ -92,11 +92,11 @@ def table(rows: list[dict]) -> str:
     lines += ["", "Columns: simulated step times (ms) on the preset's cost model (torch's NCCL model sampled into the "
               "problem's links; compute at the preset's rates). *torch manual*: torch's manual per-block pass "
               "(`overlap_manual_scheduling`, prefetch and deferred reduce_scatter waits) on its own graph; *torch default*: "
-              "FSDP pre-bucketing + greedy on its own pre-bucketed graph; peaks by `planner.memory` on each row's own "
-              "problem. *positioned*: `planner.position_search` with the peak of the fastest torch row as its budget "
+              "FSDP pre-bucketing + greedy on its own pre-bucketed graph; peaks by `planner.cost.memory` on each row's own "
+              "problem. *positioned*: `planner.search.position_search` with the peak of the fastest torch row as its budget "
               "(the first two rows, run before torch default was measured here: torch manual's, the fastest of "
               "those rows in `bucketplan compare`), peak GB its own, verified under its recorded policy (rules 4, 7, "
-              "8 off). *free-position floor*: `planner.bounds.free_position_floor`, no positioned plan is faster. "
+              "8 off). *free-position floor*: `planner.cost.bounds.free_position_floor`, no positioned plan is faster. "
               "*torch greedy*: as compare prices it (the first two rows: as torch's search recorded it; on "
               "llama3-8b-fsdp-8 it breaks rule 9 in 16 places, as torch's own final cycle check reports; later rows: "
               "its repair where it breaks a rule). Search: one thread, wall-clock limited, so another run may differ.", ""]

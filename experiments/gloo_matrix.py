@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows
-from fxglue import planners
+from planner.search import planners
 from fxglue.models.workloads import workloads
 from fxglue.run.gloo import CheckOptions, check_workload
 
@@ -34,7 +34,7 @@ FOUR_RANKS = ("llama3-8b-fsdp-2", "llama3-8b-ddp-2", "llama3-8b-2d-2")
 # are the 8B ones', 17-23 s.
 RUNS = [(w, r) for w in FOUR_RANKS for r in (2, 4)] + [
     (w, 2) for w, wl in workloads().items() if wl.layers == 2 and w not in FOUR_RANKS]
-# which of the registry's planners (fxglue.planners) this matrix runs; a name not in it stops here
+# which of the registry's planners (planner.search.planners) this matrix runs; a name not in it stops here
 MATRIX = planners.select("greedy", "cpsat", "greedy-repaired")
 REPAIRED, AUTOFIX = planners.select("greedy-repaired", "greedy-autofix")
 REVISION = git_revision()

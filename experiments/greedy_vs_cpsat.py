@@ -27,16 +27,16 @@ from collections import Counter
 
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
 from fxglue.apply import apply_plan
-from fxglue.pipeline import count_collectives, prepare
-from planner.repair import repair
-from planner.solver import solve
-from planner.verifier import check
+from fxglue.pipeline import PipelineOptions, count_collectives, prepare
+from planner.search.repair import repair
+from planner.search.solver import solve
+from planner.rules.verifier import check
 
 
 def run_one(name: str, pre: bool, time_limit: float, window, out: Path) -> dict:
     row: dict = {"workload": name, "pre_bucketing": pre, "revision": REVISION}
     # prepare: trace (8 ranks, TP 2), schedule, extract and torch's greedy, on the α-β figures
-    prepared = prepare(name, pre_bucketing=pre)
+    prepared = prepare(name, pipeline=PipelineOptions(pre_bucketing=pre))
     traced, inputs, problem, greedy = prepared.traced, prepared.inputs, prepared.problem, prepared.greedy
     row.update({k: round(v, 2) for k, v in prepared.timings.items()})
     row["nodes"] = problem.n_scheduled

@@ -1,10 +1,10 @@
-"""planner.memory against torch's own memory estimator on the graphs ``fxglue.apply`` leaves.
+"""planner.cost.memory against torch's own memory estimator on the graphs ``fxglue.apply`` leaves.
 
 For each workload on a preset: the unbucketed schedule, torch's greedy plan (its repair where it
 breaks a rule), CP-SAT's fewest-collectives plan, the positioned search's plan within the
 unbucketed peak, and torch's manual per-block pass (its own graph, priced as its problem). Each
 plan is applied to a fresh trace and torch's ``memory_estimator.build_memory_profile`` (every
-device counted) is set beside ``planner.memory``'s peak.
+device counted) is set beside ``planner.cost.memory``'s peak.
 
     python -m experiments.memory_agreement --workloads llama3-8b-fsdp-2 llama3-8b-fsdp-8 \\
         --out experiments/results/memory_agreement
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import planner
 from experiments.common import git_revision, machine
-from planner.memory import memory_timeline, peak_bytes
-from planner.position_search import position_search
+from planner.cost.memory import memory_timeline, peak_bytes
+from planner.search.position_search import position_search
 
 
 def _applied(name: str, preset: str, plan) -> tuple[planner.Problem, int]:
@@ -82,9 +82,9 @@ def main(argv=None) -> int:
             print(rows[-1], flush=True)
         rows.append((name, "torch manual (its own graph)", *_manual(name, opts.preset)))
         print(rows[-1], flush=True)
-    lines = [f"# planner.memory against torch's estimator ({opts.preset})", "",
+    lines = [f"# planner.cost.memory against torch's estimator ({opts.preset})", "",
              f"Revision {git_revision()}; {json.dumps(machine())}.", "",
-             "| workload | plan | planner.memory GB | torch's estimator GB | difference |", "|---|---|---|---|---|"]
+             "| workload | plan | planner.cost.memory GB | torch's estimator GB | difference |", "|---|---|---|---|---|"]
     for name, label, ours, theirs in rows:
         lines.append(f"| {name} | {label} | {ours / 1e9:.3f} | {theirs / 1e9:.3f} | {ours - theirs:+d} bytes |")
     (out / "table.md").write_text("\n".join(lines) + "\n")

@@ -5,7 +5,7 @@ no slower than torch manual?
 
     python -m experiments.positioned_acceptance experiments/results/presets_positions
 
-Writes ``acceptance.md`` into that folder. Peaks are ``planner.memory``'s, each on its row's own
+Writes ``acceptance.md`` into that folder. Peaks are ``planner.cost.memory``'s, each on its row's own
 problem; step times the simulator's (the rows of ``rows.jsonl``, not re-simulated).
 """
 

@@ -3,11 +3,11 @@
     python -m experiments.presets --workloads llama3-8b-fsdp-2 ... --presets h100-1node h100-8nodes
         [--time-limit 30] [--out experiments/results/presets]
 
-For each workload and cluster preset this runs ``fxglue.compare.compare_workload`` (the rows of
+For each workload and cluster preset this runs ``bucketplan.compare.compare_workload`` (the rows of
 ``bucketplan compare``: unbucketed, torch's default pipeline, torch's greedy, CP-SAT count and
 time objectives) on problems traced at the preset's world size and priced by torch's NCCL
 model with bucketing's copies and launches, and sets every simulated step against the step
-floor (``planner.bounds.step_floor``). Rows are appended to ``rows.jsonl`` as each workload
+floor (``planner.cost.bounds.step_floor``). Rows are appended to ``rows.jsonl`` as each workload
 finishes (a run resumes), ``table.md`` and ``above_floor.png`` are rewritten each time, and the
 problem (pre-bucketing off) and every plan are saved gzipped.
 """
@@ -21,16 +21,15 @@ import sys
 from pathlib import Path
 
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
-from fxglue.compare import _slug, compare_workload
-from planner.report import COLUMNS, table_rows
+from bucketplan.compare import _slug, compare_workload
+from bucketplan.report import COLUMNS, table_rows
 
 REVISION = git_revision()
 
 
 def run_one(name: str, preset: str, time_limit: float, out: Path, manual: bool = True) -> list[dict]:
     say = lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    row = compare_workload(name, time_limit_s=time_limit, out=out, say=say, preset=preset, traces=False,
-                           manual=manual)
+    row = compare_workload(name, time_limit_s=time_limit, traces_to=None, say=say, preset=preset, manual=manual)
     tag = out / f"{name}--{preset}"
     for p in row.plans:
         if p.plan is not None:
@@ -44,10 +43,10 @@ def run_one(name: str, preset: str, time_limit: float, out: Path, manual: bool =
 
 
 def _published(row) -> dict[str, dict]:
-    """Per row: its plan re-priced under the ``published`` scenario (planner.scenarios: cross-node
+    """Per row: its plan re-priced under the ``published`` scenario (planner.search.scenarios: cross-node
     groups at published nccl-tests bus bandwidths, compute 1.5x slower), with its regret there
     against the best row of the case; the same plans, nothing searched again."""
-    from planner.scenarios import judge_each
+    from planner.search.scenarios import judge_each
 
     candidates = {"unbucketed": (row.problem, None), **{p.planner: (p.problem, p.plan) for p in row.plans
                                                          if p.plan is not None}}
@@ -61,14 +60,14 @@ def _published(row) -> dict[str, dict]:
 def add_pre_step(name: str, preset: str, time_limit: float, out: Path, rows: list[dict]) -> list[dict]:
     """Only the ``cpsat (step, pre-bucketed)`` row, for a case run before compare had it; the
     floor and the unbucketed step come from that case's rows."""
-    from fxglue.compare import PRE_STEP_LABEL, _greedy_row, pre_step_row
-    from planner.report import WorkloadRow
-    from fxglue.pipeline import prepare
-    from planner.simulator import simulate
+    from bucketplan.compare import PRE_STEP_LABEL, _greedy_row, pre_step_row
+    from bucketplan.report import WorkloadRow
+    from fxglue.pipeline import PipelineOptions, prepare
+    from planner.cost.simulator import simulate
 
     mine = {r["planner"]: r for r in rows if r["workload"] == name and r["preset"] == preset}
     say = lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)  # noqa: E731
-    p = prepare(name, preset=preset, pre_bucketing=True)
+    p = prepare(name, preset=preset, pipeline=PipelineOptions(pre_bucketing=True))
     default = _greedy_row("torch default (pre-bucketing + greedy)", p.problem, p.greedy, p.timings["greedy_s"])
     plan_row = pre_step_row(name, p.problem, default.plan, time_limit, say)
     row = WorkloadRow(name, p.problem.n_scheduled, mine["unbucketed"]["collectives_before"], [plan_row],
@@ -114,8 +113,8 @@ def write_table(rows: list[dict], out: Path, argv: list[str]) -> None:
              f"Command (last invocation): `python -m experiments.presets {' '.join(argv)}`  ",
              f"Revisions of the rows: {', '.join(f'`{r}`' for r in revisions)}; machine: {json.dumps(machine())}  ",
              "CP-SAT: 2 workers, seed 0, torch's greedy (or its repair) as hint; `plan_s` wall seconds, one run. "
-             "`floor_ms`: planner.bounds.step_floor (no plan can beat it). `published_ms`: the same plan "
-             "re-priced under planner.scenarios' `published` scenario (cross-node groups at published nccl-tests "
+             "`floor_ms`: planner.cost.bounds.step_floor (no plan can beat it). `published_ms`: the same plan "
+             "re-priced under planner.search.scenarios' `published` scenario (cross-node groups at published nccl-tests "
              "bus bandwidths, compute 1.5x slower), `published_regret_pct` its step there over the case's best row "
              "there, minus 1 (rows run before these columns existed have none).", "",
              *markdown_table(COLUMNS + ["published_ms", "published_regret_pct", "revision"], rows)]

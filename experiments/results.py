@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 
 from experiments.common import load_gz, read_rows
-from planner.problem import Plan, Problem
-from planner.simulator import simulate
+from planner.core.problem import Plan, Problem
+from planner.cost.simulator import simulate
 
 ROOT = Path(__file__).resolve().parent
 RUNS = sorted((ROOT / "results").glob("greedy_vs_cpsat_*"))
@@ -103,7 +103,7 @@ def presets_section() -> list[str]:
            "2.13's NCCL model with bucketing's copies and launches (docs/model.md, *Estimates and cluster presets*), "
            "as problems were before version 2: unpinned nodes free (torch manual's rows undercharged by their "
            "bucket copies) and every node priced unfused; the section above re-runs the 2- and 8-layer rows. "
-           "Each cell: simulated step ms (ms above the floor). *floor*: `planner.bounds.step_floor` as it was "
+           "Each cell: simulated step ms (ms above the floor). *floor*: `planner.cost.bounds.step_floor` as it was "
            "when the rows were made (their revisions); since then it prices bucket size and chains what the "
            "order allows (`planner/README.md`, *The step floor*), which the sweep sections below use. No plan "
            "beats either. *step status*: CP-SAT's step objective (started from the count plan), its bound and gap. "

@@ -5,13 +5,13 @@
         [--out experiments/results/robust_scenarios]
 
 For each committed ``experiments/results/presets/*-8--*/problem.json.gz`` (8 layers; 1, 8 and 64
-nodes) this runs ``planner.scenarios.robust_plan`` (a step search per scenario on the problem
+nodes) this runs ``planner.search.scenarios.robust_plan`` (a step search per scenario on the problem
 re-priced by it, then a local search on the worst-case regret), with torch's greedy plan as the
 hint, and reports each candidate's steps and regrets. The issue-28 figure: the robust plan's
 worst-case regret against the worst-case regret of the plan optimized for torch's model alone
 (``step under torch``). Rows append to ``rows.jsonl`` as each case ends (a run resumes); the
 table is rewritten each time; each robust plan is saved gzipped. Cost model: the presets'
-(torch's NCCL model, roofline compute) and ``planner.scenarios``' published figures.
+(torch's NCCL model, roofline compute) and ``planner.search.scenarios``' published figures.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.common import git_revision, load_gz, machine, markdown_table, run_missing, save_gz
-from planner.options import SolveOptions
-from planner.problem import Plan, Problem
-from planner.scenarios import SCENARIOS, robust_plan
+from planner.core.options import SolveOptions
+from planner.core.problem import Plan, Problem
+from planner.search.scenarios import SCENARIOS, robust_plan
 
 PRESETS_DIR = Path("experiments/results/presets")
 
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
              f"{machine()}. Scenarios: " + "; ".join(f"`{s}`: {SCENARIOS.get(s, s)}" for s in scenarios) + ".", "",
              *markdown_table(cols, rows), "",
              "regret: a plan's step over the least step any judged plan reaches under that scenario, minus 1 "
-             "(planner.scenarios); `ratio`: robust / torch-optimized worst regret. Every step per plan and "
+             "(planner.search.scenarios); `ratio`: robust / torch-optimized worst regret. Every step per plan and "
              "scenario is in rows.jsonl."]
     (out / "table.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

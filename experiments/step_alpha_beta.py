@@ -24,9 +24,9 @@ from pathlib import Path
 
 import planner
 from experiments.common import git_revision, load_gz, machine, markdown_table, run_missing
-from planner.bounds import step_floor
-from planner.plan_dir import start_plan
-from planner.solver import solve
+from planner.cost.bounds import step_floor
+from planner.jobs.plan_dir import start_plan
+from planner.search.solver import solve
 
 COLUMNS = ["workload", "collectives", "time_limit_s", "solve_s", "status", "unbucketed_ms", "greedy_ms", "step_ms",
            "floor_ms", "bound_ms", "gap_pct", "reducible_pct", "wall_limit_hit"]

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import planner
 from experiments.common import git_revision, load_gz, machine, markdown_table, read_rows, run_missing
-from planner.bounds import step_floor
-from planner.repair import repair
-from planner.solver import solve
+from planner.cost.bounds import step_floor
+from planner.search.repair import repair
+from planner.search.solver import solve
 
 COLUMNS = ["workload", "preset", "collectives", "greedy_search_s", "solve_s", "status", "unbucketed_ms", "greedy_ms",
            "step_ms", "vs_greedy_pct", "floor_ms", "bound_ms", "polish_evaluations", "wall_limit_hit"]

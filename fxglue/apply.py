@@ -31,8 +31,8 @@ import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 
 import planner
-from planner.positions import is_positioned
-from planner.verifier import RULES, recorded_policy, verify
+from planner.core.positions import is_positioned
+from planner.rules.verifier import RULES, recorded_policy, verify
 
 
 class PlanError(ValueError):
@@ -48,7 +48,7 @@ def _final_pinned_order(problem: planner.Problem, plan: planner.Plan) -> list[tu
     """Pinned events in final order: (node name, bucket or None, 'start'|'wait'|'node').
 
     A bucket's merged start replaces its start anchor's start; its other members' starts
-    vanish; likewise for waits. A bucket that names a position (``planner.positions``) puts its
+    vanish; likewise for waits. A bucket that names a position (``planner.core.positions``) puts its
     start or wait just before that node instead, waits ahead of starts, starts in plan order; a
     lone collective that names one moves there itself.
     """
@@ -135,7 +135,7 @@ def _copy_in_at_start(copy_in: dict[fx.Node, list[fx.Node]]) -> None:
     right before it: where the order put the start later than the place it was merged at (a
     named node another merge erased, or a start delayed behind another bucket's wait), the buffer
     would otherwise be allocated that much earlier than the plan starts it (torch's estimator
-    counts a storage from the node that allocates it; ``planner.memory`` counts it at the start).
+    counts a storage from the node that allocates it; ``planner.cost.memory`` counts it at the start).
     Moving these nodes later is always legal: their inputs come earlier, and their users are the
     merge's own nodes up to the start."""
     for start, nodes in copy_in.items():
@@ -243,7 +243,7 @@ def apply_plan(
     estimator=None,
 ) -> None:
     """Rewrite ``graph`` so each bucket of ``plan`` is one collective at its anchors, or at the
-    positions it names (``planner.positions``).
+    positions it names (``planner.core.positions``).
 
     Raises ``PlanError`` (graph unchanged) if the plan breaks a rule. ``problem`` may be
     passed when already extracted from the same arguments.
@@ -399,7 +399,7 @@ def _insert_overlap_deps(graph: fx.Graph, extra: dict) -> None:
 def torch_peak_bytes(graph: fx.Graph) -> int:
     """torch's own estimate of ``graph``'s peak memory (``memory_estimator.build_memory_profile``)
     with every device counted: its default filter drops CPU storages, and our traces are on the
-    CPU. The figure ``planner.memory`` must agree with on an applied graph."""
+    CPU. The figure ``planner.cost.memory`` must agree with on an applied graph."""
     from torch._inductor.fx_passes import memory_estimator
 
     kept = memory_estimator.device_filter

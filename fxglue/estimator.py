@@ -10,7 +10,7 @@ Cluster presets (``PRESETS``; ``bucketplan ... --preset NAME``) fix the world si
 tensor-parallel degree of 2-D workloads, the GPUs per node and the GPU generation; collectives
 are then priced by ``torch._inductor.comm_analysis`` for each group's real layout
 (``fxglue.costs``), and merging costs what torch's merge functions add
-(``planner.problem.BucketingCost``). The ``ab-ib8`` preset keeps the original α-β figures below.
+(``planner.core.problem.BucketingCost``). The ``ab-ib8`` preset keeps the original α-β figures below.
 
 The presets and hardware figures, with their sources, are in ``fxglue.presets``.
 """
@@ -26,7 +26,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map
 
 from fxglue.presets import DEFAULT_PRESET, PRESETS, Hardware, LinkSpec, Preset, get_preset  # noqa: F401
-from planner.problem import BucketingCost, Link
+from planner.core.problem import BucketingCost, Link
 
 
 _VIEW_TARGETS = {
@@ -88,7 +88,7 @@ class Estimator:
     ``roles`` maps process-group names to link roles (``dp``/``tp``); unlisted groups use
     ``dp``. With ``ranks_per_node`` (role -> how many of that group's ranks share a node) and
     ``gpu``, collectives are priced by torch's NCCL model (``fxglue.costs``); without it by the
-    α-β ``hardware.links``. ``measured`` (``planner.measured.Measured``): measured collective
+    α-β ``hardware.links``. ``measured`` (``planner.cost.measured.Measured``): measured collective
     times replace the model for every group and kind they cover; then every collective, the
     scheduler's and the problem's alike, is priced by ``link(pg)``, one curve for both.
     ``profile`` (``fxglue.profile.Profile``): the op times of a trace replace the roofline of the

@@ -9,7 +9,7 @@ Dependence is kept compactly: reachability restricted to *pinned* nodes (collect
 starts/waits, compute, hiding nodes), as each pinned node's immediate pinned predecessors.
 It is computed with integer bitsets over pinned nodes only, in one pass over the schedule.
 
-A figure the problem's schema cannot hold (a time of ``planner.problem.MAX_MS`` or more, bytes of
+A figure the problem's schema cannot hold (a time of ``planner.core.problem.MAX_MS`` or more, bytes of
 ``MAX_BYTES`` or more: a graph of 3e8 x 3e8 matmuls) is refused as a ``WorkloadError`` naming the
 node or collective, the field and the figure, before any plan is searched.
 """
@@ -202,7 +202,7 @@ def memory_profile(graph: fx.Graph, sched: list[fx.Node], collective_info, pinne
     torch's filter drops CPU storages, which would leave a CPU trace with nothing.
 
     A collective's buffers are left out of the graph's own memory and recorded apart, so a plan can
-    put them where its buckets start and wait (``planner.memory``): the storage its start allocates
+    put them where its buckets start and wait (``planner.cost.memory``): the storage its start allocates
     (until its last user, the wait), the storage its wait allocates (torch's functional wait returns
     a fresh one, until its last user), and its input storage when the start is that storage's last
     use. The own memory is written twice: per segment between pinned nodes (``segment_peak_bytes``,
@@ -363,7 +363,7 @@ def extract_problem(
                                               types="".join(t for _, t in ev)))
         links = tuple(estimator.link(pg) for pg in pgs)
         # how each group lies over the nodes, for re-pricing the problem later without torch
-        # (planner.scenarios); an α-β estimator has no layout
+        # (planner.search.scenarios); an α-β estimator has no layout
         layout = ({pg: dict(zip(("ranks", "ranks_per_node"), estimator.group_layout(pg))) for pg in pgs}
                   if estimator.ranks_per_node is not None else {})
         memory = memory_profile(graph, sched, collective_info, pinned)

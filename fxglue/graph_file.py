@@ -32,7 +32,7 @@ How a file is read:
   answered by a reader that makes fake CPU tensors of the recorded shapes, strides and dtypes (no
   data is read: storages shared between inputs become separate tensors); then the graph is
   traced once more under that ``FakeTensorMode``, as built-in workloads are
-  (``workloads.trace_step``). A tensor of ``planner.problem.MAX_BYTES`` or more is refused by name;
+  (``workloads.trace_step``). A tensor of ``planner.core.problem.MAX_BYTES`` or more is refused by name;
   an op that does not trace (a bool mask's data-dependent ``index``) is one line naming its
   node as the file names it, its op and its line (``_trace_failure``).
 - Process groups: ``--group NAME=SIZE[@RANKS_PER_NODE][:dp|tp]`` flags, else the file's
@@ -42,7 +42,7 @@ How a file is read:
   reduce_scatters name (the graph's shapes are those of that size). Groups are data-parallel
   unless marked ``tp``; ranks per node default to the cluster preset's layout for that role.
 - Measured collectives: a file with ``get_colls_estimations_file()`` names a table of collective
-  times (AutoParallel's format, ``planner.measured``; a path relative to the file), read when
+  times (AutoParallel's format, ``planner.cost.measured``; a path relative to the file), read when
   the file is loaded and recorded in the workload's meta (``collectives_table``);
   ``fxglue.pipeline.prepare`` prices the groups it covers by it, under any measurement the
   caller gave (``--collectives``, ``--profile``).
@@ -148,10 +148,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def _refuse_bytes(path: Path, what: str, shape, stride, dtype: torch.dtype) -> None:
-    """A tensor whose storage is ``planner.problem.MAX_BYTES`` or more, refused by name: no
+    """A tensor whose storage is ``planner.core.problem.MAX_BYTES`` or more, refused by name: no
     problem can record it (its collectives' bytes and its matmuls' times pass the schema's
     bounds), and it is named here, where the graph says it."""
-    from planner.problem import MAX_BYTES
+    from planner.core.problem import MAX_BYTES
 
     try:
         dims = [int(d) for d in shape]
@@ -720,7 +720,7 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fxglue.models.workloads import trace_step
-    from planner.io import read_regular_text
+    from planner.core.io import read_regular_text
 
     path = Path(path)
     home = Path(os.path.abspath(path)).parent  # before the file's code runs: it may change directory
@@ -795,11 +795,11 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
 
 def _collectives_table(path: Path, home: Path, code: _FileCode, module) -> Path | None:
     """The measured collectives table the file names with ``get_colls_estimations_file()``, as
-    AutoParallel's overlap-simulator repro files do (``planner.measured``: its format): a path
+    AutoParallel's overlap-simulator repro files do (``planner.cost.measured``: its format): a path
     relative to the graph file (where AutoParallel keeps them, beside its repro files) or
     absolute, read here once so a bad table is refused while the file is loaded. None: the file
     names none."""
-    from planner.measured import read_series
+    from planner.cost.measured import read_series
 
     name_table = getattr(module, "get_colls_estimations_file", None)
     if not callable(name_table):
@@ -856,7 +856,7 @@ def save_graph(traced: TracedWorkload, path: str | os.PathLike) -> Path:
     from torch._dynamo.repro.after_aot import save_graph_repro
 
     from fxglue.blocks import block_source
-    from planner.io import atomic_write_text
+    from planner.core.io import atomic_write_text
 
     path = Path(path)
     args = [n.meta["val"] for n in traced.gm.graph.find_nodes(op="placeholder")]

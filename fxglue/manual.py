@@ -358,11 +358,11 @@ def per_block_plan(problem: planner.Problem, gm: fx.GraphModule, param_names: li
     merge: an all_gather bucket starts at its first member's start and is waited at its first
     member's wait; reduce_scatter and all_reduce buckets start at their last member's start
     and are waited at their last member's wait. The plan is checked with
-    ``planner.verifier.check``; if it breaks a rule it is repaired with ``planner.repair.repair``
+    ``planner.rules.verifier.check``; if it breaks a rule it is repaired with ``planner.search.repair.repair``
     (the best plan whose buckets lie inside these).
     """
-    from planner.repair import repair
-    from planner.verifier import check
+    from planner.search.repair import repair
+    from planner.rules.verifier import check
 
     colls = {c.name: c for c in problem.collectives}
     groups: dict[str, list[str]] = defaultdict(list)

@@ -22,7 +22,7 @@ import torch.fx as fx
 import planner
 from fxglue.blocks import with_blocks
 from fxglue.cpu_compat import cpu_compat
-from fxglue import planners
+from planner.search import planners
 from fxglue.estimator import Estimator, Hardware, Preset, get_preset
 from fxglue.extract import extract_problem
 from fxglue.graph_file import GraphFile
@@ -270,17 +270,36 @@ def trace_for(workload: str | Workload | GraphFile | TracedWorkload, preset: Pre
     return trace(workload, world_size=world, tp=tp)
 
 
+@dataclass(frozen=True)
+class PipelineOptions:
+    """How torch's pipeline runs around the plan: its FSDP ``pre_bucketing`` before its scheduler,
+    its ``bucket_mode`` and bucket cap (``max_bucket_memory_gb``, torch's knob, which torch reads
+    as GiB), what prices the schedule (the estimator's ``hardware`` figures, or the ``estimator``
+    itself; None: the preset's), and whether the applied graph pins its order with control
+    dependencies (``insert_overlap_deps``)."""
+
+    pre_bucketing: bool = False
+    bucket_mode: str | None = None
+    max_bucket_memory_gb: float = 2.0
+    hardware: Hardware | None = None
+    estimator: Estimator | None = None
+    insert_overlap_deps: bool = False
+
+    def __post_init__(self) -> None:
+        import planner.core.arguments as arguments
+
+        arguments.flag(self.pre_bucketing, "pre_bucketing")
+        arguments.positive_number(self.max_bucket_memory_gb, "max_bucket_memory_gb")
+        arguments.flag(self.insert_overlap_deps, "insert_overlap_deps")
+
+
 def prepare(
     workload: str | Workload | GraphFile | TracedWorkload,
     *,
     preset: Preset | str | None = None,
-    pre_bucketing: bool = False,
-    bucket_mode=None,
-    hardware: Hardware | None = None,
-    max_bucket_memory_gb: float = 2.0,
+    pipeline: PipelineOptions = PipelineOptions(),
     progress=None,
     greedy: bool = True,
-    estimator: Estimator | None = None,
     scheduler_kwargs: dict | None = None,
     meta: dict | None = None,
 ) -> Prepared:
@@ -288,24 +307,28 @@ def prepare(
     world size and TP degree, a graph file loaded, a traced step -- a gloo rank's, a compile's
     post-grad graph -- as it is), schedule with torch's overlap scheduler, extract the problem,
     record each collective's block and phase (``blocks.with_blocks``), and record torch's greedy
-    plan (``greedy=False``: later, by ``record_greedy``). ``preset`` None: 8 ranks, TP 2, the
-    α-β ``hardware`` (the ``ab-ib8`` figures). A graph file that names a collectives table
+    plan (``greedy=False``: later, by ``record_greedy``), torch's pipeline run as ``pipeline``
+    says (pre-bucketing, bucket mode and cap; ``insert_overlap_deps`` is the apply's, not read
+    here). ``preset`` None: 8 ranks, TP 2, the α-β ``pipeline.hardware`` (the ``ab-ib8``
+    figures). A graph file that names a collectives table
     (``get_colls_estimations_file()``) is priced by it where the preset's own measurements do
     not reach (``presets.with_graph_table``; ``Prepared.preset`` is then that preset).
-    ``estimator``: the cost model itself, instead of the preset's (the preset then only sizes the
+    ``pipeline.estimator``: the cost model itself, instead of the preset's (the preset then only sizes the
     trace, and a graph file's table is not read); it prices torch's scheduler and the problem
     alike. ``scheduler_kwargs``: further keywords of torch's scheduler (``schedule``);
     ``meta``: entries of the problem's ``meta`` (provenance, not fingerprinted) over ours.
     Raises ``NotScheduled`` when torch's scheduler stops before bucketing."""
     say = progress or (lambda msg: None)
     preset = resolve_preset(preset)
+    pre_bucketing, bucket_mode = pipeline.pre_bucketing, pipeline.bucket_mode
+    max_bucket_memory_gb, estimator = pipeline.max_bucket_memory_gb, pipeline.estimator
     timings: dict[str, float] = {}
     traced = trace_for(workload, preset, say)
     if traced is not workload:
         timings["trace_s"] = traced.trace_s
     if estimator is None and traced.meta.get("collectives_table"):
         preset = _with_graph_table(traced, preset)
-    estimator = estimator or estimator_for(traced, hardware, preset)
+    estimator = estimator or estimator_for(traced, pipeline.hardware, preset)
     say("scheduling with torch's overlap scheduler")
     t0 = time.perf_counter()
     inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
@@ -410,29 +433,6 @@ def _make_plan(entry: planners.Planner, prepared: Prepared, timings: dict[str, f
     return out
 
 
-@dataclass(frozen=True)
-class PipelineOptions:
-    """How torch's pipeline runs around the plan: its FSDP ``pre_bucketing`` before its scheduler,
-    its ``bucket_mode`` and bucket cap (``max_bucket_memory_gb``, torch's knob, which torch reads
-    as GiB), what prices the schedule (the estimator's ``hardware`` figures, or the ``estimator``
-    itself; None: the preset's), and whether the applied graph pins its order with control
-    dependencies (``insert_overlap_deps``)."""
-
-    pre_bucketing: bool = False
-    bucket_mode: str | None = None
-    max_bucket_memory_gb: float = 2.0
-    hardware: Hardware | None = None
-    estimator: Estimator | None = None
-    insert_overlap_deps: bool = False
-
-    def __post_init__(self) -> None:
-        import planner.arguments as arguments
-
-        arguments.flag(self.pre_bucketing, "pre_bucketing")
-        arguments.positive_number(self.max_bucket_memory_gb, "max_bucket_memory_gb")
-        arguments.flag(self.insert_overlap_deps, "insert_overlap_deps")
-
-
 def run_pipeline(
     workload: str | Workload | GraphFile | TracedWorkload,
     *,
@@ -445,7 +445,7 @@ def run_pipeline(
 ) -> PipelineResult:
     """``prepare``, then plan and apply, torch's pipeline run as ``pipeline`` says.
 
-    ``planner_``: a name of the registry (``fxglue.planners``: ``"greedy"`` and
+    ``planner_``: a name of the registry (``planner.search.planners``: ``"greedy"`` and
     ``"greedy-autofix"`` searched and applied by torch, ``"none"`` no bucketing, ``"cpsat"``
     searched and ``"greedy-repaired"`` repaired with ``search``, None: their defaults), or a
     ``Plan`` / path to a plan file. Plans that torch does not apply itself are applied with
@@ -454,10 +454,8 @@ def run_pipeline(
     say = progress or (lambda msg: None)
     entry = _registry_entry(planner_)
     # torch's greedy search only where the planner starts from it (minutes on a 405B-shaped graph)
-    prepared = prepare(workload, preset=preset, pre_bucketing=pipeline.pre_bucketing,
-                       bucket_mode=pipeline.bucket_mode, hardware=pipeline.hardware,
-                       max_bucket_memory_gb=pipeline.max_bucket_memory_gb, progress=progress,
-                       greedy=entry is not None and entry.needs_greedy, estimator=pipeline.estimator)
+    prepared = prepare(workload, preset=preset, pipeline=pipeline, progress=progress,
+                       greedy=entry is not None and entry.needs_greedy)
     traced, inputs, problem = prepared.traced, prepared.inputs, prepared.problem
     before = count_collectives(traced.gm)
     timings = dict(prepared.timings)

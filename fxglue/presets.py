@@ -10,7 +10,7 @@ datasheet rates, round figures of published measurements:
   matmul FLOPS"). This is a matmul's rate, not the step's MFU: published Llama-3 training runs
   at 33-43% MFU (torchtitan benchmarks/llama3_h100_202412_torchtitan.md: 33-39%; Llama 3
   405B: 380-430 TFLOP/s per GPU), because not every kernel is a large matmul and not every
-  collective hides (the ``published-mfu`` scenario of ``planner.scenarios`` prices that gap);
+  collective hides (the ``published-mfu`` scenario of ``planner.search.scenarios`` prices that gap);
 - 3.0 TB/s HBM3 (3.35 peak): STREAM-style kernels measure copy 2.90, triad 2.97 TB/s (Azure
   ND H100 v5, CUDA 12.6: samuel-bohman/AI-benchmarking-guide, Azure_Results);
 - 60 TFLOP/s fp32 (67 dense peak without tensor cores; no built-in workload computes in fp32);
@@ -63,9 +63,9 @@ class Hardware:
     @classmethod
     def from_json(cls, path: str | Path) -> "Hardware":
         """Override defaults from a JSON file: any of the fields above; links as {role: {...}}."""
-        from planner.io import read_regular_text
+        from planner.core.io import read_regular_text
 
-        try:  # a FIFO or a device would block or read without end (planner.io)
+        try:  # a FIFO or a device would block or read without end (planner.core.io)
             data = json.loads(read_regular_text(path, 1 << 20, "hardware file"))
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
@@ -99,7 +99,7 @@ class Preset:
     gpu: str = "hopper"
     comm: str = "nccl"
     hardware: Hardware = field(default_factory=Hardware)
-    # measured collective times (``planner.measured``) that replace the model for every group
+    # measured collective times (``planner.cost.measured``) that replace the model for every group
     # and kind they cover (``with_measurements``); None: the model alone
     measured: object = None
     # a Chrome trace of the step (``fxglue.profile.Profile``): its op and collective times replace
@@ -136,8 +136,8 @@ DEFAULT_PRESET = "h100-8nodes"
 def with_measurements(preset: Preset, paths, *, ranks: int | None = None,
                       ranks_per_node: int | None = None) -> Preset:
     """``preset`` priced by the measured collectives of ``paths`` (nccl-tests output or CSV; see
-    ``planner.measured``) wherever they cover a group; a bad file raises ``MeasuredError``."""
-    from planner.measured import Measured
+    ``planner.cost.measured``) wherever they cover a group; a bad file raises ``MeasuredError``."""
+    from planner.cost.measured import Measured
 
     paths = list(paths or ())
     if not paths:
@@ -155,7 +155,7 @@ def with_graph_table(preset: Preset, path) -> Preset:
     ``fxglue.graph_file``) wherever no measurement the preset already has (``--collectives``,
     ``--profile``) covers a group and kind: the user's own figures win, the file's fill in.
     A bad table raises ``MeasuredError`` (or ``BadFileError``), naming it."""
-    from planner.measured import Measured, read_series
+    from planner.cost.measured import Measured, read_series
 
     table = read_series(path)
     earlier = preset.measured

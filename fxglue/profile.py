@@ -12,7 +12,7 @@ wherever the trace has them, and with the preset elsewhere:
   fuses keep the fused roofline (``Estimator.fused_costs``): an eager trace times them unfused,
   a compiled one under triton kernel names no graph node has.
 - **Collectives.** The trace's NCCL kernels (torch's parser: collective name, the process group's
-  ranks, message elements, dtype, duration) become measured series (``planner.measured``), one
+  ranks, message elements, dtype, duration) become measured series (``planner.cost.measured``), one
   per collective kind and group layout; the graph's groups take them as they take a
   ``--collectives`` file: by size and ranks per node, which come from the ranks (ranks fill nodes
   in order, ``ranks_per_node`` a node). Sizes between two measured ones are interpolated, others
@@ -44,8 +44,8 @@ from pathlib import Path
 
 import torch.fx as fx
 
-from planner.io import read_regular_text
-from planner.measured import Measured, MeasuredError, Series
+from planner.core.io import read_regular_text
+from planner.cost.measured import Measured, MeasuredError, Series
 
 MAX_TRACE_BYTES = 1 << 30
 # nccl message elements to the full tensor (planner's wire bytes): an all_gather's output, a
@@ -107,7 +107,7 @@ def read_profile(path: str | Path, ranks_per_node: int, cpu: bool = False) -> Pr
     a trace of a CPU run, its ops priced by their CPU time (the module docstring)."""
     from torch._inductor.fx_passes.profile_guided_estimation import ProfileData
 
-    try:  # a FIFO or a device would block or read without end (planner.io)
+    try:  # a FIFO or a device would block or read without end (planner.core.io)
         text = read_regular_text(path, MAX_TRACE_BYTES, "profile trace")
     except ValueError as e:
         raise ProfileError(str(e)) from None
@@ -138,7 +138,7 @@ def read_profile(path: str | Path, ranks_per_node: int, cpu: bool = False) -> Pr
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError) as e:
         raise ProfileError(f"{path}: torch's trace parser cannot read it "
                            f"({type(e).__name__}: {str(e)[:200]})") from None
-    from planner.problem import MAX_MS
+    from planner.core.problem import MAX_MS
 
     long_op = next((op for op in parsed.ops if not op.duration_us / 1e3 < MAX_MS), None)
     if long_op is not None:  # the sum of its kernels: each was checked, their sum is a price too
@@ -164,7 +164,7 @@ def _is_cpu_op(ev) -> bool:
 def _check_cpu_trace(events: list, path: str) -> None:
     """A trace given as a CPU run's: no GPU kernel (a GPU run's ops are timed by their kernels),
     and every op it prices timed by a duration as ``_check_events`` holds a kernel's."""
-    from planner.problem import MAX_MS
+    from planner.core.problem import MAX_MS
 
     for i, ev in enumerate(events):
         if isinstance(ev, dict) and ev.get("cat") == "kernel":
@@ -179,12 +179,12 @@ def _check_cpu_trace(events: list, path: str) -> None:
 
 def _check_events(events: list, path: str) -> None:
     """Refuse, naming the event, what torch's parser would take silently and price wrongly: a GPU
-    kernel whose duration is not a finite time below ``planner.problem.MAX_MS``; an NCCL kernel
+    kernel whose duration is not a finite time below ``planner.core.problem.MAX_MS``; an NCCL kernel
     whose message element counts are not whole numbers within ``MAX_BYTES``, whose dtype torch does
     not know (its parser would count 1 byte an element) or whose group names a rank twice."""
     import torch
 
-    from planner.problem import MAX_BYTES, MAX_MS
+    from planner.core.problem import MAX_BYTES, MAX_MS
 
     for i, ev in enumerate(events):
         if not isinstance(ev, dict) or ev.get("cat") != "kernel":

@@ -4,11 +4,11 @@ This package never imports torch (checked in CI): everything it needs arrives as
 ``Problem`` extracted by ``fxglue``.
 """
 
-from planner.bounds import lower_bound
-from planner.io import SchemaError, atomic_write_text, load_plan, load_problem, save
-from planner.options import PositionSearchOptions, SolveOptions
-from planner.policy import Policy
-from planner.problem import (
+from planner.cost.bounds import lower_bound
+from planner.core.io import SchemaError, atomic_write_text, load_plan, load_problem, save
+from planner.core.options import PositionSearchOptions, SolveOptions
+from planner.core.policy import Policy
+from planner.core.problem import (
     SCHEMA_VERSION,
     Bucket,
     BucketingCost,
@@ -22,11 +22,11 @@ from planner.problem import (
     Timeline,
     collectives_after,
 )
-from planner.position_search import PositionResult, position_search
-from planner.repair import repair
-from planner.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
-from planner.solver import PlanMismatchError, SolveResult, solve
-from planner.verifier import RULES, Report, Violation, check, verify
+from planner.search.position_search import PositionResult, position_search
+from planner.search.repair import repair
+from planner.cost.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
+from planner.search.solver import PlanMismatchError, SolveResult, solve
+from planner.rules.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
     "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile",

@@ -99,9 +99,9 @@ def scheduled(name: str, pre_bucketing: bool = False, preset: str | None = None)
 
 @functools.lru_cache(maxsize=None)
 def _scheduled(name: str, pre_bucketing: bool, preset: str | None) -> Scheduled:
-    from fxglue.pipeline import prepare
+    from fxglue.pipeline import PipelineOptions, prepare
 
-    p = prepare(name, pre_bucketing=pre_bucketing, preset=preset, greedy=False)
+    p = prepare(name, pipeline=PipelineOptions(pre_bucketing=pre_bucketing), preset=preset, greedy=False)
     before = str(p.inputs.gm.graph)
     p.record_greedy()
     return Scheduled(name, p.traced, p.inputs, p.estimator, p.problem, p.greedy, before)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fxglue.apply import apply_plan
-from planner.verifier import verify
+from planner.rules.verifier import verify
 from tests.handmade import ag, apply_and_count, build, plan_for, rs, two_hidden_gathers, wait
 
 F32 = torch.float32

@@ -19,7 +19,7 @@ import pytest
 import planner
 from fxglue.run.bench import Graph, Result, contention_from_trace, order_lines, simulated, table
 from fxglue.run.compile import GraphEvent, Session
-from planner.plan_dir import GREEDY, PLAN, PROBLEM, fingerprint_digest
+from planner.jobs.plan_dir import GREEDY, PLAN, PROBLEM, fingerprint_digest
 from tests.chain import chain_problem, pairs_plan
 from tests.test_training_flow import ROOT, flow_env, graph_lines, run
 

@@ -1,4 +1,4 @@
-"""planner.bounds: every floor holds against the brute-force optimum scored by the simulator."""
+"""planner.cost.bounds: every floor holds against the brute-force optimum scored by the simulator."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner
-from planner.bounds import bucket_reach, chain_floor, per_byte_floor, step_floor
+from planner.cost.bounds import bucket_reach, chain_floor, per_byte_floor, step_floor
 from tests.brute import feasible_plans
 from tests.strategies import problems
 
@@ -58,7 +58,7 @@ def test_every_feasible_bucket_is_within_reach(by, problem):
     # by projection (REACH_GRID_MAX_CELLS), which must hold as well
     from unittest import mock
 
-    import planner.bounds as bounds
+    import planner.cost.bounds as bounds
 
     with mock.patch.object(bounds, "REACH_GRID_MAX_CELLS", 0 if by == "projection" else bounds.REACH_GRID_MAX_CELLS):
         reach = bucket_reach(problem)
@@ -106,8 +106,8 @@ def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(d
     """Brute force over every plan with free positions of a tiny problem (every partition, anchor,
     named start and wait): the floor is at most the simulated step of each the verifier accepts
     under the positioned policy, and at least free_position_floor's compute part where it binds."""
-    from planner.bounds import release_deadline_floor
-    from planner.position_search import positioned_policy
+    from planner.cost.bounds import release_deadline_floor
+    from planner.search.position_search import positioned_policy
     from tests.brute import positioned_plans
 
     from tests.strategies import folded_conversions
@@ -140,7 +140,7 @@ def test_the_release_deadline_floor_is_never_above_a_committed_plan():
     floor is at most its simulated step, and above what the busy streams and compute alone prove on
     a 2-D case (69.9 against 67.3 ms), where the stream cannot start the backward's reduces before
     their gradients exist."""
-    from planner.bounds import free_position_floor, release_deadline_floor
+    from planner.cost.bounds import free_position_floor, release_deadline_floor
 
     seen = 0
     for case, stem, problem, plan in _committed_plans():
@@ -157,7 +157,7 @@ def test_a_collective_above_the_bucket_cap_is_priced_whole():
     """A collective alone may exceed the bucket cap (rule 3 holds merged buckets to it): the floors
     price its bytes at its own size, not at a smaller bucket's per-byte time (a 100 MiB all_reduce
     under a 1 MiB cap read 102.18 ms against an unbucketed step of 3.18)."""
-    from planner.bounds import free_position_floor
+    from planner.cost.bounds import free_position_floor
 
     link = planner.Link(pg="b", group_size=8, latency_ms=0.5, bandwidth_gbps=100.0)
     big = 100 << 20
@@ -182,8 +182,8 @@ def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     10 ms of compute before the reduce_scatter's gradient, it did not delay that reduce in a plan
     that issues the gather bucket later (an independent review's case: step 22.01 ms, where the
     release floor read 32.01)."""
-    from planner.bounds import free_position_floor, release_deadline_floor
-    from planner.position_search import positioned_policy
+    from planner.cost.bounds import free_position_floor, release_deadline_floor
+    from planner.search.position_search import positioned_policy
 
     def node(**k):
         return planner.Node(**{"est_ms": 0.0, **k})

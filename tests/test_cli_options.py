@@ -16,7 +16,7 @@ from bucketplan.cli import build_parser
 from bucketplan.cli import check as check_command
 from bucketplan.cli import options as shared
 from bucketplan.cli import solve as solve_command
-from planner.options import PositionSearchOptions, SolveOptions, field_names
+from planner.core.options import PositionSearchOptions, SolveOptions, field_names
 
 OWN = (argparse._HelpAction, argparse._VersionAction)
 
@@ -110,3 +110,37 @@ def test_pipeline_flags_map_onto_pipeline_options(command):
     argv = ["llama3-8b-ddp-2"] + (["plan.json"] if command == "apply" else ["-o", "out"])
     args = _command(command).parse_args(argv + ["--pre-bucketing", "--max-bucket-memory-gb", "1"])
     assert shared.pipeline(args) == PipelineOptions(pre_bucketing=True, max_bucket_memory_gb=1.0)
+
+
+def test_solve_dir_flags_map_onto_solve_dir_options():
+    from bucketplan.cli import solve_dir as solve_dir_command
+    from planner.jobs.plan_dir import SolveDirOptions
+
+    fields = {f.name for f in dataclasses.fields(SolveDirOptions)}
+    mapped = {field for field, _ in solve_dir_command.FLAGS.values()}
+    assert mapped == fields, sorted(fields ^ mapped)
+    # every other flag is the folder, --force or --quiet: what solve_dir takes beside its options
+    assert _flags("solve-dir") - {flag for _, flag in solve_dir_command.FLAGS.values()} == {
+        "plan_dir", "--force", "--quiet"}
+    args = _command("solve-dir").parse_args(["d", "--objective", "count", "--time-limit", "7", "--jobs", "2",
+                                             "--workers", "3", "--seed", "5", "--positions", "free"])
+    values = {field: getattr(args, dest) for dest, (field, _) in solve_dir_command.FLAGS.items()}
+    assert SolveDirOptions(**values) == SolveDirOptions(objective="count", time_limit_s=7.0, jobs=2, workers=3,
+                                                        seed=5, positions="free")
+    defaults = _command("solve-dir").parse_args(["d"])
+    assert SolveDirOptions(**{f: getattr(defaults, d) for d, (f, _) in solve_dir_command.FLAGS.items()}) == \
+        SolveDirOptions()
+
+
+@pytest.mark.parametrize("argv, message", [(["--jobs", "0"], "--jobs must be a positive number"),
+                                           (["--time-limit", "nan"], "--time-limit"),
+                                           (["--workers", "0"], "--workers"),
+                                           (["--seed", str(2**40)], "--seed")])
+def test_solve_dir_names_the_flag_its_options_refuse(tmp_path, capsys, argv, message):
+    from bucketplan.cli import main
+
+    (tmp_path / "a1").mkdir()
+    (tmp_path / "a1" / "problem.json").write_text("{}")
+    assert main(["solve-dir", str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

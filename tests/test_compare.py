@@ -75,7 +75,7 @@ def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
         assert main(["verify", str(problem), str(plan)]) == 0, plan.name
     capsys.readouterr()
     # the timeline's rows and windows: groups by role, a block's backward (DDP moves nothing in forward)
-    from planner.report import _group_names, layer_windows
+    from bucketplan.report import _group_names, layer_windows
 
     problem = planner.load_problem(out / "problems" / "llama3-8b-ddp-2.json")
     assert set(_group_names(problem).values()) == {"dp"}
@@ -85,7 +85,7 @@ def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
 
 def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):
     """Default: out/compare, then out/compare-2 beside it; a named -o that exists needs --force."""
-    import fxglue.compare as compare
+    import bucketplan.compare as compare
     from bucketplan.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -113,8 +113,8 @@ def test_a_searching_row_above_torch_defaults_peak_is_flagged():
     10.131, the positioned search's 9.450, torch manual 9.875 (not a searching row)."""
     from pathlib import Path
 
-    from fxglue.compare import DEFAULT_LABEL, MANUAL_LABEL, POSITIONED_LABEL, _flag_over_default_peak
-    from planner.report import PlanRow, WorkloadRow
+    from bucketplan.compare import DEFAULT_LABEL, MANUAL_LABEL, POSITIONED_LABEL, _flag_over_default_peak
+    from bucketplan.report import PlanRow, WorkloadRow
 
     case = Path(__file__).parent / "data" / "plans_v2" / "hf-qwen3-2--h100-1node"
 

@@ -16,7 +16,7 @@ import torch
 
 import planner
 from fxglue.run.gloo import GlooWorld
-from planner.plan_dir import PLAN, PROBLEM, read_index, recorded_problems, solve_dir
+from planner.jobs.plan_dir import PLAN, PROBLEM, read_index, recorded_problems, SolveDirOptions, solve_dir
 from tests.compile_steps import compiled_step, compiled_step_with_orders
 
 pytestmark = pytest.mark.slow  # three compiles per style (forward and backward graphs each)
@@ -117,7 +117,7 @@ def test_record_solve_use_applies_the_plan_and_keeps_the_numbers(world, style, t
     for r in plain:  # unbucketed merges nothing
         assert r["events"] and all(e["collectives_after"] == e["collectives_before"] for e in r["events"]), r["events"]
 
-    rows = solve_dir(plan_dir, objective="step", time_limit_s=10)
+    rows = solve_dir(plan_dir, SolveDirOptions(objective="step", time_limit_s=10))
     assert len(rows) == len(problems) and all((p / PLAN).exists() for p in problems)
     planned = {}
     for p in problems:
@@ -151,7 +151,7 @@ def test_record_solve_use_applies_the_plan_and_keeps_the_numbers(world, style, t
 def test_a_stale_or_corrupt_plan_falls_back_with_one_warning(world, tmp_path):
     _run(world, "ddp", "record", tmp_path)
     plan_dir = tmp_path / "plans"
-    solve_dir(plan_dir, objective="count", time_limit_s=10)
+    solve_dir(plan_dir, SolveDirOptions(objective="count", time_limit_s=10))
     plain_other = _run(world, "ddp", "unbucketed", tmp_path, seq=24)
 
     # the model changed (longer sequences): another fingerprint, no plan; torch buckets instead
@@ -185,11 +185,11 @@ def test_use_applies_positioned_plans_and_keeps_the_numbers(world, tmp_path):
     plain = _run(world, "fsdp", "unbucketed", tmp_path)
     _run(world, "fsdp", "record", tmp_path)
     plan_dir = tmp_path / "plans"
-    solve_dir(plan_dir, objective="step", time_limit_s=10, positions="free")
+    solve_dir(plan_dir, SolveDirOptions(objective="step", time_limit_s=10, positions="free"))
     planned, positioned = {}, 0
     for p in recorded_problems(plan_dir):
         problem, plan = planner.load_problem(p / PROBLEM), planner.load_plan(p / PLAN)
-        assert not planner.verify(problem, plan, **planner.verifier.recorded_policy(plan))
+        assert not planner.verify(problem, plan, **planner.rules.verifier.recorded_policy(plan))
         assert plan.params["keep_overlap"] is False
         positioned += sum(1 for b in plan.buckets if b.issue_before or b.wait_before)
         planned[problem.fingerprint] = planner.collectives_after(problem, plan)
@@ -237,7 +237,7 @@ def test_recorded_problems_have_blocks_and_are_prepares_problems(tmp_path):
     import torch._inductor.config as inductor_config
 
     from fxglue.models.workloads import ensure_fake_world
-    from fxglue.pipeline import prepare, preset_estimator
+    from fxglue.pipeline import PipelineOptions, prepare, preset_estimator
     from fxglue.run import compile as bucketplan_compile
     from tests.compile_steps import build
     from tests.conftest import scheduled
@@ -272,6 +272,7 @@ def test_recorded_problems_have_blocks_and_are_prepares_problems(tmp_path):
                                              if c.kind == kind and c.phase == phase}  # layers.0, norm+output, ...
 
     for gm, event in zip(received, session.events):
-        prepared = prepare(bucketplan_compile.post_grad_workload(gm), estimator=preset_estimator("h100-8nodes"),
+        prepared = prepare(bucketplan_compile.post_grad_workload(gm),
+                           pipeline=PipelineOptions(estimator=preset_estimator("h100-8nodes")),
                            scheduler_kwargs=bucketplan_compile._scheduler_kwargs(), greedy=False)
         assert prepared.problem.fingerprint == event.fingerprint

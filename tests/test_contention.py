@@ -1,5 +1,5 @@
 """The ``contention`` scenario: compute slowed while a collective runs (``planner.simulate(...,
-contention=F)``, ``planner.scenarios``). The simulator is checked against timelines worked out
+contention=F)``, ``planner.search.scenarios``). The simulator is checked against timelines worked out
 by hand in the comments below, not against its own arithmetic; the scenario through the command
 line on a small problem: ``compare --scenarios torch,contention`` re-prices every row and
 ``solve --robust torch,contention`` reports its plan's worst-case regret."""
@@ -12,7 +12,7 @@ import re
 import pytest
 
 import planner
-from planner.scenarios import CONTENTION_SLOWDOWN, contention_of, describe, judge, reprice
+from planner.search.scenarios import CONTENTION_SLOWDOWN, contention_of, describe, judge, reprice
 from tests.chain import chain_problem, pairs_plan
 from tests.support import run_cli
 
@@ -109,7 +109,7 @@ def test_no_contention_is_the_simulator_as_it_was():
     chain = _busy_chain()
     plan = pairs_plan(chain)
     assert planner.simulate(chain, plan, contention=1.0) == planner.simulate(chain, plan)
-    from planner.simulator import replay_index, step_ms
+    from planner.cost.simulator import replay_index, step_ms
 
     assert step_ms(chain, plan, replay_index(chain, 1.0)) == step_ms(chain, plan)
     # more contention never makes a step shorter, nor longer than all compute slowed

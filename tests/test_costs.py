@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 import planner
 from fxglue.costs import KINDS, nccl_link, torch_bytes, torch_collective_ms
 from fxglue.estimator import PRESETS
-from planner.bounds import step_floor
-from planner.problem import copy_bytes
+from planner.cost.bounds import step_floor
+from planner.core.problem import copy_bytes
 from tests.strategies import problems
 from tests.brute import feasible_plans
 
@@ -59,7 +59,7 @@ def test_named_topology_is_what_torch_prices_not_this_machine():
 
 def test_step_floor_on_alpha_beta_is_bandwidth_time_plus_latencies():
     link = planner.Link(pg="0", group_size=2, latency_ms=0.5, bandwidth_gbps=1.0)
-    from planner.bounds import _key_stream_floor
+    from planner.cost.bounds import _key_stream_floor
 
     # 2 buckets at least: two latencies and the bytes once (factor 1/2 on 2 ranks)
     assert _key_stream_floor(link, "all_gather", 4_000_000, 2) == pytest.approx(2 * 0.5 + 2.0)

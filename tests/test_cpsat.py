@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import planner
-from planner.cpsat import build_model, plan_objective
-from planner.solver import solve
-from planner.verifier import verify
+from planner.search.cpsat import build_model, plan_objective
+from planner.search.solver import solve
+from planner.rules.verifier import verify
 from tests.brute import _partitions, feasible_plans
 from tests.strategies import problems
 
@@ -35,7 +35,7 @@ def test_cpsat_optimum_equals_brute_force_on_tiny_problems(problem):
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",)))
 def test_partly_protected_optimum_equals_brute_force(problem):
-    from planner.bounds import lower_bound
+    from planner.cost.bounds import lower_bound
 
     expected = brute_force_optimum(problem, protect_partly=True)
     result = solve(problem,
@@ -59,7 +59,7 @@ def test_memory_budget_optimum_equals_brute_force(problem, budget):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=5, max_compute=4, max_pgs=2, dtypes=("bfloat16",)))
 def test_relaxation_bound_never_exceeds_the_optimum(problem):
-    from planner.bounds import lower_bound
+    from planner.cost.bounds import lower_bound
 
     assert lower_bound(problem) <= brute_force_optimum(problem)
 
@@ -68,7 +68,7 @@ def test_relaxation_bound_never_exceeds_the_optimum(problem):
 @given(st.lists(st.sampled_from([0, 1, 3, 4, 5, 6, 7, 9, 10, 12]), min_size=1, max_size=7),
        st.sampled_from([10, 12, 15]))
 def test_bin_packing_bound_is_the_fewest_buckets_that_hold_the_bytes(sizes, cap):
-    from planner.bounds import bin_packing_bound
+    from planner.cost.bounds import bin_packing_bound
 
     fewest = min(len(part) for part in _partitions(list(range(len(sizes))))
                  if all(len(b) == 1 or sum(sizes[i] for i in b) <= cap for b in part))
@@ -78,7 +78,7 @@ def test_bin_packing_bound_is_the_fewest_buckets_that_hold_the_bytes(sizes, cap)
 def test_bin_packing_bound_proves_what_the_volume_bound_cannot():
     """Three items of 0.6 cap fill 1.8 caps but need three buckets: the case that left
     hf-qwen3-moe-8 with pre-bucketing unproved (864 MiB items against a 2 GiB cap)."""
-    from planner.bounds import bin_packing_bound
+    from planner.cost.bounds import bin_packing_bound
 
     assert bin_packing_bound([6, 6, 6], 10) == 3
     assert bin_packing_bound([864, 864, 864, 432, 41], 2048) == 2
@@ -101,7 +101,7 @@ def test_window_widening_keeps_the_bound_honest_and_ends_exact(problem):
     while time is left. A widening that reaches every candidate is the full model: optimal."""
     from unittest import mock
 
-    import planner.solver as solver_module
+    import planner.search.solver as solver_module
 
     optimum = brute_force_optimum(problem)
     with mock.patch.multiple(solver_module, AUTO_FULL_MODEL_MAX_COLLECTIVES=0, AUTO_WINDOW=1, WIDEN_MIN_S=0.0):
@@ -223,7 +223,7 @@ def test_constraint_family_feasible_and_infeasible_pair(case):
 
 
 def test_a_timed_out_solve_returns_its_feasible_hint_with_an_honest_status(get_scheduled):
-    from planner.repair import repair
+    from planner.search.repair import repair
 
     s = get_scheduled("llama3-8b-fsdp-2")
     hint = s.greedy if not verify(s.problem, s.greedy) else repair(s.problem, s.greedy).plan

@@ -21,7 +21,7 @@ import pytest
 
 import planner
 from bucketplan.cli import main as cli
-from planner.arguments import PlanMismatchError
+from planner.core.arguments import PlanMismatchError
 from tests.test_hostile import assert_one_line_error
 
 DATA = Path(__file__).resolve().parent / "data" / "problems"
@@ -103,7 +103,7 @@ def test_extract_reports_a_failed_write_in_one_line(tmp_path, capsys, monkeypatc
 
 
 def test_compare_refuses_an_output_folder_it_cannot_write_before_tracing(capsys, monkeypatch):
-    import fxglue.compare as compare
+    import bucketplan.compare as compare
 
     monkeypatch.setattr(compare, "run_compare", lambda *a, **k: pytest.fail("ran before the folder was checked"))
     code = cli(["compare", "llama3-8b-fsdp-2", "-o", "/proc/bucketplan-compare", "-q", "--time-limit", "1"])

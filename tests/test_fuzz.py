@@ -31,8 +31,8 @@ from fxglue.apply import PlanError, apply_plan
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator
 from fxglue.greedy import greedy_plan
-from planner.solver import solve
-from planner.verifier import verify
+from planner.search.solver import solve
+from planner.rules.verifier import verify
 from tests.strategies import plans
 
 pytestmark = pytest.mark.slow  # traces random programs, runs a sample on gloo ranks

@@ -224,14 +224,14 @@ def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
 
 
 def _positioned_check(tmp_path, capsys, workload: str) -> None:
-    """`extract --tiny`, a positioned plan per rank (``planner.position_search`` with an evaluation
+    """`extract --tiny`, a positioned plan per rank (``planner.search.position_search`` with an evaluation
     limit, so the plan does not depend on the machine's load), `check --plan`: a plan that issues
     and waits buckets where it names, applied on gloo ranks, leaves loss and gradients bitwise."""
     import time
 
     import planner
     from bucketplan.cli import main
-    from planner.position_search import position_search
+    from planner.search.position_search import position_search
 
     out = tmp_path / "tiny"
     assert main(["extract", workload, "--tiny", "--ranks", "2", "-o", str(out), "-q"]) == 0
@@ -253,7 +253,7 @@ def _issued_as_early_as_allowed(problem, plan):
     """Every bucket of ``plan`` issued just after its members' last pinned predecessor, where the
     verifier (overlap rules off) accepts it: positions whatever the search found worth it."""
     import planner
-    from planner.problem import with_buckets
+    from planner.core.problem import with_buckets
 
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     buckets = list(plan.buckets)

@@ -12,8 +12,8 @@ import pytest
 import planner
 from fxglue.apply import PlanError, apply_plan
 from fxglue.pipeline import count_collectives
-from planner.repair import repair
-from planner.verifier import check
+from planner.search.repair import repair
+from planner.rules.verifier import check
 from tests.conftest import fresh_schedule, scheduled
 
 pytestmark = pytest.mark.slow  # traces each workload twice (the second graph to apply to)

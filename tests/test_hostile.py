@@ -91,7 +91,7 @@ def test_hostile_plan_file(tmp_path, capsys, case):
 
 
 def test_enormous_file_is_refused_before_reading(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(planner.io, "MAX_FILE_BYTES", 1000)
+    monkeypatch.setattr(planner.core.io, "MAX_FILE_BYTES", 1000)
     path = tmp_path / "problem.json"
     path.write_text(" " * 5000)
     assert cli(["verify", str(path), str(path)]) == 2
@@ -155,7 +155,7 @@ def test_version(capsys):
 
 
 def _problem_text(**edit) -> str:
-    data = json.loads(planner.io.dumps(P))
+    data = json.loads(planner.core.io.dumps(P))
     data.update(edit)
     return json.dumps(data)
 
@@ -163,7 +163,7 @@ def _problem_text(**edit) -> str:
 def _edited(fn) -> str:
     """The problem file with ``fn`` applied to its data; the fingerprint is left stale on purpose:
     field checks and the problem's own checks come before the fingerprint's."""
-    data = json.loads(planner.io.dumps(P))
+    data = json.loads(planner.core.io.dumps(P))
     fn(data)
     return json.dumps(data)  # allow_nan: Infinity and NaN are written as Python's json writes them
 
@@ -191,7 +191,7 @@ PROBLEM_CASES = {
     "deep nesting": ('{"schema_version": 1, "meta": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),
     "bytes as a string": (_problem_text().replace('"size_bytes": 10', '"size_bytes": "10"', 1), "size_bytes"),
     "bytes as a boolean": (_problem_text().replace('"size_bytes": 10', '"size_bytes": true', 1), "size_bytes"),
-    # non-finite or absurd numbers, refused by the fields' bounds (planner.problem.MAX_BYTES, ...)
+    # non-finite or absurd numbers, refused by the fields' bounds (planner.core.problem.MAX_BYTES, ...)
     "est_ms Infinity": (_edited(_set("collectives.0.est_ms", float("inf"))),
                         "collectives[0].est_ms: Input should be a finite number"),
     "est_ms NaN": (_edited(_set("collectives.0.est_ms", float("nan"))),
@@ -208,7 +208,7 @@ PROBLEM_CASES = {
     "bandwidth 1e-300": (_edited(_set("links.0.bandwidth_gbps", 1e-300)),
                          "links[0].bandwidth_gbps: Input should be greater than 0.000000001"),
     "bandwidth 0": (_edited(_set("links.0.bandwidth_gbps", 0.0)), "links[0].bandwidth_gbps: Input should be greater"),
-    # was an IndexError in planner/cpsat.py once solved
+    # was an IndexError in planner/search/cpsat.py once solved
     "hidden after its wait": (_edited(_hidden_after_wait),
                               "collectives[0] (ag_a): hiding node 'mm' at position 2 is not between its start (0) "
                               "and its wait (1)"),
@@ -253,11 +253,11 @@ def test_solve_refuses_a_hostile_problem_file(tmp_path, capsys, case):
 @pytest.fixture
 def no_search(monkeypatch):
     """solve() must not be reached: a bad flag or output path is refused before any search."""
-    import planner.solver
+    import planner.search.solver
 
     def fail(*a, **k):
         raise AssertionError("solve() ran")
-    monkeypatch.setattr(planner.solver, "solve", fail)
+    monkeypatch.setattr(planner.search.solver, "solve", fail)
 
 
 @pytest.mark.parametrize("flags, fragment", [

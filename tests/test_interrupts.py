@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from planner.plan_dir import PLAN, PROBLEM, problem_dir, solve_dir
+from planner.jobs.plan_dir import PLAN, PROBLEM, problem_dir, SolveDirOptions, solve_dir
 from tests.support import PROBLEMS, ROOT, run_cli, start_cli
 
 pytestmark = pytest.mark.slow  # every command runs, and is interrupted, in a child process
@@ -99,7 +99,7 @@ def test_ctrl_c_in_the_positioned_search_writes_its_plan_marked_interrupted(fsdp
     plan = planner.load_plan(plan_path)
     assert plan.params["interrupted"] is True and plan.params["positions"] == "free"
     problem = planner.load_problem(fsdp8 / "problem.json")
-    from planner.verifier import recorded_policy
+    from planner.rules.verifier import recorded_policy
 
     assert not planner.verify(problem, plan, **recorded_policy(plan))
 
@@ -172,7 +172,7 @@ def _tiny_problems(root: Path, n: int) -> list[Path]:
 def test_solve_dir_jobs_survives_a_solve_whose_process_dies(tmp_path, monkeypatch):
     """One solve aborts natively (os.abort, as OR-Tools' CHECK did); the other finishes, the dead
     one is reported and has no plan, and the next run solves it."""
-    import planner.plan_dir as plan_dir
+    import planner.jobs.plan_dir as plan_dir
 
     doomed, healthy = _tiny_problems(tmp_path, 2)
     real = plan_dir.solve_one
@@ -186,12 +186,13 @@ def test_solve_dir_jobs_survives_a_solve_whose_process_dies(tmp_path, monkeypatc
         return real(job)
 
     monkeypatch.setattr(plan_dir, "solve_one", abort_one)  # the solves are forked: they run this
-    rows = {r["problem"]: r for r in solve_dir(tmp_path, objective="step", time_limit_s=2, jobs=2, workers=1)}
+    options = SolveDirOptions(objective="step", time_limit_s=2, jobs=2, workers=1)
+    rows = {r["problem"]: r for r in solve_dir(tmp_path, options)}
     assert rows[healthy.name]["plan_ms"] is not None and (healthy / PLAN).is_file()
     assert rows[doomed.name]["status"] == "ERROR" and "died (signal SIGABRT)" in rows[doomed.name]["note"]
     assert not (doomed / PLAN).exists()
     monkeypatch.setattr(plan_dir, "solve_one", real)
-    again = solve_dir(tmp_path, objective="step", time_limit_s=2, jobs=2, workers=1)
+    again = solve_dir(tmp_path, options)
     assert all(r["plan_ms"] is not None for r in again) and (doomed / PLAN).is_file()
 
 

@@ -1,4 +1,4 @@
-"""planner/io.py: problem and plan files round-trip exactly, are written atomically with the mode
+"""planner/core/io.py: problem and plan files round-trip exactly, are written atomically with the mode
 open() would give, and a file that is no problem file is refused naming the file.
 
 What the types themselves refuse (unknown and missing fields, broken references, an edited
@@ -67,7 +67,7 @@ def test_cli_exits_non_zero_and_names_the_file(problem_file, capsys):
 def test_written_files_get_the_mode_open_would_give_not_0600(tmp_path):
     import os
 
-    from planner.io import atomic_write_text
+    from planner.core.io import atomic_write_text
 
     umask = os.umask(0o022)
     try:

@@ -1,6 +1,8 @@
 """The architecture as the package READMEs state it, checked on the source: no import circle,
 every import points down (planner <- fxglue bridge <- fxglue.run <- bucketplan, the application;
-fxglue.models below the bridge), and no function over 80 lines (planner, fxglue and bucketplan;
+fxglue.models below the bridge; inside planner, core <- cost <- rules <- search <- jobs), the
+rooms are folders (planner/ keeps at most 8 files at its top, each room says in its first
+docstring line what lives there), and no function over 80 lines (planner, fxglue and bucketplan;
 experiments and tests are not scanned)."""
 
 from __future__ import annotations
@@ -83,6 +85,32 @@ def test_every_import_points_down_the_layers():
     assert not wrong, wrong
 
 
+# planner's rooms, lowest first: a room imports only itself and the rooms before it
+PLANNER_ROOMS = ("core", "cost", "rules", "search", "jobs")
+
+
+def test_planner_rooms_import_only_downwards():
+    def room(m: str) -> int | None:
+        parts = m.split(".")
+        return PLANNER_ROOMS.index(parts[1]) if len(parts) > 1 and parts[1] in PLANNER_ROOMS else None
+
+    graph = _graph(module_level=False)
+    assert set(PLANNER_ROOMS) == {p.name for p in (ROOT / "planner").iterdir() if (p / "__init__.py").exists()}
+    stray = [m for m in graph if m.startswith("planner.") and room(m) is None]
+    assert not stray, f"planner modules outside a room: {stray}"
+    up = [f"{m} imports {n}" for m, deps in graph.items() if m.startswith("planner.") for n in deps
+          if n.startswith("planner.") and room(n) > room(m)]
+    assert not up, up
+
+
+def test_planner_top_is_a_map_of_rooms():
+    top = [p.name for p in (ROOT / "planner").iterdir() if p.is_file()]
+    assert len(top) <= 8, top
+    for name in PLANNER_ROOMS:
+        doc = ast.get_docstring(ast.parse((ROOT / "planner" / name / "__init__.py").read_text()))
+        assert doc and len(doc.splitlines()[0]) > 20, f"planner/{name}: its first docstring line says what lives there"
+
+
 def test_planner_never_imports_torch_or_fxglue():
     for m, path in _modules().items():
         if m.startswith("planner"):
@@ -111,4 +139,25 @@ def test_no_function_is_over_80_lines():
     long = [f"{path.relative_to(ROOT)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
             for path in _modules().values() for n in ast.walk(ast.parse(path.read_text()))
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+MAX_KEYWORDS = 6  # issue 44: a longer list is an options object (planner.core.options) waiting to be named
+
+
+def test_no_public_function_takes_more_than_6_keyword_arguments():
+    """Public: a module-level function or a public class's method whose name has no leading
+    underscore. Keyword arguments: those with a default and the keyword-only ones."""
+    long = []
+    for path in _modules().values():
+        tree = ast.parse(path.read_text())
+        for top in tree.body:
+            if isinstance(top, ast.ClassDef) and not top.name.startswith("_"):
+                functions = [n for n in top.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            else:
+                functions = [top] if isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef)) else []
+            for f in functions:
+                keywords = len(f.args.kwonlyargs) + len(f.args.defaults)
+                if not f.name.startswith("_") and keywords > MAX_KEYWORDS:
+                    long.append(f"{path.relative_to(ROOT)}:{f.lineno} {f.name} ({keywords})")
     assert not long, long

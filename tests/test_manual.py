@@ -169,7 +169,7 @@ def test_the_graph_order_problem_keeps_the_traced_order_and_a_positioned_plan_on
     from fxglue.manual import fixed_order_problem
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, prepare
-    from planner.position_search import position_search
+    from planner.search.position_search import position_search
 
     traced = trace("llama3-8b-fsdp-2")
     graph_order = [n.name for n in traced.gm.graph.nodes]
@@ -182,4 +182,4 @@ def test_the_graph_order_problem_keeps_the_traced_order_and_a_positioned_plan_on
     assert set(names) < set(scheduled) and [n for n in scheduled if n in set(names)] != names
     result = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=200, per_block=False),
                              peak_memory_bytes=None, deadline=float("inf"))
-    assert not planner.verify(problem, result.plan, **planner.verifier.recorded_policy(result.plan))
+    assert not planner.verify(problem, result.plan, **planner.rules.verifier.recorded_policy(result.plan))

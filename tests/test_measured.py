@@ -1,4 +1,4 @@
-"""Measured collectives (``planner.measured``, ``--collectives``): nccl-tests output and CSV tables
+"""Measured collectives (``planner.cost.measured``, ``--collectives``): nccl-tests output and CSV tables
 price the problem and torch's scheduler alike; a bad file is one line naming file and line.
 
 The logs are written here the way nccl-tests prints them (src/common.cu: the size column is
@@ -17,7 +17,7 @@ import pytest
 
 from bucketplan import cli
 import planner
-from planner.measured import Measured, MeasuredError, measured_table, read_series
+from planner.cost.measured import Measured, MeasuredError, measured_table, read_series
 
 HEADER = ("#                                                              out-of-place                       in-place\n"
           "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
@@ -128,7 +128,7 @@ def test_torch_scheduler_and_the_problem_price_every_collective_alike(fsdp_measu
 
 
 def test_sizes_outside_the_measured_range_are_reported(fsdp_measured):
-    from planner.measured import Series
+    from planner.cost.measured import Series
 
     prepared, _, preset = fsdp_measured
     inside = [n for n in preset.measured.range_notes(prepared.problem.collectives)]
@@ -168,7 +168,7 @@ BAD = {
     "bad_kind.csv": ("kind,group,ranks_per_node,bytes,ms\nbroadcast,8,8,1024,0.1\n", ":2:"),
     "bad_ms.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,fast\n", ":2:"),
     "twice.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,0.1\nall_gather,8,8,1024,0.2\n", ":3:"),
-    # figures beyond any machine: a problem could not hold them (planner.problem.MAX_BYTES, MAX_MS)
+    # figures beyond any machine: a problem could not hold them (planner.core.problem.MAX_BYTES, MAX_MS)
     "huge_bytes.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,4611686018427387904,0.1\n", ":2:"),
     "huge_ms.csv": ("kind,group,ranks_per_node,bytes,ms\nall_gather,8,8,1024,1e9\n", ":2:"),
     "huge_size.txt": ("# Collective test starting: all_gather_perf\n"
@@ -200,7 +200,7 @@ def test_a_malformed_file_is_one_line_naming_file_and_line_exit_2(tmp_path, caps
 
 def test_a_sweep_case_takes_measured_files_relative_to_its_spec(tmp_path):
     from fxglue.run.sweep import resolve
-    from planner.sweep import SpecError, load_spec
+    from planner.jobs.sweep import SpecError, load_spec
 
     text, _ = nccl_log("all_gather")
     (tmp_path / "ag.txt").write_text(text)
@@ -235,11 +235,12 @@ def test_prepare_takes_a_cost_model_that_prices_scheduler_and_problem_alike():
     """An α-β estimator handed to prepare (no private call): the problem's links are its, and
     torch's scheduler estimated every collective by the same link."""
     from fxglue.estimator import Estimator
-    from fxglue.pipeline import prepare
+    from fxglue.pipeline import PipelineOptions, prepare
     from fxglue.presets import Hardware, LinkSpec
 
     hw = Hardware(links={"dp": LinkSpec(33.0, 77.0, "made-up link"), "tp": LinkSpec(5.0, 200.0, "NVLink 4")})
-    p = prepare("llama3-8b-fsdp-2", preset="h100-8nodes", estimator=Estimator(hw), greedy=False)
+    p = prepare("llama3-8b-fsdp-2", preset="h100-8nodes", pipeline=PipelineOptions(estimator=Estimator(hw)),
+                greedy=False)
     (link,) = p.problem.links
     assert (link.latency_ms, link.bandwidth_gbps) == (0.033, 77.0)
     for c in p.problem.collectives:

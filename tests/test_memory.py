@@ -1,4 +1,4 @@
-"""planner.memory against torch's own memory estimator, and rule 10's accounting both ways.
+"""planner.cost.memory against torch's own memory estimator, and rule 10's accounting both ways.
 
 Torch's figure is ``memory_estimator.build_memory_profile`` on the graph itself (unbucketed, and
 after ``apply_plan`` merged a solved plan into it), every device counted: its default filter
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner.memory import memory_timeline, rule10_extra
+from planner.cost.memory import memory_timeline, rule10_extra
 from tests.strategies import two_gathers
 
 pytestmark = pytest.mark.slow  # torch's memory estimator on traced graphs
@@ -37,9 +37,9 @@ def _applied_peak(prepared, plan) -> int:
 
 def _agrees_with_torch(name: str, solve_s: float = 5, bucket_mode=None, preset=None) -> None:
     from fxglue.apply import torch_peak_bytes
-    from fxglue.pipeline import prepare
+    from fxglue.pipeline import PipelineOptions, prepare
 
-    prepared = prepare(name, greedy=False, bucket_mode=bucket_mode, preset=preset)
+    prepared = prepare(name, greedy=False, pipeline=PipelineOptions(bucket_mode=bucket_mode), preset=preset)
     problem = prepared.problem
     assert problem.memory is not None and problem.memory.run_starts is not None
     assert_agrees(memory_timeline(problem).peak_bytes, torch_peak_bytes(prepared.inputs.gm.graph), (name, "unbucketed"))
@@ -64,7 +64,7 @@ def test_the_peak_agrees_under_every_bucket_mode(name, mode):
 
 def test_torch_manual_passes_problem_agrees_with_its_graph():
     """Torch's manual per-block pass leaves few pinned nodes (long segments): counted per segment,
-    planner.memory read 9.265 GB where torch's estimator reads 8.214 on this graph."""
+    planner.cost.memory read 9.265 GB where torch's estimator reads 8.214 on this graph."""
     from fxglue.apply import torch_peak_bytes
     from fxglue.manual import manual_bucketing_problem
     from fxglue.models.workloads import trace
@@ -140,8 +140,8 @@ def _positioned_agrees(name: str, evaluations: int) -> None:
     import time
 
     from fxglue.pipeline import prepare
-    from planner.memory import peak_bytes
-    from planner.position_search import position_search
+    from planner.cost.memory import peak_bytes
+    from planner.search.position_search import position_search
 
     prepared = prepare(name, preset="h100-8nodes")
     problem = prepared.problem
@@ -155,7 +155,7 @@ def _positioned_agrees(name: str, evaluations: int) -> None:
 def test_the_peak_of_an_applied_positioned_plan_agrees_with_torchs_estimator():
     """A plan that issues gathers ahead and defers reduce_scatter waits, within the unbucketed
     peak, applied by apply_plan (which merges a late start at its named place, so its buffer is
-    not allocated early): torch's figure on the applied graph against planner.memory's."""
+    not allocated early): torch's figure on the applied graph against planner.cost.memory's."""
     _positioned_agrees("llama3-8b-fsdp-2", 1500)
 
 
@@ -169,7 +169,7 @@ def test_the_peak_of_an_applied_positioned_plan_agrees_at_eight_layers():
 def test_a_graph_order_plan_agrees_and_every_view_aliases_its_input():
     """On the graph's own order (torch's scheduler not run, as torch's manual pass runs), a
     positioned plan within the unbucketed peak, applied: torch's estimator agrees with
-    planner.memory, and every aliasing op reads its input's storage. Before the views were traced
+    planner.cost.memory, and every aliasing op reads its input's storage. Before the views were traced
     again, FSDP's as_strided of a gathered weight kept the replaced wait's fake storage, and torch's
     estimator counted it as a fresh 1.05 GB (llama3-8b-fsdp-8: 14.027 GB against 13.493)."""
     import time
@@ -178,8 +178,8 @@ def test_a_graph_order_plan_agrees_and_every_view_aliases_its_input():
     from fxglue.manual import fixed_order_inputs, fixed_order_problem
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, resolve_preset
-    from planner.options import PositionSearchOptions
-    from planner.position_search import position_search
+    from planner.core.options import PositionSearchOptions
+    from planner.search.position_search import position_search
 
     preset = resolve_preset("h100-8nodes")
     traced = trace("llama3-8b-fsdp-2", world_size=preset.world_size, tp=preset.tp)

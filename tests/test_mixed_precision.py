@@ -4,7 +4,7 @@ Every all_gather is fed by a dtype conversion torch's merge folds into the bucke
 (``Collective.folded``); torch's scheduler makes some of those conversions hide other
 collectives (on the built-in shapes at h100-8nodes: only partly hidden reduce_scatters, which
 the default policy does not protect). The planner models such a conversion where it then runs
-(the bucket's copy-in, ``planner.positions``); merging its all_gather elsewhere loses that
+(the bucket's copy-in, ``planner.core.positions``); merging its all_gather elsewhere loses that
 relation, which the quality figures count.
 """
 

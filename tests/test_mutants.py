@@ -28,8 +28,8 @@ from collections import Counter
 import pytest
 
 import planner
-from planner.repair import repair
-from planner.verifier import verify
+from planner.search.repair import repair
+from planner.rules.verifier import verify
 
 pytestmark = pytest.mark.slow  # traces workloads and applies each mutant to a fresh graph
 
@@ -189,9 +189,9 @@ def _fresh(prepared):
 
 def run_case(workload: str, mode: str, mutants: int, seed: int) -> Counter:
     from fxglue.apply import PlanError, apply_plan
-    from fxglue.pipeline import prepare
+    from fxglue.pipeline import PipelineOptions, prepare
 
-    prepared = prepare(workload, bucket_mode=mode, greedy=True)
+    prepared = prepare(workload, pipeline=PipelineOptions(bucket_mode=mode), greedy=True)
     problem = prepared.problem
     start = repair(problem, prepared.greedy, planner.SolveOptions(time_limit_s=10, workers=1)).plan
     assert start is not None and not verify(problem, start)

@@ -13,7 +13,7 @@ import pytest
 import planner
 from fxglue.run import compile as bucketplan_compile
 from fxglue.pipeline import count_collectives
-from planner.plan_dir import GREEDY, PLAN, PROBLEM, read_index, recorded_problems, solve_dir
+from planner.jobs.plan_dir import GREEDY, PLAN, PROBLEM, read_index, recorded_problems, SolveDirOptions, solve_dir
 from tests.bounded import bounded
 
 pytestmark = pytest.mark.slow  # torch's compile pass on traced graphs
@@ -49,7 +49,7 @@ def solved(tmp_path_factory):
 
         with traced.fake_mode:
             config.post_grad_custom_post_pass(traced.gm.graph)
-    solve_dir(plan_dir, objective="count", time_limit_s=10)
+    solve_dir(plan_dir, SolveDirOptions(objective="count", time_limit_s=10))
     return plan_dir, session
 
 
@@ -255,7 +255,7 @@ def test_the_cache_key_depends_on_the_tp_layout(tmp_path):
 
 
 def test_record_with_a_directory_where_the_index_goes_records_and_warns_once(tmp_path, caplog):
-    from planner.plan_dir import INDEX
+    from planner.jobs.plan_dir import INDEX
 
     plan_dir = tmp_path / "plans"
     (plan_dir / INDEX).mkdir(parents=True)
@@ -269,7 +269,7 @@ def test_record_with_a_directory_where_the_index_goes_records_and_warns_once(tmp
 def test_record_into_a_directory_that_cannot_take_the_problem_warns_and_compiles(tmp_path, caplog):
     """A file where the problem's folder goes: one warning, torch's bucketing still runs
     (compilation never fails because of the plan cache)."""
-    from planner.plan_dir import problem_dir
+    from planner.jobs.plan_dir import problem_dir
 
     plan_dir = tmp_path / "plans"
     probe, _, _ = _run_pass(bucketplan_compile.record(tmp_path / "probe"), caplog)

@@ -6,7 +6,7 @@ import pytest
 
 import planner
 from bucketplan.cli import main
-from planner.plan_dir import GREEDY, PLAN, PROBLEM, append_index, problem_dir, read_index
+from planner.jobs.plan_dir import GREEDY, PLAN, PROBLEM, append_index, problem_dir, read_index
 
 
 def _record(plan_dir, get_scheduled, name="llama3-8b-ddp-2"):
@@ -24,7 +24,7 @@ def test_solve_dir_writes_verified_plans_and_resumes(tmp_path, get_scheduled, ca
     plan = planner.load_plan(where / PLAN)
     assert not planner.verify(s.problem, plan)
     # never slower than torch's greedy (repaired) on the simulator, which the solver does not own
-    from planner.repair import repair
+    from planner.search.repair import repair
 
     greedy = s.greedy if not planner.verify(s.problem, s.greedy) else repair(s.problem, s.greedy).plan
     assert planner.simulate(s.problem, plan).step_ms <= planner.simulate(s.problem, greedy).step_ms + 1e-6

@@ -1,4 +1,4 @@
-"""The one planner registry (fxglue.planners): what the command line accepts, how an unknown name
+"""The one planner registry (planner.search.planners): what the command line accepts, how an unknown name
 is refused, and that each planner's plan is what its name says."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 import planner
-from fxglue import planners
+from planner.search import planners
 
 NAMES = ("greedy", "greedy-autofix", "greedy-repaired", "cpsat", "none")
 UNKNOWN = "unknown planner 'greedyy'; use one of " + ", ".join(NAMES)

@@ -1,5 +1,5 @@
-"""planner/policy.py: the policy a plan must keep travels as one value, is recorded in a plan's
-``params``, and reads back (``planner.verifier.recorded_policy``) as the same policy, which then
+"""planner/core/policy.py: the policy a plan must keep travels as one value, is recorded in a plan's
+``params``, and reads back (``planner.rules.verifier.recorded_policy``) as the same policy, which then
 decides the verdict.
 
 The command line's side (``bucketplan verify`` reporting the recorded policy, flags overriding
@@ -16,10 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import planner
-from planner.cpsat import build_model
-from planner.policy import Policy
-from planner.problem import MAX_BYTES
-from planner.verifier import check, recorded_policy, verify
+from planner.search.cpsat import build_model
+from planner.core.policy import Policy
+from planner.core.problem import MAX_BYTES
+from planner.rules.verifier import check, recorded_policy, verify
 from tests.test_verify_cli import MERGED, P
 
 # rs_a's input: MERGED issues it at rs_b's start, later than its own (positions 0 -> 4), so its
@@ -33,7 +33,7 @@ def _plan(params: dict, buckets=MERGED) -> planner.Plan:
                         params=params)
 
 
-@pytest.mark.parametrize("fn", [verify, check, build_model], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fn", [verify, check], ids=lambda f: f.__name__)
 def test_as_params_are_keywords_of_every_function_that_takes_a_policy_with_the_same_defaults(fn):
     params = inspect.signature(fn).parameters
     for key, default in Policy().as_params().items():
@@ -45,6 +45,19 @@ def test_as_params_are_keywords_of_every_function_that_takes_a_policy_with_the_s
 def test_the_searches_take_the_policy_inside_their_options_with_the_same_default(fn):
     options = inspect.signature(fn).parameters["options"].default
     assert isinstance(options, planner.SolveOptions) and options.policy == Policy()
+
+
+def test_the_model_takes_the_policy_whole_with_the_same_default():
+    assert inspect.signature(build_model).parameters["policy"].default == Policy()
+
+
+def test_the_model_reads_both_policy_fields():
+    # P's first collective is partly hidden: protect_partly keeps it alone (fewer merge variables);
+    # a budget adds rule 10's constraints
+    free, protected = build_model(P).stats, build_model(P, policy=Policy(protect_partly=True)).stats
+    budget = build_model(P, policy=Policy(memory_budget_bytes=1)).stats
+    assert protected["x_vars"] < free["x_vars"]
+    assert "rule10_memory" in budget and "rule10_memory" not in free
 
 
 @pytest.mark.parametrize("fields, name", [({"protect_partly": "no"}, "protect_partly"),

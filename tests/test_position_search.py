@@ -1,4 +1,4 @@
-"""The positioned search (planner.position_search) and the free-position floor: verified results
+"""The positioned search (planner.search.position_search) and the free-position floor: verified results
 within the memory budget, never slower than their seeds, and a floor never above a brute-force
 optimum over every positioned plan of tiny problems."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import planner
-from planner.bounds import free_position_floor
-from planner.memory import memory_timeline, peak_bytes
-from planner.position_search import per_block_seed, position_search
+from planner.cost.bounds import free_position_floor
+from planner.cost.memory import memory_timeline, peak_bytes
+from planner.search.position_search import per_block_seed, position_search
 from tests.brute import positioned_plans
 from tests.strategies import problems
 
@@ -33,7 +33,7 @@ def test_the_search_returns_a_verified_plan_within_the_budget_never_slower_than_
     result = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=300), peak_memory_bytes=budget,
                              deadline=time.perf_counter() + 60)
     assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
-    recorded = planner.verifier.recorded_policy(result.plan)
+    recorded = planner.rules.verifier.recorded_policy(result.plan)
     assert recorded["keep_overlap"] is False and recorded["peak_memory_bytes"] == budget
     assert result.step_ms == pytest.approx(planner.simulate(problem, result.plan).step_ms)
     assert result.step_ms <= planner.simulate(problem).step_ms + 1e-9

@@ -1,4 +1,4 @@
-"""planner.positioned: the step model with positions prices a plan exactly as planner.simulate does
+"""planner.search.positioned: the step model with positions prices a plan exactly as planner.simulate does
 (within its ns of rounding), its optimum over a tiny problem's candidate space is the brute-force
 optimum of the plans in that space, and its bound is never above it."""
 
@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from ortools.sat.python import cp_model
 
 import planner
-from planner.position_search import position_search, positioned_policy
-from planner.positioned import (add_positioned_step, build_positioned_model, candidates, hint_fully,
+from planner.search.position_search import position_search, positioned_policy
+from planner.search.positioned import (add_positioned_step, build_positioned_model, candidates, hint_fully,
                                 model_step_ms)
 from tests.brute import positioned_plans
 from tests.strategies import problems
@@ -22,7 +22,7 @@ RULES = positioned_policy(None).as_params()
 
 def _in_plan_order(problem: planner.Problem, plan: planner.Plan) -> planner.Plan:
     """The plan with its buckets in its anchors' order: several buckets issued before one node go
-    in plan order, and the model's space takes them in its anchors' order (planner.positioned)."""
+    in plan order, and the model's space takes them in its anchors' order (planner.search.positioned)."""
     at = {c.name: c.start_pos for c in problem.collectives}
     return plan.model_copy(update={"buckets": tuple(sorted(plan.buckets, key=lambda b: at[b.start]))})
 
@@ -116,7 +116,7 @@ def _fsdp2_plans(problem: planner.Problem) -> list[planner.Plan]:
     positioned ones (the positioned search, with and without a memory budget)."""
     count = planner.solve(problem, planner.SolveOptions(time_limit_s=5, objective="count", workers=1)).plan
     plans = [count]
-    for seed, budget in ((0, None), (1, planner.memory.peak_bytes(problem))):
+    for seed, budget in ((0, None), (1, planner.cost.memory.peak_bytes(problem))):
         options = planner.PositionSearchOptions(seed=seed, max_evaluations=150)
         plans.append(_in_plan_order(problem, position_search(problem, [], options, peak_memory_bytes=budget,
                                                              deadline=time.perf_counter() + 60).plan))
@@ -131,7 +131,7 @@ def test_no_instant_holds_more_than_the_memory_profile_says(get_scheduled):
     is what the node's run holds at most), and equal to it at the listed ones."""
     from bisect import bisect_left
 
-    from planner.memory import memory_at, memory_profile
+    from planner.cost.memory import memory_at, memory_profile
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     plans = _fsdp2_plans(problem)
@@ -151,10 +151,10 @@ def test_no_instant_holds_more_than_the_memory_profile_says(get_scheduled):
 
 def test_the_memory_cap_counts_a_fixed_plan_as_planner_memory_does(get_scheduled):
     """With every choice of a plan fixed, the least the model can hold at an instant is
-    planner.memory's figure there, at the plan's fullest instants and at others; and a cap one byte
+    planner.cost.memory's figure there, at the plan's fullest instants and at others; and a cap one byte
     below its peak, at the peak's instant, makes the plan impossible."""
-    from planner.memory import memory_at, memory_profile, own_memory
-    from planner.positioned import MemoryCap
+    from planner.cost.memory import memory_at, memory_profile, own_memory
+    from planner.search.positioned import MemoryCap
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     own = own_memory(problem)
@@ -190,11 +190,11 @@ def test_the_memory_cap_counts_a_fixed_plan_as_planner_memory_does(get_scheduled
 
 def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_below_it(get_scheduled):
     """solve_capped on llama3-8b-fsdp-2 within the unbucketed schedule's peak, from a positioned
-    search's plan: the plan returned is verified, within the cap by planner.memory, no slower than
+    search's plan: the plan returned is verified, within the cap by planner.cost.memory, no slower than
     the plan it started from, and its bound lies between free_position_floor and its step."""
-    from planner.bounds import free_position_floor
-    from planner.memory import peak_bytes
-    from planner.positioned_solve import solve_capped
+    from planner.cost.bounds import free_position_floor
+    from planner.cost.memory import peak_bytes
+    from planner.search.positioned_solve import solve_capped
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import planner
-from planner.problem import with_buckets
+from planner.core.problem import with_buckets
 from tests.strategies import problems, two_gathers
 
 LINK = planner.Link(pg="0", group_size=8, latency_ms=0.5, bandwidth_gbps=10.0)
@@ -58,7 +58,7 @@ def reference_step(problem: planner.Problem, plan: planner.Plan) -> float:
         first = colls[members[0]]
         link = problem.link(first.pg)
         wires = [colls[m].wire_bytes for m in members]
-        copy_in, copy_out = planner.problem.copy_bytes(first.kind, wires, link.group_size, problem.bucket_mode)
+        copy_in, copy_out = planner.core.problem.copy_bytes(first.kind, wires, link.group_size, problem.bucket_mode)
         if what == "start":
             if cost is not None:
                 clock += cost.launch_ms + cost.copy_ms(copy_in)
@@ -203,7 +203,7 @@ def test_keep_overlap_is_the_policy_that_switches_rules_4_7_and_8():
     assert {4, 7} <= set(planner.check(p, plan).by_rule())
     assert planner.check(p, plan, keep_overlap=False).feasible
     recorded = with_buckets(plan, plan.buckets, params={"keep_overlap": False})
-    assert planner.verifier.recorded_policy(recorded) == {"keep_overlap": False}
+    assert planner.rules.verifier.recorded_policy(recorded) == {"keep_overlap": False}
 
 
 def test_plan_format_round_trips_and_anchored_plans_stay_version_1(tmp_path):
@@ -221,7 +221,7 @@ def test_plan_format_round_trips_and_anchored_plans_stay_version_1(tmp_path):
 
 def test_a_version_1_file_with_named_positions_is_refused_naming_the_bucket(tmp_path):
     p = _gathers()
-    data = json.loads(planner.io.dumps(_plan(p, issue_before="mm_0")))
+    data = json.loads(planner.core.io.dumps(_plan(p, issue_before="mm_0")))
     data["schema_version"] = 1
     (tmp_path / "plan.json").write_text(json.dumps(data))
     with pytest.raises(planner.SchemaError, match=r"buckets\[0\].*schema_version 2"):

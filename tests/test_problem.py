@@ -1,5 +1,5 @@
-"""planner/problem.py: the Problem and Plan types refuse what breaks their schema, each error
-naming the file (read by ``planner.io``) and the field.
+"""planner/core/problem.py: the Problem and Plan types refuse what breaks their schema, each error
+naming the file (read by ``planner.core.io``) and the field.
 
 Round trips, atomic writes and files refused before the types see them are in test_io.py; the
 numbers and structures no torch graph produces (non-finite, beyond any machine, hiding nodes

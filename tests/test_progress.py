@@ -1,4 +1,4 @@
-"""planner/progress.py: the live line of a long search (``bucketplan solve``, ``compare``)."""
+"""planner/jobs/progress.py: the live line of a long search (``bucketplan solve``, ``compare``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ def test_a_long_search_is_never_silent_in_a_log():
     every interval while the search is quiet, and nothing is repeated before the first line."""
     import time
 
-    from planner.progress import LiveLine
+    from planner.jobs.progress import LiveLine
 
     lines = []
     with LiveLine(lines.append, log_interval=0.05, tty=False) as live:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from planner.verifier import recorded_policy
+from planner.rules.verifier import recorded_policy
 from tests.test_training_flow import flow_env, run
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""`planner.io.replace_dir_atomically`: an output folder is replaced whole when a run completes, never mixed."""
+"""`planner.core.io.replace_dir_atomically`: an output folder is replaced whole when a run completes, never mixed."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.io import check_replaceable, replace_dir_atomically
+from planner.core.io import check_replaceable, replace_dir_atomically
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -115,23 +115,23 @@ def test_folders_that_must_not_be_replaced_are_refused_before_the_run(tmp_path, 
 def test_compare_writes_through_the_swap(tmp_path, previous_run, monkeypatch, capsys):
     """run_compare and `bucketplan compare` with the workload itself faked: a run interrupted after
     writing a trace leaves the old folder whole; a completed one replaces it (no tracing here)."""
-    import fxglue.compare as compare
+    import bucketplan.compare as compare
     from bucketplan.cli import main as cli
 
     before = _tree(previous_run)
 
-    def interrupted(target, *, out, **_):
-        (out / "traces").mkdir(exist_ok=True)
-        (out / "traces" / f"{target}--cpsat.json").write_text("{}")
+    def interrupted(target, *, traces_to, **_):
+        (traces_to / "traces").mkdir(exist_ok=True)
+        (traces_to / "traces" / f"{target}--cpsat.json").write_text("{}")
         raise KeyboardInterrupt
     monkeypatch.setattr(compare, "compare_workload", interrupted)
     assert cli(["compare", "llama3-8b-ddp-2", "-o", str(previous_run), "-q", "--force"]) == 130
     assert "left as it was" in capsys.readouterr().err
     assert _tree(previous_run) == before and [p.name for p in tmp_path.iterdir()] == ["cmp"]
 
-    def completed(target, *, out, **_):
-        (out / "traces").mkdir(exist_ok=True)
-        (out / "traces" / f"{target}--cpsat.json").write_text("{}")
+    def completed(target, *, traces_to, **_):
+        (traces_to / "traces").mkdir(exist_ok=True)
+        (traces_to / "traces" / f"{target}--cpsat.json").write_text("{}")
         return target
     monkeypatch.setattr(compare, "compare_workload", completed)
     monkeypatch.setattr(compare, "table_rows", lambda rows: [])

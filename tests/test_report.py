@@ -1,4 +1,5 @@
-"""planner.report: the one table writer (CSV, Markdown, JSON; atomic) and the timeline window."""
+"""planner.jobs.tables (the one table writer: CSV, Markdown, JSON; atomic) and bucketplan.report
+(compare's table and the timeline window)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import json
 import pytest
 
 import planner
-from planner.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, layer_windows, markdown, markdown_lines,
-                            table_rows,
-                            write_compare_table, write_table)
+from bucketplan.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, layer_windows, markdown, table_rows,
+                               write_compare_table)
+from planner.jobs.tables import TableStyle, markdown_lines, write_table
 
 COLS = ["name", "ms", "note"]
 ROWS = [{"name": "a|b", "ms": 0.1 + 0.2, "note": 'comma, "quoted"'},
@@ -45,7 +46,7 @@ def test_no_title_no_heading_and_an_empty_table_is_header_and_rule(tmp_path):
 
 def test_first_cell_cut_to_its_width_in_markdown_only(tmp_path):
     rows = [{"name": "0123456789abcdef", "ms": 1}, {"name": "short|", "ms": 2}]
-    write_table(tmp_path, "t", COLS, rows, first_width=12)
+    write_table(tmp_path, "t", COLS, rows, style=TableStyle(first_width=12))
     body = (tmp_path / "t.md").read_text(encoding="utf-8").splitlines()[2:]
     assert body == ["| 0123456789ab… | 1 |  |", "| short/… | 2 |  |"]
     assert [r["name"] for r in csv.DictReader((tmp_path / "t.csv").open())] == ["0123456789abcdef", "short|"]
@@ -66,7 +67,7 @@ def test_an_unknown_format_is_refused(tmp_path):
 
 def test_markdown_lines_keeps_pipes_and_renders_cells_as_asked():
     # experiments' tables: None shown as "None", "|" left as it is
-    lines = markdown_lines(["a", "b"], [{"a": None, "b": "x|y"}, {}], cell=str, pipe=None)
+    lines = markdown_lines(["a", "b"], [{"a": None, "b": "x|y"}, {}], TableStyle(cell=str, pipe=None))
     assert lines[2:] == ["| None | x|y |", "|  |  |"]
 
 
@@ -102,7 +103,7 @@ def test_layer_windows_span_one_block_in_each_phase():
     assert layer_windows(problem) == {"forward": (2, 5), "backward": (6, 9)}
     # a block's window in time holds exactly its own compute (mm1 at position 4) on the unbucketed step
     sim = planner.simulate(problem, None)
-    from planner.report import _time_at
+    from bucketplan.report import _time_at
 
     time_at = _time_at(sim, problem)
     lo, hi = time_at(3), time_at(6)
@@ -141,7 +142,7 @@ def test_compare_table_rows_and_files(tmp_path):
 
 
 def test_a_table_column_without_a_meaning_is_refused(tmp_path):
-    from planner.report import legend_lines, write_table
+    from planner.jobs.tables import legend_lines
 
     with pytest.raises(ValueError, match="no meaning for column.*ms"):
         legend_lines({"name": "what"}, ["name", "ms"])

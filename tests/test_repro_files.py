@@ -8,7 +8,7 @@ collectives table, read with no flag from ``get_colls_estimations_file()`` or gi
 
 Expected values come from the files themselves: collectives and factory calls counted in the
 graph file's text, times read off the table's text by splitting its lines (not by
-``planner.measured``), the failing node's line found by searching the file."""
+``planner.cost.measured``), the failing node's line found by searching the file."""
 
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 
 import planner
-from planner.io import BadFileError, read_regular_file
-from planner.plan_dir import (INDEX, PLAN, PROBLEM, PlanDirError, append_index, locked, problem_dir,
+from planner.core.io import BadFileError, read_regular_file
+from planner.jobs.plan_dir import (INDEX, PLAN, PROBLEM, PlanDirError, append_index, locked, problem_dir,
                               recorded_problems)
-from planner.sweep import ray_available
+from planner.jobs.sweep import ray_available
 from tests.bounded import bounded
 from tests.support import data_problem, run_cli, start_cli
 from tests.test_hostile import _problem, assert_one_line_error
@@ -393,7 +393,7 @@ def test_a_row_whose_plan_is_gone_or_garbage_is_solved_again(tmp_path, clean_swe
 def test_an_interrupted_sweep_rerun_gives_the_uninterrupted_table(tmp_path, clean_sweep, monkeypatch):
     """The step task's solve is cut short by Ctrl-C (its result says so, as solve's does): the run
     stops; the rerun solves that task again and the table equals the uninterrupted one."""
-    from planner import sweep
+    from planner.jobs import sweep
 
     spec, table = clean_sweep
     real = sweep.run_task
@@ -453,7 +453,7 @@ def test_a_hardware_file_that_is_not_a_file_is_one_line(tmp_path, kind):
 
 
 def test_a_symlink_where_the_lock_goes_is_refused_not_followed(tmp_path):
-    from planner.plan_dir import LOCK
+    from planner.jobs.plan_dir import LOCK
 
     _plan_dir(tmp_path)
     (tmp_path / LOCK).symlink_to(tmp_path / "elsewhere")

@@ -7,7 +7,7 @@ import torch
 
 import planner
 from fxglue.apply import PlanError
-from planner.verifier import check, verify
+from planner.rules.verifier import check, verify
 from tests.handmade import ag, apply_and_count, ar, build, plan_for, rs, two_hidden_gathers, wait
 
 BF16 = torch.bfloat16

@@ -1,4 +1,4 @@
-"""Cost scenarios (``planner.scenarios``): re-pricing checked against figures computed here by
+"""Cost scenarios (``planner.search.scenarios``): re-pricing checked against figures computed here by
 hand and against the simulator's own sums; regret and the robust choice against brute force."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import planner
-from planner.scenarios import (PUBLISHED_BUSBW, PUBLISHED_COMPUTE_SCALE, Judged, ScenarioError, judge, layout,
+from planner.search.scenarios import (PUBLISHED_BUSBW, PUBLISHED_COMPUTE_SCALE, Judged, ScenarioError, judge, layout,
                                reprice, robust_plan)
 from tests.chain import chain_problem
 from tests.support import run_cli
@@ -143,7 +143,7 @@ def test_compare_writes_each_rows_step_and_regret_per_scenario(tmp_path, chain, 
 
 
 def test_robust_refuses_a_hint_of_another_problem(chain):
-    from planner.arguments import PlanMismatchError
+    from planner.core.arguments import PlanMismatchError
     from tests.chain import empty_plan
 
     other = chain_problem(70)

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import planner
-from planner.simulator import simulate, to_chrome_trace, write_chrome_trace
+from planner.cost.simulator import simulate, to_chrome_trace, write_chrome_trace
 from tests.strategies import problems
 
 MB = 1_000_000
@@ -205,11 +205,11 @@ def test_bucketing_costs_run_on_the_compute_stream_as_worked_out_by_hand():
 
 def test_all_gather_bucket_copies_its_shards_in_and_its_outputs_out():
     # torch's all_gather merge: copy-in of each rank's shards (wire / group size), copy-out of
-    # every full output (see planner.problem.BucketingCost)
-    assert planner.problem.copy_bytes("all_gather", [800, 400], 4, "default") == (300, 1200)
-    assert planner.problem.copy_bytes("reduce_scatter", [800, 400], 4, "default") == (1200, 0)
-    assert planner.problem.copy_bytes("reduce_scatter", [800, 400], 4, "coalesced") == (0, 0)
-    assert planner.problem.copy_bytes("all_gather", [800], 4, "default") == (0, 0)  # not merged
+    # every full output (see planner.core.problem.BucketingCost)
+    assert planner.core.problem.copy_bytes("all_gather", [800, 400], 4, "default") == (300, 1200)
+    assert planner.core.problem.copy_bytes("reduce_scatter", [800, 400], 4, "default") == (1200, 0)
+    assert planner.core.problem.copy_bytes("reduce_scatter", [800, 400], 4, "coalesced") == (0, 0)
+    assert planner.core.problem.copy_bytes("all_gather", [800], 4, "default") == (0, 0)  # not merged
 
 
 @settings(max_examples=80, deadline=None)
@@ -217,7 +217,7 @@ def test_all_gather_bucket_copies_its_shards_in_and_its_outputs_out():
 def test_step_ms_is_the_recorded_replays_step_to_the_bit(data):
     # planner.step_ms (what polish scores thousands of plans with) replays without recording the
     # runs; it must be the same float as simulate's, bucketing costs and mixed kinds included
-    from planner.simulator import step_ms
+    from planner.cost.simulator import step_ms
     from tests.strategies import plans
 
     problem = data.draw(problems(costs=data.draw(st.booleans())))
@@ -229,7 +229,7 @@ def test_step_ms_is_the_recorded_replays_step_to_the_bit(data):
 
 
 def _walk_every_node(problem, plan):
-    """An oracle written apart from planner.simulator: (step, exposed per group) by walking every
+    """An oracle written apart from planner.cost.simulator: (step, exposed per group) by walking every
     node in order with one clock, as the simulator did before it learned to visit anchors only."""
     colls = {c.name: c for c in problem.collectives}
     buckets = [(b.members, b.start, b.wait) for b in (plan.buckets if plan else ())]
@@ -250,7 +250,7 @@ def _walk_every_node(problem, plan):
             link = problem.link(members[0].pg)
             wires = [m.wire_bytes for m in members]
             if cost is not None:
-                cin, cout = planner.problem.copy_bytes(members[0].kind, wires, link.group_size, problem.bucket_mode)
+                cin, cout = planner.core.problem.copy_bytes(members[0].kind, wires, link.group_size, problem.bucket_mode)
                 clock += cost.launch_ms + cost.copy_ms(cin)
                 copy_out[k] = cost.copy_ms(cout)
             begin = max(clock, free.get(members[0].pg, 0.0))
@@ -284,7 +284,7 @@ def test_the_replay_of_anchors_is_the_walk_over_every_node(data):
 def test_one_replay_index_serves_every_plan_of_its_problem(data):
     # polish keeps one index (and the bucket prices it remembers) for thousands of plans: a price
     # remembered from one plan must be right in the next, where the same members meet again
-    from planner.simulator import replay_index, step_ms
+    from planner.cost.simulator import replay_index, step_ms
     from tests.strategies import plans
 
     problem = data.draw(problems(costs=data.draw(st.booleans())))

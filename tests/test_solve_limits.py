@@ -13,7 +13,7 @@ import time
 import pytest
 
 import planner
-import planner.solver as solver_module
+import planner.search.solver as solver_module
 from bucketplan.cli import main as cli
 from tests.support import ROOT, data_plan, data_problem, script_argv, sigint_default, start_cli
 
@@ -96,8 +96,8 @@ def test_the_bucket_reach_of_a_huge_key_is_bounded_by_projection(monkeypatch):
     # 4,000 collectives of one key that all overlap: the grid's rectangles took 30 s (8,000: a
     # 512 MB grid); beyond REACH_SCAN_MAX_CELLS the key is bounded by projection, in moments.
     # Checked by the path taken, not by a wall clock: the grid is never summed for this key
-    import planner.bounds as bounds
-    from planner.bounds import REACH_SCAN_MAX_CELLS, bucket_reach
+    import planner.cost.bounds as bounds
+    from planner.cost.bounds import REACH_SCAN_MAX_CELLS, bucket_reach
 
     problem = overlapping_gathers(4000)
     projected = []
@@ -108,13 +108,13 @@ def test_the_bucket_reach_of_a_huge_key_is_bounded_by_projection(monkeypatch):
     # never below a collective's own bytes, never above what the cap lets a bucket hold (1 GB of
     # members' sizes, 8 wire bytes per byte of size)
     assert all(8 << 20 <= reach.member[c.name] <= 8 << 30 for c in problem.collectives)
-    assert REACH_SCAN_MAX_CELLS < 2.2e10  # this key scans 2.2e10 cells (measured; see planner.bounds)
+    assert REACH_SCAN_MAX_CELLS < 2.2e10  # this key scans 2.2e10 cells (measured; see planner.cost.bounds)
 
 
 def test_projected_reach_is_never_below_the_grids(monkeypatch):
     # the projection is a superset argument too: on the largest committed problem it may only be
     # looser than the exact grid (every feasible bucket is within the grid's reach, test_bounds)
-    import planner.bounds as bounds
+    import planner.cost.bounds as bounds
 
     for problem in (data_problem("llama3-405b-fsdp-126--h100-64nodes"), overlapping_gathers(300)):
         exact = bounds.bucket_reach(problem)
@@ -252,7 +252,7 @@ def test_ctrl_c_in_verify_exits_130_without_a_traceback(tmp_path):
 def test_max_workers_is_cp_sats_limit():
     from ortools.sat.python import cp_model
 
-    from planner.arguments import MAX_WORKERS
+    from planner.core.arguments import MAX_WORKERS
 
     def status(workers: int) -> str:
         m = cp_model.CpModel()
@@ -337,7 +337,7 @@ def test_simulate_refuses_a_plan_of_another_problem():
     theirs = planner.Plan(problem_fingerprint=other.fingerprint, planner="unbucketed", created="t", buckets=())
     with pytest.raises(planner.PlanMismatchError, match="plan is for another problem"):
         planner.simulate(problem, theirs)
-    from planner.simulator import step_ms
+    from planner.cost.simulator import step_ms
 
     with pytest.raises(planner.PlanMismatchError):
         step_ms(problem, theirs)
@@ -376,7 +376,7 @@ def test_a_problem_refuses_a_timeline_for_a_group_with_no_link():
 def test_bounds_asked_for_past_the_deadline_are_the_volume_bound():
     # a solve's time limit holds for its bounds too: past the deadline no bin packing is searched,
     # and the cheaper bound returned is still a lower bound (never above the packing's own)
-    from planner.bounds import bin_packing_bound
+    from planner.cost.bounds import bin_packing_bound
 
     # by volume 4 bins (37 / 10); no 7 shares a bin and two 4s fill one: 5 (the search proves it)
     sizes, cap = [7, 7, 7, 4, 4, 4, 4], 10
@@ -389,7 +389,7 @@ def test_a_chain_floor_cut_at_its_deadline_is_still_a_floor():
     # quadratic in the points (200,000 collectives: 490 s before a 10 s step solve could start);
     # cut at a deadline it is a longest path over fewer edges: never above the full one, never
     # below the compute, and the step floor says it was cut
-    from planner.bounds import _chain_floor, chain_floor, step_floor
+    from planner.cost.bounds import _chain_floor, chain_floor, step_floor
 
     problem = overlapping_gathers(2000)
     full = chain_floor(problem)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import planner
-from planner.solver import solve
+from planner.search.solver import solve
 from tests.support import PROBLEMS, data_plan, data_problem, run_script, sigint_default, start_cli
 
 pytestmark = pytest.mark.slow  # searches of seconds; Ctrl-C in child processes
@@ -33,7 +33,7 @@ def test_a_deterministic_solve_repairs_an_infeasible_hint_deterministically(monk
     # solve must run it deterministically too, or a wall clock cut under load changes the hint and
     # so the plan (seen once on hf-qwen3-moe-8 in 46 deterministic runs). Torch's greedy plan of
     # ddp-2 breaks rule 9; re-anchoring is made to fail so that the within-search runs.
-    import planner.solver as solver_module
+    import planner.search.solver as solver_module
 
     problem = data_problem("llama3-8b-ddp-2--alpha-beta")
     greedy = data_plan("llama3-8b-ddp-2--alpha-beta-greedy-plan")
@@ -81,8 +81,8 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     # sweeps and solve-dir pass their greedy start as a floor plan; that used to stand in for the
     # count plan, so their step searches never started from one (llama3-8b-fsdp-8 @ h100-64nodes:
     # 305.0 ms in the sweep, 280.5 with the count plan among the starts)
-    import planner.solver as solver_module
-    from planner.simulator import step_ms
+    import planner.search.solver as solver_module
+    from planner.cost.simulator import step_ms
 
     problem = data_problem("llama3-8b-fsdp-2--alpha-beta")
     unbucketed = planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=())

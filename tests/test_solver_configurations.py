@@ -6,7 +6,7 @@ when an interleaved search of two or more workers is given a hint for a model wh
 infeasibility it finds while loading; the count search's bound probes were such models.
 ``test_or_tools_still_aborts_on_the_minimal_model`` keeps the three-variable reproduction: when
 an OR-Tools release fixes it, that test says so, and the rule "hint only what satisfies the
-model" (planner/solver.py, above ``_probe``) may be relaxed.
+model" (planner/search/solver.py, above ``_probe``) may be relaxed.
 """
 
 from __future__ import annotations

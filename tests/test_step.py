@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 import planner
-from planner.cpsat import build_model
-from planner.solver import solve
-from planner.step import NS_PER_MS, PIECE_TOLERANCE_NS, _fix, add_step_objective
+from planner.search.cpsat import build_model
+from planner.search.solver import solve
+from planner.search.step import NS_PER_MS, PIECE_TOLERANCE_NS, _fix, add_step_objective
 from tests.strategies import folded_conversions, folded_pair, merged, plans, problems, two_gathers
 from tests.brute import feasible_plans
 from tests.support import data_problem
@@ -61,7 +61,7 @@ def test_model_with_a_plan_fixed_is_the_simulated_step(data, tables):
     sim = planner.simulate(problem, plan).step_ms
     assert model_ms <= sim + slack_ms  # never above the step, up to integer-ns rounding
     # α-β links are modelled exactly; tables (random shapes, not only concave) to within
-    # 2 PIECE_TOLERANCE_NS per bucket (planner.step.duration_pieces)
+    # 2 PIECE_TOLERANCE_NS per bucket (planner.search.step.duration_pieces)
     pieces_ms = 0.0 if not tables else 2 * PIECE_TOLERANCE_NS / NS_PER_MS * len(problem.collectives)
     assert abs(model_ms - sim) <= slack_ms + pieces_ms
 
@@ -85,12 +85,12 @@ def test_step_search_finds_the_brute_force_optimum_and_its_bound_holds(data, tab
 
 
 def test_the_chord_cut_lies_under_the_link_curve_on_a_torch_nccl_table():
-    # the duration cut (planner.step.chord_cut) against the curve itself, ``Link.time_ms`` of a
+    # the duration cut (planner.search.step.chord_cut) against the curve itself, ``Link.time_ms`` of a
     # committed problem priced with torch's NCCL model (h100-8nodes: 627 points per kind), at
     # every byte count of a grid between a collective's own bytes and its widest bucket
     import random
 
-    from planner.step import BYTE_UNIT, chord_cut, duration_lines
+    from planner.search.step import BYTE_UNIT, chord_cut, duration_lines
 
     link = data_problem("llama3-8b-ddp-2--h100-8nodes").links[0]
     rng = random.Random(0)
@@ -125,13 +125,13 @@ def test_the_per_byte_cut_never_asks_more_than_the_curve():
 
 
 def test_duration_pieces_lie_under_a_torch_nccl_curve_and_meet_it():
-    # planner.step.duration_pieces against the curve itself (``Link.time_ms`` of committed problems
+    # planner.search.step.duration_pieces against the curve itself (``Link.time_ms`` of committed problems
     # priced with torch's NCCL model, 627 points per kind, all_reduce not concave): at every
     # breakpoint and at random bytes of each region, the minimum of its lines is under the curve,
     # within 2 PIECE_TOLERANCE_NS of it, and past the region by the slack still under it
     import random
 
-    from planner.step import duration_pieces
+    from planner.search.step import duration_pieces
 
     rng = random.Random(0)
     for case in ("llama3-8b-ddp-2--h100-8nodes", "llama3-8b-ddp-2--h100-64nodes"):
@@ -190,7 +190,7 @@ def test_pieces_stay_under_a_falling_curve_with_rounded_bytes_and_past_its_zero(
     # reads the lines at the bytes rounded down, where a falling line is higher (it asked 94 and
     # 375 ns over the curve); (2) a last segment that falls and stops at 0: a chord across the
     # zero lies above the curve (45 ns over at 5120 bytes)
-    from planner.step import duration_pieces
+    from planner.search.step import duration_pieces
 
     falling = planner.Link(pg="0", group_size=4, table={"all_gather": ((0, 0.0), (1024, 0.010), (2048, 0.002),
                                                                         (4096, 0.020))})

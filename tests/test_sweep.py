@@ -13,8 +13,8 @@ import pytest
 
 import planner
 from bucketplan.cli import main
-from planner import sweep
-from planner.sweep import load_spec, ray_available, run_sweep
+from planner.jobs import sweep
+from planner.jobs.sweep import load_spec, ray_available, run_sweep
 from tests.support import PROBLEMS, start_cli
 from tests.test_hostile import _one_line_error
 
@@ -220,7 +220,7 @@ def test_a_case_that_cannot_be_extracted_is_a_row_saying_why(tmp_path, capsys):
 
 
 def test_closed_pct_is_the_share_of_greedys_distance_to_the_floor():
-    from planner.sweep import closed_note, closed_pct
+    from planner.jobs.sweep import closed_note, closed_pct
 
     # by hand: greedy 200, floor 100 -> a distance of 100 ms; a 150 ms plan closes 50 of it
     assert closed_pct({"greedy_ms": 200.0, "plan_ms": 150.0, "floor_ms": 100.0}) == 50.0

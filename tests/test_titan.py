@@ -17,7 +17,7 @@ import importlib.util
 import pytest
 
 import planner
-from planner.plan_dir import PLAN, PROBLEM, recorded_problems, solve_dir
+from planner.jobs.plan_dir import PLAN, PROBLEM, recorded_problems, SolveDirOptions, solve_dir
 
 pytestmark = pytest.mark.slow  # torchtitan's models traced and compiled
 
@@ -102,7 +102,7 @@ def test_the_pass_called_as_graph_trainer_calls_it_leaves_the_planned_collective
     problem = planner.load_problem(folder / PROBLEM)
     assert [(e.kind, e.outcome, e.collectives_before) for e in recorded] == [("joint", "recorded",
                                                                                len(problem.collectives))]
-    solve_dir(plan_dir, time_limit_s=5)
+    solve_dir(plan_dir, SolveDirOptions(time_limit_s=5))
     plan = planner.load_plan(folder / PLAN)
     assert not planner.verify(problem, plan)
     planned = planner.collectives_after(problem, plan)
@@ -141,7 +141,7 @@ def test_graph_trainers_step_with_bucketplans_pipeline_records_solves_and_uses_a
     assert {e["outcome"] for r in recorded for e in r["events"]} == {"recorded"}
     (folder,) = recorded_problems(spec["plan_dir"])  # both ranks' graphs are one problem
 
-    solve_dir(spec["plan_dir"], time_limit_s=10)
+    solve_dir(spec["plan_dir"], SolveDirOptions(time_limit_s=10))
     problem, plan = planner.load_problem(folder / PROBLEM), planner.load_plan(folder / PLAN)
     planned = planner.collectives_after(problem, plan)
     used = world.run(titan_step, {**spec, "mode": "use"}, timeout_s=900)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import planner
-from planner.plan_dir import PLAN, PROBLEM
+from planner.jobs.plan_dir import PLAN, PROBLEM
 from tests.test_plan_cache import _break  # the same broken plans, here through a real compile
 
 ROOT = Path(__file__).resolve().parents[1]

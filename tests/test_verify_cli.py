@@ -177,7 +177,7 @@ def test_solve_with_free_positions_writes_a_verified_positioned_plan_within_its_
     assert cli(["solve", problem_path, "-o", str(out), "--positions", "free", "--time-limit", "2", "-q"]) == 0
     printed = capsys.readouterr().out
     plan = planner.load_plan(out)
-    recorded = planner.verifier.recorded_policy(plan)
+    recorded = planner.rules.verifier.recorded_policy(plan)
     assert recorded["keep_overlap"] is False and recorded["peak_memory_bytes"] is not None
     assert planner.verify(P, plan, **recorded) == []
     assert "free-position floor" in printed and "peak memory" in printed and "budget" in printed

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 import planner
-from planner.cpsat import plan_objective
-from planner.verifier import check, verify
+from planner.search.cpsat import plan_objective
+from planner.rules.verifier import check, verify
 from tests.brute import feasible_plans
 from tests.strategies import folded_conversions, problems
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 import planner
-from planner.verifier import _waits_reaching_starts
+from planner.rules.verifier import _waits_reaching_starts
 from tests.chain import chain_problem, chained_plan, empty_plan, pairs_plan
 
 

@@ -97,8 +97,8 @@ def _run(args) -> int:
         print(f"bucketplan {args.command}: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # noqa: BLE001 - planner errors name the offending item
-        from planner.io import SchemaError
-        from planner.solver import PlanMismatchError
+        from planner.core.io import SchemaError
+        from planner.search.solver import PlanMismatchError
 
         # PlanMismatchError: a plan of another problem given to solve/repair through an API
         # caller (compare's sibling greedy-plan.json); `solve --hint` names its file itself

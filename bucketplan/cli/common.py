@@ -34,7 +34,7 @@ def fmt_counts(counts: dict[str, int]) -> str:
 
 
 def library_rule(rule, value, flag: str, **kw) -> None:
-    """One of planner.arguments' rules (the library's, so that a flag and the argument it feeds
+    """One of planner.core.arguments' rules (the library's, so that a flag and the argument it feeds
     are refused alike) applied to a flag: its ValueError becomes a one-line error naming the
     flag."""
     try:
@@ -44,20 +44,20 @@ def library_rule(rule, value, flag: str, **kw) -> None:
 
 
 def positive(value: float, flag: str, *, zero_ok: bool = False) -> None:
-    import planner.arguments as arguments
+    import planner.core.arguments as arguments
 
     library_rule(arguments.positive_number, value, flag, zero_ok=zero_ok)
 
 
 def seed(value: int, flag: str) -> None:
-    import planner.arguments as arguments
+    import planner.core.arguments as arguments
 
     library_rule(arguments.seed, value, flag)  # CP-SAT's int32
 
 
 def workers(value: int, flag: str) -> None:
     """CP-SAT workers: 0 silently became 2; -1 and more than CP-SAT's 10,000 gave MODEL_INVALID."""
-    import planner.arguments as arguments
+    import planner.core.arguments as arguments
 
     library_rule(arguments.worker_count, value, flag)
 
@@ -101,7 +101,7 @@ GB = 10**9
 def gigabytes(gb: float | None, flag: str, *, zero_ok: bool = False) -> int | None:
     """A memory flag (--memory-budget-gb, --peak-memory-gb) in bytes, GB = 10^9 bytes (None: not
     given)."""
-    from planner.problem import MAX_BYTES
+    from planner.core.problem import MAX_BYTES
 
     if gb is None:
         return None
@@ -115,7 +115,7 @@ def gigabytes(gb: float | None, flag: str, *, zero_ok: bool = False) -> int | No
 def built(options_type, values: dict, flags: dict):
     """``options_type(**values)``, an options object checked when built: a value its rule refuses
     is one line naming the flag that set it (``flags``: field -> flag)."""
-    from planner.arguments import ArgumentError
+    from planner.core.arguments import ArgumentError
 
     try:
         return options_type(**values)
@@ -126,13 +126,13 @@ def built(options_type, values: dict, flags: dict):
 
 # what --robust and --scenarios take, as their help says it
 SCENARIOS_HELP = ("torch, published-comm, published-mfu, published, contention, contention=F, or a "
-                  "measured collectives file; planner/scenarios.py")
+                  "measured collectives file; planner/search/scenarios.py")
 
 
 def scenario_list(text: str, flag: str) -> list[str]:
-    """A comma-separated list of scenario names (planner.scenarios.SCENARIOS, contention=F) or
+    """A comma-separated list of scenario names (planner.search.scenarios.SCENARIOS, contention=F) or
     measured files, each checked now, not after minutes of search."""
-    from planner.scenarios import SCENARIOS, contention_of, is_named, measured_series
+    from planner.search.scenarios import SCENARIOS, contention_of, is_named, measured_series
 
     names = [x.strip() for x in text.split(",") if x.strip()]
     for name in names:
@@ -164,7 +164,7 @@ def overlap_line(problem) -> str:
 
 def memory_line(problem, plan) -> str:
     """The plan's peak memory against the unbucketed schedule's, as torch's estimator counts it."""
-    from planner.memory import memory_timeline
+    from planner.cost.memory import memory_timeline
 
     t = memory_timeline(problem, plan)
     gb = GB

@@ -14,7 +14,7 @@ from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, positive, progress,
 
 
 def add_parser(sub) -> None:
-    from planner.report import COMPARE_TIME_LIMIT_S
+    from bucketplan.report import COMPARE_TIME_LIMIT_S
 
     s = sub.add_parser("compare", help="torch's pipelines vs CP-SAT on the same graphs: counts, "
                                        "simulated step time and exposed communication, plots and "
@@ -43,9 +43,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from fxglue.compare import OUTPUTS, run_compare
+    from bucketplan.compare import OUTPUTS, run_compare
     from fxglue.models.workloads import WorkloadError
-    from planner.io import check_replaceable
+    from planner.core.io import check_replaceable
 
     say = progress(args.quiet)
     targets = _targets(args)
@@ -73,7 +73,7 @@ def run(args) -> int:
 
 def _targets(args) -> list:
     """The workloads and problem files to compare, each checked before anything is traced."""
-    from fxglue.compare import DEFAULT_SUITE
+    from bucketplan.compare import DEFAULT_SUITE
     from fxglue.models.workloads import WorkloadError, get_workload
 
     for target in args.targets:
@@ -90,7 +90,7 @@ def _targets(args) -> list:
 
 
 def _report(out: Path, table, scenarios) -> None:
-    from planner.report import markdown
+    from bucketplan.report import markdown
 
     clusters = ", ".join(sorted({str(r.get("cluster") or "the problem's own costs")
                                  for r in table}))

@@ -61,7 +61,7 @@ def run(args) -> int:
 
 def _report(args, result, out: Path) -> None:
     import planner
-    from planner.bounds import step_floor
+    from planner.cost.bounds import step_floor
 
     problem, plan = result.problem, result.plan
     n = len(problem.collectives)

@@ -93,7 +93,7 @@ def add_pipeline_options(s) -> None:
 
 
 def add_planner_option(s) -> None:
-    from fxglue import planners  # torch-free: the registry's names and descriptions
+    from planner.search import planners  # torch-free: the registry's names and descriptions
 
     s.add_argument("--planner", choices=planners.names(), default="greedy",
                    help="which plan to check (default %(default)s): "
@@ -192,7 +192,7 @@ def preset(args):
 
             chosen = with_profile(chosen, args.profile, cpu=getattr(args, "profile_cpu", False))
         return chosen
-    except ValueError as e:  # planner.measured.MeasuredError and BadFileError are ValueErrors
+    except ValueError as e:  # planner.cost.measured.MeasuredError and BadFileError are ValueErrors
         raise CLIError(str(e)) from None
 
 

@@ -15,7 +15,7 @@ OBJECTIVES = ["count", "exposure", "step"]
 OBJECTIVE_HELP = ("step: the simulated step time in ms; count: the number of collectives; "
                   "exposure: exposed communication summed per bucket, without stream queuing")
 
-# The options field(s) each flag sets (planner.options; a field of the same name in both objects
+# The options field(s) each flag sets (planner.core.options; a field of the same name in both objects
 # is set by one flag), checked once when the object is built; tests/test_cli_options.py walks the
 # parser against these tables and the options' fields.
 FLAG_FIELDS = {
@@ -36,7 +36,7 @@ NOT_OPTIONS = {
     "--hint": "a plan: solve's hint and a start of the positioned search",
     "--positions": "which searches run: solve alone, or position_search after it",
     "--peak-memory-gb": "position_search's peak_memory_bytes, the budget it searches within",
-    "--robust": "the scenarios of planner.scenarios.robust_plan, which runs instead of solve",
+    "--robust": "the scenarios of planner.search.scenarios.robust_plan, which runs instead of solve",
     "--quiet": "solve's progress (none)",
 }
 # the fields no flag sets, and what the command line uses
@@ -77,7 +77,7 @@ def add_parser(sub) -> None:
     s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
                    help="anchored (the default): each bucket starts and waits where torch "
                         "scheduled one of its members; free: also choose where "
-                        "(planner.position_search, step objective only), within --peak-memory-gb; "
+                        "(planner.search.position_search, step objective only), within --peak-memory-gb; "
                         "apply, check and use merge such plans where they name")
     s.add_argument("--keep-overlap", action="store_true",
                    help="with --positions free: keep torch's overlap too (rules 4, 7 and 8: a "
@@ -124,8 +124,8 @@ def run(args) -> int:
 
 def solve_options(args):
     """The SolveOptions of the flags (FLAG_FIELDS), built and checked once."""
-    from planner.options import SolveOptions
-    from planner.policy import Policy
+    from planner.core.options import SolveOptions
+    from planner.core.policy import Policy
 
     flags = {f.rpartition(".")[2]: flag for flag, fs in FLAG_FIELDS.items() for f in fs}
     policy = built(Policy, {"protect_partly": args.protect_partly, "memory_budget_bytes": gigabytes(
@@ -138,8 +138,8 @@ def solve_options(args):
 def position_options(args):
     """The PositionSearchOptions of the flags (FLAG_FIELDS): with --deterministic, a number of
     evaluations (EVALUATIONS_PER_S of the positioned share of --time-limit) instead of seconds."""
-    from planner.options import PositionSearchOptions
-    from planner.position_search import EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE
+    from planner.core.options import PositionSearchOptions
+    from planner.search.position_search import EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE
 
     evaluations = (max(1, int(EVALUATIONS_PER_S * (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit))
                    if args.deterministic else None)
@@ -163,9 +163,9 @@ def _solve_and_report(args, options, positioned, peak: int | None) -> int:
     import dataclasses
 
     import planner
-    from planner.position_search import FREE_POSITIONS_CP_SAT_SHARE
-    from planner.progress import LiveLine
-    from planner.solver import PlanMismatchError, solve
+    from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
+    from planner.jobs.progress import LiveLine
+    from planner.search.solver import PlanMismatchError, solve
 
     t_start = time.perf_counter()
     problem = planner.load_problem(args.problem)

@@ -6,8 +6,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bucketplan.cli.common import CLIError, positive, progress, seed, workers
+from bucketplan.cli.common import CLIError, built, progress
 from bucketplan.cli.solve import OBJECTIVE_HELP, OBJECTIVES
+
+# each flag's SolveDirOptions field: args.DEST -> (field, flag), checked once when built
+FLAGS = {"objective": ("objective", "--objective"), "time_limit": ("time_limit_s", "--time-limit"),
+         "jobs": ("jobs", "--jobs"), "workers": ("workers", "--workers"), "seed": ("seed", "--seed"),
+         "positions": ("positions", "--positions")}
 
 
 def add_parser(sub) -> None:
@@ -34,8 +39,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from planner.io import BadFileError
-    from planner.plan_dir import recorded_problems, solve_dir
+    from planner.core.io import BadFileError
+    from planner.jobs.plan_dir import SolveDirOptions, recorded_problems, solve_dir
 
     root = Path(args.plan_dir)
     if not root.is_dir():
@@ -43,15 +48,10 @@ def run(args) -> int:
                        "fxglue.run.compile.record; README, 'Use a plan in training')")
     if not recorded_problems(root):
         raise CLIError(f"{root}: no recorded problems (no */problem.json)")
-    positive(args.time_limit, "--time-limit")
-    positive(args.jobs, "--jobs")
-    seed(args.seed, "--seed")
-    if args.workers is not None:
-        workers(args.workers, "--workers")
+    options = built(SolveDirOptions, {field: getattr(args, dest) for dest, (field, _) in FLAGS.items()},
+                    {field: flag for field, flag in FLAGS.values()})
     try:
-        rows = solve_dir(root, objective=args.objective, time_limit_s=args.time_limit,
-                         jobs=args.jobs, workers=args.workers, seed=args.seed, force=args.force,
-                         progress=progress(args.quiet), positions=args.positions)
+        rows = solve_dir(root, options, force=args.force, progress=progress(args.quiet))
     except BadFileError as e:  # a bookkeeping file that is no regular file, another solve-dir
         raise CLIError(str(e)) from None
     except PermissionError as e:
@@ -64,7 +64,7 @@ def run(args) -> int:
 
 
 def _report(root: Path, rows: list[dict]) -> int:
-    from planner.io import BOOKKEEPING_MAX_BYTES, BadFileError, read_regular_text
+    from planner.core.io import BOOKKEEPING_MAX_BYTES, BadFileError, read_regular_text
 
     try:
         print(read_regular_text(root / "summary.md", BOOKKEEPING_MAX_BYTES, "summary")

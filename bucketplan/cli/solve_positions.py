@@ -15,8 +15,8 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     (``options.max_evaluations``) the wall clock is only a guard, and the plan records no creation
     time: two runs write the same bytes."""
     import planner
-    from planner.position_search import default_peak_budget, position_search
-    from planner.solver import DETERMINISTIC_WALL_FACTOR
+    from planner.search.position_search import default_peak_budget, position_search
+    from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
     # by default a plan never holds more than what it replaces
     budget = peak if peak is not None else default_peak_budget(problem, [hint])
@@ -48,8 +48,8 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
 
 def _report(args, problem, anchored, result, budget: int) -> None:
     import planner
-    from planner.bounds import free_position_floor
-    from planner.memory import memory_timeline
+    from planner.cost.bounds import free_position_floor
+    from planner.cost.memory import memory_timeline
 
     floor = free_position_floor(problem).floor_ms
     gap = (result.step_ms - floor) / result.step_ms if result.step_ms > 0 else 0.0

@@ -1,5 +1,5 @@
 """``bucketplan solve --robust A,B``: the plan with the least worst-case regret across cost
-scenarios (planner.scenarios), under the policy the flags give."""
+scenarios (planner.search.scenarios), under the policy the flags give."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ def robust_and_report(args, options) -> int:
     """Refuse the flags the regret search cannot honour, search as ``options`` (SolveOptions)
     say, write, report."""
     import planner
-    from planner.scenarios import ScenarioError, describe, robust_plan
-    from planner.solver import PlanMismatchError
+    from planner.search.scenarios import ScenarioError, describe, robust_plan
+    from planner.search.solver import PlanMismatchError
 
     scenarios = scenario_list(args.robust, "--robust")
     if args.positions == "free" or args.objective != "step":

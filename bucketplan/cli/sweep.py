@@ -15,7 +15,7 @@ def add_parser(sub) -> None:
                                      "extract each problem once, solve each (problem, objective) "
                                      "as a task (on Ray when installed), verify, tabulate; "
                                      "resumable")
-    s.add_argument("spec", help="the sweep spec (TOML; planner/sweep.py documents it, "
+    s.add_argument("spec", help="the sweep spec (TOML; planner/jobs/sweep.py documents it, "
                                 "experiments/specs/ has examples)")
     s.add_argument("-o", "--output", default="out/sweep",
                    help="output folder (default out/sweep); a rerun resumes")
@@ -32,8 +32,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from planner.io import BadFileError, SchemaError
-    from planner.sweep import SpecError, ray_available, run_sweep
+    from planner.core.io import BadFileError, SchemaError
+    from planner.jobs.sweep import SpecError, ray_available, run_sweep
 
     if args.sequential and args.address:
         raise CLIError("--sequential and --address exclude each other (--address runs on a Ray "
@@ -72,7 +72,7 @@ def _spec(path: str):
     """The spec, and whether its cases need torch; every workload and preset resolves before
     anything is traced."""
     from fxglue.presets import DEFAULT_PRESET
-    from planner.sweep import SpecError, load_spec
+    from planner.jobs.sweep import SpecError, load_spec
 
     try:
         spec = load_spec(path, default_preset=DEFAULT_PRESET)
@@ -87,7 +87,7 @@ def _spec(path: str):
 
 
 def _report(out: Path, report) -> int:
-    from planner.io import BOOKKEEPING_MAX_BYTES, BadFileError, read_regular_text
+    from planner.core.io import BOOKKEEPING_MAX_BYTES, BadFileError, read_regular_text
 
     try:
         print(read_regular_text(out / "results.md", BOOKKEEPING_MAX_BYTES, "results table"), end="")

@@ -40,7 +40,7 @@ def run(args) -> int:
 def _verify_and_report(args) -> int:
     """Check the plan under its recorded policy (or the flags'), report."""
     import planner
-    from planner.verifier import check
+    from planner.rules.verifier import check
 
     # the policy flags are checked before anything is loaded, as solve's
     given: dict = {}
@@ -80,7 +80,7 @@ def _policy(args, plan, given: dict) -> tuple[dict, dict, dict]:
     A plan is checked under the policy it was made for (solve records it in params): a plan
     solved with --protect-partly or a budget judged by the default rules would pass where it
     should not, or the reverse; a flag overrides what the plan says."""
-    from planner.verifier import recorded_policy
+    from planner.rules.verifier import recorded_policy
 
     try:
         recorded = recorded_policy(plan, ignore=given)

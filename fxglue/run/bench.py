@@ -7,7 +7,7 @@ is from its simulated one (the ratio), and whether the configuration predicted f
 one measured faster. The same runs leave a ``torch.profiler`` trace of each configuration
 (``record_shapes=True``), which ``--profile`` reads to price the next plans by the cluster's own
 times (``fxglue.profile``), and, on a GPU, the slow-down of compute beside NCCL kernels that the
-``contention`` scenario of ``planner.scenarios`` charges (``contention_from_trace``).
+``contention`` scenario of ``planner.search.scenarios`` charges (``contention_from_trace``).
 ``examples/train_compiled.py bench`` drives it; a training script of your own calls the same
 functions (``docs/training.md``).
 
@@ -52,7 +52,7 @@ import torch
 import torch.distributed as dist
 
 import planner
-from planner.plan_dir import GREEDY, PLAN, problem_dir
+from planner.jobs.plan_dir import GREEDY, PLAN, problem_dir
 
 CONFIGS = ("torch", "manual", "plan")
 ALL_CONFIGS = ("unbucketed",) + CONFIGS
@@ -220,7 +220,7 @@ def simulated(config: str, session, plan_dir, out_dir) -> list[Graph]:
 def save_problems(config: str, session, out_dir) -> Path:
     """Every problem of the configuration's running graphs at ``OUT/problems/<config>/<digest>.json``
     (``manual`` and ``unbucketed`` keep theirs in memory only), to inspect, simulate or plan."""
-    from planner.plan_dir import fingerprint_digest
+    from planner.jobs.plan_dir import fingerprint_digest
 
     where = Path(out_dir) / "problems" / config
     where.mkdir(parents=True, exist_ok=True)

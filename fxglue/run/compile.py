@@ -34,7 +34,7 @@ Plan directory::
     plan_dir/<fingerprint>/greedy.json   torch's greedy bucket search on it, recorded
     plan_dir/<fingerprint>/plan.json     written by ``bucketplan solve-dir``
 
-(``planner.plan_dir`` owns this layout and the offline solving.)
+(``planner.jobs.plan_dir`` owns this layout and the offline solving.)
 
 The fingerprint is the problem's content hash (graph, schedule, costs): the same program
 compiled again, in another process, gives the same one; a changed model gives another, whose
@@ -83,8 +83,8 @@ import torch.fx as fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import planner
-from planner.io import MAX_FILE_BYTES, BadFileError, SchemaError, read_regular_file
-from planner.plan_dir import PLAN, PROBLEM, GREEDY, append_index, problem_dir
+from planner.core.io import MAX_FILE_BYTES, BadFileError, SchemaError, read_regular_file
+from planner.jobs.plan_dir import PLAN, PROBLEM, GREEDY, append_index, problem_dir
 
 log = logging.getLogger("bucketplan.compile")
 
@@ -254,13 +254,14 @@ class PlanPass(CustomGraphPass):
             self._manual(gm)
             return
         from fxglue.cpu_compat import cpu_compat
-        from fxglue.pipeline import NotScheduled, finalize_with_torch, prepare
+        from fxglue.pipeline import NotScheduled, PipelineOptions, finalize_with_torch, prepare
 
         before = _n_collectives(gm)
         est = self.estimator
         try:
-            prepared = prepare(post_grad_workload(gm, _graph_id(graph)), estimator=est, pre_bucketing=_PRE_BUCKETING,
-                               bucket_mode=_bucket_mode(), scheduler_kwargs=_scheduler_kwargs(),
+            prepared = prepare(post_grad_workload(gm, _graph_id(graph)),
+                               pipeline=PipelineOptions(pre_bucketing=_PRE_BUCKETING, bucket_mode=_bucket_mode(),
+                                                        estimator=est), scheduler_kwargs=_scheduler_kwargs(),
                                meta={"preset": self.preset_name}, greedy=False)
         except NotScheduled:
             return  # the scheduler stopped early (nothing to bucket); it left the graph valid
@@ -383,7 +384,7 @@ class PlanPass(CustomGraphPass):
                    "the model, its shapes or the preset changed since `record`? record and solve-dir again)")
         if why is None:
             try:
-                plan = planner.load_plan(path)  # a regular file of bounded size (planner.io)
+                plan = planner.load_plan(path)  # a regular file of bounded size (planner.core.io)
             except (SchemaError, OSError, ValueError) as e:
                 why = f"{path}: unreadable plan ({_one_line(e)})"
             else:
@@ -503,7 +504,7 @@ def record(plan_dir: str | os.PathLike, *, preset: str = "h100-8nodes", tp_group
     every post-grad graph with collectives is also written to ``plan_dir`` as a problem priced on
     ``preset``, with torch's greedy plan. ``tp_group``/``tp_size`` name the tensor-parallel group
     of a 2-D model (priced as the preset's in-node links). ``collectives``: measured collective
-    files (nccl-tests output or CSV, ``planner.measured``) that price the groups they cover.
+    files (nccl-tests output or CSV, ``planner.cost.measured``) that price the groups they cover.
     ``profile``: a Chrome trace of the step (``torch.profiler``, ``record_shapes=True``; e.g. one
     ``fxglue.run.bench`` wrote) whose op and collective times price what it timed
     (``fxglue.profile``); ``profile_cpu``: it is a trace of a CPU run (its ops' CPU times)."""

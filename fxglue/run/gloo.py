@@ -23,9 +23,9 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-import planner.arguments as arguments
-from planner.options import SolveOptions
-from planner.solver import PlanMismatchError
+import planner.core.arguments as arguments
+from planner.core.options import SolveOptions
+from planner.search.solver import PlanMismatchError
 
 SUM_ORDER_EPS_PER_RANK = 8  # see CheckResult.sum_order_tolerance
 # Rank 0's search parameters at these tiny shapes: one worker (every rank is a process on this
@@ -37,7 +37,7 @@ RANK0_REPAIR = SolveOptions(time_limit_s=10, workers=1)
 @dataclass(frozen=True)
 class CheckOptions:
     """How ``check_workload`` runs a workload: on ``ranks`` gloo processes, bucketed by ``planner``
-    (a name of ``fxglue.planners``) or by ``plan`` (a plan file for every rank, or a folder of
+    (a name of ``planner.search.planners``) or by ``plan`` (a plan file for every rank, or a folder of
     ``rank<R>/plan.json``), torch's ``bucket_mode`` and FSDP ``pre_bucketing``, its parameters
     drawn from torch's ``seed``, every rank within ``timeout_s``; ``save_problems``: a folder that
     gets each rank's problem and torch's greedy plan (``rank<R>/``), to solve offline and check with
@@ -53,7 +53,7 @@ class CheckOptions:
     save_problems: str | None = None
 
     def __post_init__(self) -> None:
-        from fxglue import planners
+        from planner.search import planners
 
         arguments.positive_integer(self.ranks, "ranks")
         if not self.plan:
@@ -164,17 +164,18 @@ def _save_rank_problem(folder: str, problem, greedy) -> None:
 
 def _bucket(traced, options: CheckOptions, given_plan, result: RankResult):
     """Schedule and bucket ``traced.gm`` in place with ``options.planner`` (a name of
-    ``fxglue.planners``) or ``given_plan`` (this rank's ``--plan``; ``apply_plan`` raises
+    ``planner.search.planners``) or ``given_plan`` (this rank's ``--plan``; ``apply_plan`` raises
     ``PlanError`` if it does not fit this rank's problem); returns it. ``options.save_problems``: a
     folder that gets this rank's problem and torch's greedy plan (``rank<R>/``) first."""
-    from fxglue import planners
+    from planner.search import planners
     from fxglue.apply import apply_plan
     from fxglue.cpu_compat import cpu_compat
-    from fxglue.pipeline import finalize_with_torch, prepare
+    from fxglue.pipeline import PipelineOptions, finalize_with_torch, prepare
 
     gm, fake_mode = traced.gm, traced.fake_mode
     bucket_mode, save_problems = options.bucket_mode, options.save_problems
-    prepared = prepare(traced, pre_bucketing=options.pre_bucketing, bucket_mode=bucket_mode, greedy=False)
+    prepared = prepare(traced, pipeline=PipelineOptions(pre_bucketing=options.pre_bucketing, bucket_mode=bucket_mode),
+                       greedy=False)
     problem, inputs, est = prepared.problem, prepared.inputs, prepared.estimator
     result.problem_fingerprint = problem.fingerprint
     if save_problems:
@@ -202,7 +203,7 @@ def _rank0_plan(entry, problem, record_greedy):
     machine need not give every rank the same plan. Ranks of other groups have other problems
     (group names differ), so each rank re-fingerprints the buckets for its own problem, and
     apply_plan verifies them against it."""
-    from fxglue import planners
+    from planner.search import planners
 
     box = [None]
     if dist.get_rank() == 0:

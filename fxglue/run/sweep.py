@@ -3,7 +3,7 @@
 Each case is traced, scheduled and extracted in a fresh process (spawned, so one case's graphs
 and torch's caches never weigh on the next, and a case that runs out of memory does not take the
 sweep down): the process writes ``stages.json`` after every stage with its wall time and peak
-memory, so when it dies the table still says at which stage. ``planner.sweep`` does the rest.
+memory, so when it dies the table still says at which stage. ``planner.jobs.sweep`` does the rest.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable
 
-from planner.io import atomic_write_text, save
-from planner.io import BadFileError
-from planner.sweep import GREEDY, PROBLEM, STAGES, Case, SpecError, peak_memory, read_stages, stage_list
+from planner.core.io import atomic_write_text, save
+from planner.core.io import BadFileError
+from planner.jobs.sweep import GREEDY, PROBLEM, STAGES, Case, SpecError, peak_memory, read_stages, stage_list
 
 # prepare()'s progress messages open these stages (the first word of each message)
 _STAGE_OF = {"tracing": "trace", "scheduling": "schedule", "extracting": "extract", "running": "greedy",
@@ -95,13 +95,14 @@ def check_cases(cases) -> None:
 def _extract_child(case: Case, folder: str) -> None:
     import logging
 
-    from fxglue.pipeline import prepare
+    from fxglue.pipeline import PipelineOptions, prepare
 
     logging.getLogger("torch._inductor").setLevel(logging.WARNING)
     folder_p = Path(folder)
     meter = StageMeter(folder_p / STAGES)
     workload, preset = resolve(case)
-    prepared = prepare(workload, preset=preset, pre_bucketing=case.pre_bucketing, progress=meter.say)
+    prepared = prepare(workload, preset=preset, pipeline=PipelineOptions(pre_bucketing=case.pre_bucketing),
+                       progress=meter.say)
     meter.close()
     if prepared.greedy is not None:
         save(prepared.greedy, folder_p / GREEDY)

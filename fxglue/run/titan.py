@@ -45,20 +45,22 @@ PIPELINE = "bucketplan"
 _NEEDS_ITS_BUCKETS = ("schedule_fsdp_comms_to_dense_regions_pass", "ep_overlap_schedule_pass")
 
 
-def bucketplan_pass(gm: fx.GraphModule, example_inputs=None, *, mode: str, plan_dir: str | os.PathLike | None = None,
-                    preset: str = "h100-8nodes", tp_group: str | None = None, tp_size: int = 1, collectives=(),
+def bucketplan_pass(gm: fx.GraphModule, example_inputs, *, mode: str, plan_dir: str | os.PathLike | None = None,
+                    preset: str = "h100-8nodes", tp: tuple[str | None, int] = (None, 1), collectives=(),
                     events: list | None = None) -> fx.GraphModule:
     """graph_trainer's pass signature (``gm, example_inputs -> gm``; graph_trainer binds the rest
     with ``functools.partial``): ``mode`` "record", "use" or "unbucketed" (torch's schedule,
     nothing merged: the reference) on ``plan_dir``, the problem priced on ``preset`` (and the
-    measured ``collectives`` files), as ``fxglue.run.compile``'s contexts of the same name.
+    measured ``collectives`` files) with ``tp``, the tensor-parallel group's name and size
+    (``_tp_layout``; (None, 1): none), as ``fxglue.run.compile``'s contexts of the same name.
     ``events``: a list that gets this graph's ``GraphEvent`` (what was done, collectives before
     and after). The graph is changed in place and returned."""
     import torch._inductor.config as inductor_config
 
-    from fxglue.planners import AUTOFIX_CONFIG
+    from planner.search.planners import AUTOFIX_CONFIG
     from fxglue.run.compile import graph_pass
 
+    tp_group, tp_size = tp
     plan_pass = graph_pass(mode, plan_dir, preset=preset, tp_group=tp_group, tp_size=tp_size,
                            collectives=collectives)
     # as record/use set it: torch's greedy (record, and use's fallback) fails its own cycle check
@@ -97,8 +99,7 @@ def pass_pipeline(traced_result, config, *, parallel_dims=None, settings: dict, 
             return passes
         raise ValueError(f"bucketplan: graph_trainer's pass list has no {BUCKETING_PASS} to replace "
                          f"(--compile.disable_passes names it?): {', '.join(names)}")
-    tp_group, tp_size = _tp_layout(parallel_dims)
-    passes[names.index(BUCKETING_PASS)] = functools.partial(bucketplan_pass, tp_group=tp_group, tp_size=tp_size,
+    passes[names.index(BUCKETING_PASS)] = functools.partial(bucketplan_pass, tp=_tp_layout(parallel_dims),
                                                             events=events, **settings)
     return passes
 

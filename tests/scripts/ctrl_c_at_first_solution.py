@@ -14,7 +14,7 @@ import threading
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import planner  # noqa: E402
-import planner.solver as solver_module  # noqa: E402
+import planner.search.solver as solver_module  # noqa: E402
 
 
 def main(problem_path: str, objective: str) -> None:

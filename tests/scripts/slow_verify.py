@@ -10,10 +10,10 @@ import time
 
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
-import planner.verifier  # noqa: E402
+import planner.rules.verifier  # noqa: E402
 from bucketplan.cli import main  # noqa: E402
 
-real = planner.verifier.check
+real = planner.rules.verifier.check
 
 
 def slow_check(*a, **k):
@@ -23,5 +23,5 @@ def slow_check(*a, **k):
 
 
 if __name__ == "__main__":
-    planner.verifier.check = slow_check
+    planner.rules.verifier.check = slow_check
     sys.exit(main(["verify", sys.argv[1], sys.argv[2]]))

@@ -5,7 +5,7 @@ native abort in OR-Tools (a C++ CHECK ends the process with SIGABRT, no Python e
 as the subprocess's exit status and its stack on stderr, where an in-process test would take
 pytest down with it.
 
-Each configuration is one ``planner.solve`` (or ``planner.repair``) with a short time limit; the
+Each configuration is one ``planner.solve`` (or ``planner.search.repair``) with a short time limit; the
 count search's probe, which starts only after PROBE_MIN_MAIN_S of main search, is brought forward
 so that the probes run within the short limit too. One line per configuration on stdout:
 ``ok <config> <status> <objective>``; the plan of every run is verified here as well.
@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 import planner
-import planner.solver as solver
-from planner.repair import repair
-from planner.verifier import recorded_policy, verify
+import planner.search.solver as solver
+from planner.search.repair import repair
+from planner.rules.verifier import recorded_policy, verify
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "problems"
 PROBLEM = DATA / "llama3-8b-fsdp-8--ab-ib8.json.gz"

@@ -20,7 +20,7 @@ from typing import Collection, Iterator, TypeVar, Union
 
 from pydantic import BaseModel, ValidationError
 
-from planner.problem import PLAN_SCHEMA_VERSIONS, PROBLEM_SCHEMA_VERSIONS, Plan, Problem
+from planner.core.problem import PLAN_SCHEMA_VERSIONS, PROBLEM_SCHEMA_VERSIONS, Plan, Problem
 
 MAX_FILE_BYTES = 2 * 1024**3  # an 80-layer problem is a few MB; anything near this is not ours
 

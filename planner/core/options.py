@@ -2,7 +2,7 @@
 
 Why this exists: a search's settings used to travel as a dozen keywords, re-checked at each
 level they passed through. Here each is checked once, when its options object is built (one
-``planner.arguments.ArgumentError`` naming the field), and then passed down whole;
+``planner.core.arguments.ArgumentError`` naming the field), and then passed down whole;
 ``dataclasses.replace`` makes a checked variant. The command line builds the same objects from
 its flags (``bucketplan/cli/solve.py`` lists which flag sets which field).
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-import planner.arguments as arguments
-from planner.arguments import ArgumentError
-from planner.policy import Policy
+import planner.core.arguments as arguments
+from planner.core.arguments import ArgumentError
+from planner.core.policy import Policy
 
 OBJECTIVES = ("count", "exposure", "step")
 
@@ -50,7 +50,7 @@ class SolveOptions:
         arguments.flag(self.deterministic, "deterministic")
         arguments.flag(self.probe, "probe")
         if not isinstance(self.policy, Policy):
-            raise ArgumentError("policy", f"policy must be a planner.policy.Policy, not {type(self.policy).__name__}")
+            raise ArgumentError("policy", f"policy must be a planner.core.policy.Policy, not {type(self.policy).__name__}")
         if self.policy != Policy(**{f: getattr(self.policy, f) for f in self.POLICY_FIELDS}):
             raise ArgumentError("policy", "the CP-SAT search keeps torch's overlap and has no peak budget: "
                                           "keep_overlap=False and peak_memory_bytes are position_search's")
@@ -58,7 +58,7 @@ class SolveOptions:
 
 @dataclass(frozen=True)
 class PositionSearchOptions:
-    """How ``planner.position_search`` searches, its memory budget and clock apart: ``seed`` of its
+    """How ``planner.search.position_search`` searches, its memory budget and clock apart: ``seed`` of its
     random moves, ``max_evaluations`` (the reproducible limit; None: the deadline alone),
     ``per_block`` (start from the per-block plan too) and ``keep_overlap`` (every candidate keeps
     torch's overlap, rules 4, 7 and 8)."""

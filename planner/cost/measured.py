@@ -56,8 +56,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.io import read_regular_text
-from planner.problem import MAX_BYTES, MAX_MS, Link
+from planner.core.io import read_regular_text
+from planner.core.problem import MAX_BYTES, MAX_MS, Link
 
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 CSV_HEADER = ("kind", "group", "ranks_per_node", "bytes", "ms")

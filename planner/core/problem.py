@@ -193,7 +193,7 @@ class Collective(_Frozen):
     # torch's merge of an all_gather erases the dtype conversion that feeds it (when it is that
     # conversion's only user) and does the conversion in the bucket's copy instead; a pinned node
     # that goes so is listed here, because it may hide another collective: it then runs, and hides,
-    # at the bucket's merged start (planner.positions.folded_positions)
+    # at the bucket's merged start (planner.core.positions.folded_positions)
     folded: tuple[str, ...] = Field(default=(), description="pinned nodes torch's merge erases when this joins a bucket")
     fsdp: bool = False
     # the transformer block (torchtitan's bucket plan entry) whose parameters it moves, and in which
@@ -272,7 +272,7 @@ class CollectiveBuffers(_Frozen):
 
 class MemoryProfile(_Frozen):
     """The graph's own memory over torch's scheduled order, without the collectives' buffers
-    (``buffers`` holds those, so a plan can put them where its buckets are: ``planner.memory``).
+    (``buffers`` holds those, so a plan can put them where its buckets are: ``planner.cost.memory``).
 
     ``segment_peak_bytes[j]``: the most bytes the graph's own storages hold at any node of segment
     ``j``, as torch's estimator counts them (after a node's allocations, before its frees): segment
@@ -284,7 +284,7 @@ class MemoryProfile(_Frozen):
     segment_peak_bytes: tuple[int, ...]
     buffers: dict[str, CollectiveBuffers]
     source: str = ""
-    # The exact profile (``planner.memory``), absent from problems extracted before it: the graph's
+    # The exact profile (``planner.cost.memory``), absent from problems extracted before it: the graph's
     # own memory in runs of scheduled positions, cut at every pinned node (each pinned node a run of
     # its own) and wherever a collective's buffer is allocated or freed at a fixed position, so that
     # every buffer is alive over whole runs; and what the graph's own storages hold just before
@@ -508,7 +508,7 @@ class Bucket(_Frozen):
     """Collectives merged into one; the merged start takes ``start``'s place in the schedule
     and the merged wait takes the place of ``wait``'s wait (both are member names), unless the
     bucket names its positions: ``issue_before`` / ``wait_before``, a pinned node of the problem
-    the merged start / wait sits just before (``planner.positions``). The anchors still name the
+    the merged start / wait sits just before (``planner.core.positions``). The anchors still name the
     members torch's merge builds the bucket from."""
 
     members: tuple[str, ...] = Field(min_length=1)

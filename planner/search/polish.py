@@ -25,13 +25,13 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
-from planner.bounds import fixed_limits
-from planner.policy import Policy
-from planner.problem import Bucket, Collective, Plan, Problem
-from planner.simulator import replay_index, step_ms
-from planner.verifier import verify
+from planner.cost.bounds import fixed_limits
+from planner.core.policy import Policy
+from planner.core.problem import Bucket, Collective, Plan, Problem
+from planner.cost.simulator import replay_index, step_ms
+from planner.rules.verifier import verify
 
 # an improvement smaller than this is noise of float sums, not a faster step
 MIN_GAIN_MS = 1e-6
@@ -51,7 +51,7 @@ class Anchoring:
     hundreds of candidates on one problem): each collective's fixed limits and hiders' positions."""
 
     colls: dict[str, Collective]
-    limits: dict[str, tuple[int, int]]  # planner.bounds.fixed_limits
+    limits: dict[str, tuple[int, int]]  # planner.cost.bounds.fixed_limits
     hider_pos: dict[str, list[int]]  # fully hidden collective -> positions of its hiding nodes
     end: int  # past the last position
 
@@ -171,15 +171,18 @@ def reanchored(problem: Problem, plan: Plan) -> Plan:
     return candidate
 
 
-def polish(problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None = None, seed: int = 0,
-           policy: Policy = Policy(), progress: Callable[[str], None] | None = None,
-           restarts: tuple[Plan, ...] = (), objective: Callable[[Plan], float] | None = None) -> PolishResult:
-    """The best plan found from ``plan`` by single moves before ``deadline`` (a ``time.perf_counter``
-    value) or ``max_evaluations`` simulations (the reproducible limit), then from each of
-    ``restarts`` in turn while the budget lasts. Every plan given must be feasible; the result is
-    never slower than ``plan`` and carries its record (planner, params). ``objective``: what is
-    minimized instead of the simulated step (``planner.scenarios``: the worst-case regret);
-    ``step_ms`` of the result is then that objective's value."""
+def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_evaluations: int | None = None,
+           seed: int = 0, policy: Policy = Policy(), progress: Callable[[str], None] | None = None,
+           objective: Callable[[Plan], float] | None = None) -> PolishResult:
+    """The best plan found by single moves from the first of ``starts`` before ``deadline`` (a
+    ``time.perf_counter`` value) or ``max_evaluations`` simulations (the reproducible limit), then
+    from each other start in turn while the budget lasts. Every start must be feasible; the result
+    is never slower than the first and carries its record (planner, params). ``objective``: what
+    is minimized instead of the simulated step (``planner.search.scenarios``: the worst-case
+    regret); ``step_ms`` of the result is then that objective's value."""
+    if not starts:
+        raise ValueError("polish: no plan to start from")
+    plan, *restarts = starts
     search = _LocalSearch(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed,
                           policy=policy, progress=progress, objective=objective)
     stats = search.stats

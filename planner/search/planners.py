@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import planner
-    from planner.options import SolveOptions
-    from planner.solver import SolveResult
+    from planner.core.options import SolveOptions
+    from planner.search.solver import SolveResult
 
 AUTOFIX_CONFIG = "aten_distributed_optimizations.overlap_scheduling_autofix_cycles"
 
@@ -48,13 +48,13 @@ class PlanRequest:
     """What a planner is given: the problem, torch's greedy plan on the same schedule (where the
     caller recorded it: CP-SAT's hint, the plan repaired), the options of ``planner.solve``
     (cpsat, which also never loses to ``count_plan`` and ``floor_plans``) and of
-    ``planner.repair`` (greedy-repaired), the planner's one-line ``progress`` and the search's own
+    ``planner.search.repair`` (greedy-repaired), the planner's one-line ``progress`` and the search's own
     lines (``search_progress``: incumbents and bounds; None: none)."""
 
     problem: planner.Problem
     greedy: planner.Plan | None = None
     solve: SolveOptions | None = None  # None: planner.SolveOptions()
-    repair: SolveOptions | None = None  # None: planner.repair.REPAIR_OPTIONS
+    repair: SolveOptions | None = None  # None: planner.search.repair.REPAIR_OPTIONS
     count_plan: planner.Plan | None = None
     floor_plans: tuple = ()
     progress: Callable[[str], None] = lambda msg: None
@@ -108,7 +108,7 @@ def _unbucketed(request: PlanRequest) -> PlannerOutput:
 
 
 def _repaired_greedy(request: PlanRequest) -> PlannerOutput:
-    from planner.repair import REPAIR_OPTIONS, repair
+    from planner.search.repair import REPAIR_OPTIONS, repair
 
     request.progress("repairing torch's greedy plan")
     result = repair(request.problem, request.greedy, request.repair or REPAIR_OPTIONS)
@@ -116,8 +116,8 @@ def _repaired_greedy(request: PlanRequest) -> PlannerOutput:
 
 
 def _cpsat(request: PlanRequest) -> PlannerOutput:
-    from planner.options import SolveOptions
-    from planner.solver import solve
+    from planner.core.options import SolveOptions
+    from planner.search.solver import solve
 
     request.progress("solving with CP-SAT")
     result = solve(request.problem, request.solve or SolveOptions(), hint=request.greedy,

@@ -8,7 +8,7 @@ re-prices a problem without re-tracing it (torch-free): its links' curves and it
 nodes' times change, its collectives, nodes and schedule do not, so every plan of the problem is
 a plan of the re-priced one.
 
-Scenarios (``SCENARIOS``; or a measurement file, ``planner.measured``):
+Scenarios (``SCENARIOS``; or a measurement file, ``planner.cost.measured``):
 - ``torch``: the problem as extracted (torch's NCCL model on the preset, roofline compute).
 - ``published-comm``: cross-node groups at published nccl-tests bus bandwidths (figures and
   sources in ``PUBLISHED_BUSBW``), each collective's fixed cost kept from the problem's curve;
@@ -35,8 +35,8 @@ import functools
 import re
 from dataclasses import dataclass, replace
 
-from planner.options import SolveOptions
-from planner.problem import Link, Plan, Problem
+from planner.core.options import SolveOptions
+from planner.core.problem import Link, Plan, Problem
 
 # Published nccl-tests bus bandwidths (GB/s) for large messages, by group layout. Sources:
 # - whole 8-GPU nodes over 8x400G InfiniBand NDR, 8 nodes: all_gather ~320 GB/s at 1 GiB
@@ -64,7 +64,7 @@ CONTENTION_SLOWDOWN = 1.189
 KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 SCENARIOS = {
     "torch": "as extracted: torch's NCCL model on the preset, roofline compute at the preset's rates",
-    "published-comm": "cross-node groups at published nccl-tests bus bandwidths (planner.scenarios.PUBLISHED_BUSBW)",
+    "published-comm": "cross-node groups at published nccl-tests bus bandwidths (planner.search.scenarios.PUBLISHED_BUSBW)",
     "published-mfu": f"compute {PUBLISHED_COMPUTE_SCALE:g}x slower (published MFU ~40%, the presets' ~60%)",
     "published": "published-comm and published-mfu together",
     "contention": f"compute {CONTENTION_SLOWDOWN:g}x slower while a collective runs (measured average over A100 "
@@ -85,7 +85,7 @@ def contention_of(scenario: str) -> float:
         return CONTENTION_SLOWDOWN
     if not scenario.startswith(_CONTENTION):
         return 1.0
-    from planner.simulator import check_contention
+    from planner.cost.simulator import check_contention
 
     text = scenario[len(_CONTENTION):]
     try:
@@ -168,7 +168,7 @@ def reprice(problem: Problem, scenario: str) -> Problem:
         if not Path(scenario).exists():
             raise ScenarioError(f"unknown scenario {scenario!r}: choose {', '.join(SCENARIOS)}, contention=F or a "
                                 "measured collectives file")
-        from planner.measured import Measured
+        from planner.cost.measured import Measured
 
         measured = Measured(list(measured_series(scenario)))  # fresh: ``used`` is per problem
         update["links"] = tuple(measured.link(link, layout(problem, link)[1]) for link in problem.links)
@@ -182,7 +182,7 @@ def reprice(problem: Problem, scenario: str) -> Problem:
 @functools.lru_cache(maxsize=16)
 def measured_series(path: str) -> tuple:
     """A measured scenario file's series, parsed once (compare re-prices many problems by it)."""
-    from planner.measured import Measured
+    from planner.cost.measured import Measured
 
     return tuple(Measured.read([path]).series)
 
@@ -233,7 +233,7 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
     """Every (problem, plan) simulated under every scenario, each plan on its own problem re-priced
     (compare's rows: torch's default plan is of the pre-bucketed problem, manual's of its own), with
     the scenario's contention."""
-    from planner.simulator import step_ms
+    from planner.cost.simulator import step_ms
 
     priced: dict[tuple[str, str], Problem] = {}
     steps: dict[str, dict[str, float]] = {}
@@ -279,12 +279,12 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
     ``interrupted``."""
     import time
 
-    from planner.polish import polish
-    from planner.simulator import replay_index, step_ms
-    from planner.solver import _unbucketed, solve
+    from planner.search.polish import polish
+    from planner.cost.simulator import replay_index, step_ms
+    from planner.search.solver import _unbucketed, solve
 
-    from planner.arguments import check_fingerprint
-    from planner.verifier import verify
+    from planner.core.arguments import check_fingerprint
+    from planner.rules.verifier import verify
 
     say = progress or (lambda msg: None)
     policy, time_limit_s, seed = options.policy, options.time_limit_s, options.seed
@@ -330,7 +330,7 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
         others = tuple(c for n, c in starts.items() if n != start_name)
         say(f"worst-case regret search from {start_name} ({judged.worst_regret(start_name):.2%})")
         try:
-            best = polish(problem, start, deadline=t0 + time_limit_s, seed=seed, restarts=others, policy=policy,
+            best = polish(problem, (start, *others), deadline=t0 + time_limit_s, seed=seed, policy=policy,
                           objective=worst_regret_pct).plan
         except KeyboardInterrupt:  # the most robust candidate stands
             interrupted = True

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-import planner.arguments as arguments
-from planner.problem import Problem
+import planner.core.arguments as arguments
+from planner.core.problem import Problem
 
 # Deterministic effort for one key's bin packing (CP-SAT's deterministic time, one worker: the
 # bound is reproducible). Measured: the 8-layer MoE keys (4-5 distinct sizes, 27-53 items) prove
@@ -124,7 +124,7 @@ def fixed_limits(problem: Problem) -> dict[str, tuple[int, int]]:
     """Per collective (start name): (position of the last fixed predecessor of its start, position
     of the first fixed consumer of its wait). Whatever a plan does, its final start lies after the
     first and its final wait before the second (rule 9): fixed nodes never move. A folded
-    conversion moves with the start it feeds (``planner.positions``): its own inputs bound it."""
+    conversion moves with the start it feeds (``planner.core.positions``): its own inputs bound it."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     succ: dict[int, list[int]] = {}
@@ -146,12 +146,12 @@ def fixed_limits(problem: Problem) -> dict[str, tuple[int, int]]:
 def lower_bound(problem: Problem, objective: str = "count", protect_partly: bool = False) -> float:
     """A lower bound on ``objective`` valid for every feasible plan.
 
-    For ``exposure`` (exposure x (n+1) + count, see planner.cpsat.TimeTerms) only the count part is
+    For ``exposure`` (exposure x (n+1) + count, see planner.search.cpsat.TimeTerms) only the count part is
     bounded: exposure can be zero as far as this bound knows.
     """
     arguments.problem_and_plan(problem, None, optional=True)
     if objective not in ("count", "exposure"):
-        raise ValueError(f"objective must be 'count' or 'exposure' (a step bound is planner.bounds.step_floor), "
+        raise ValueError(f"objective must be 'count' or 'exposure' (a step bound is planner.cost.bounds.step_floor), "
                          f"not {objective!r}")
     arguments.flag(protect_partly, "protect_partly")
     return float(sum(key_lower_bounds(problem, protect_partly).values()))
@@ -164,7 +164,7 @@ def merge_intervals(problem: Problem, protect_partly: bool = False) -> dict[str,
     consumer of the wait; rule 7: a protected collective starts before its first hiding node and
     is waited after its last, of those that do not move); ``alone``: its start or wait hides a
     fully hidden collective, so it is never merged (rule 4). A folded conversion moves with its
-    bucket's start (``planner.positions``), so it bounds nothing here."""
+    bucket's start (``planner.core.positions``), so it bounds nothing here."""
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos = [n.pos for n in problem.nodes]
     limits = fixed_limits(problem)
@@ -504,7 +504,7 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
 
 
 def free_position_floor(problem: Problem, deadline: float | None = None) -> StepFloor:
-    """A floor of the simulated step over every plan *with free positions* (``planner.positions``):
+    """A floor of the simulated step over every plan *with free positions* (``planner.core.positions``):
     no position argument, so no interval of the rules and no chain. The compute stream does its
     nodes' work and one launch per bucket of the fewest the cap allows (bin packing of each key's
     ``size_bytes``); each stream is busy at least, per key, the larger of the minorant at the key's

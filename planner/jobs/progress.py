@@ -1,6 +1,6 @@
 """Progress of a long search for a person watching: the latest line kept alive.
 
-Torch-free, so both ``bucketplan solve`` and ``bucketplan compare`` (through ``fxglue.compare``)
+Torch-free, so both ``bucketplan solve`` and ``bucketplan compare`` (through ``bucketplan.compare``)
 use it."""
 
 from __future__ import annotations

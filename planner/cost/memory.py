@@ -12,7 +12,7 @@ The exact accounting (problems whose profile has runs, ``Problem.memory.run_star
 - the graph's own storages are a fixed curve over *instants*: runs of scheduled positions (each
   pinned node a run of its own, cut wherever a collective's buffer is allocated or freed at a fixed
   position), and the moments just before a pinned node where a positioned start or wait sits
-  (``planner.positions``), which hold what the graph holds just before that node;
+  (``planner.core.positions``), which hold what the graph holds just before that node;
 - every collective's buffers are intervals of instants placed by its bucket's merged start ``S``
   and merged wait ``W`` (``_bucket_buffers``): a lone collective keeps the buffers of its own graph
   (its start's storage from ``S`` to ``W``, its wait's from ``W`` to its last user, its input until
@@ -38,8 +38,8 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from planner.positions import bucket_positions
-from planner.problem import Collective, CollectiveBuffers, Plan, Problem, copy_bytes
+from planner.core.positions import bucket_positions
+from planner.core.problem import Collective, CollectiveBuffers, Plan, Problem, copy_bytes
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class MemoryTimeline:
     """The planned schedule's memory: its peak, where it is, and the unbucketed schedule's peak."""
 
     peak_bytes: int
-    peak_segment: int  # planner.problem.MemoryProfile's segment index
+    peak_segment: int  # planner.core.problem.MemoryProfile's segment index
     unbucketed_peak_bytes: int
     profiled: bool  # False: the problem has no memory profile, so only the collectives' buffers count
 
@@ -160,7 +160,7 @@ def member_buffers(problem: Problem, c: Collective, merged: bool) -> list[tuple[
     """(allocated, freed, bytes) of every buffer ``c`` accounts for in a bucket: alone
     (``merged`` False) or with others, its share of the bucket's buffers (module docstring). The
     one definition of where buffers live: ``memory`` evaluates it per plan, the CP-SAT memory cap
-    (``planner.positioned``) per candidate start and wait."""
+    (``planner.search.positioned``) per candidate start and wait."""
     b = buffers_of(problem, c)
     S, W = End("S"), End("W")
     wait_bytes, wait_last_use = b.wait_bytes or 0, b.wait_last_use if b.wait_last_use is not None else NEVER

@@ -3,13 +3,13 @@
 The verifier, the model, the bounds and the search each take the two options as keyword
 arguments (their public signatures); inside the search they travel as one ``Policy`` so a stage
 cannot drop or misspell one, and a plan records them in its ``params`` (``as_params``), which
-``bucketplan verify`` reads back (``planner.verifier.recorded_policy``)."""
+``bucketplan verify`` reads back (``planner.rules.verifier.recorded_policy``)."""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import planner.arguments as arguments
+import planner.core.arguments as arguments
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Policy:
     hidden ones. ``memory_budget_bytes``: the extra bytes moved starts and waits keep alive stay
     within it at every position (rule 10); None: no budget. ``keep_overlap`` False: rules 4, 7 and 8
     (overlap preservation) do not apply: the policy of step plans with named positions.
-    ``peak_memory_bytes``: the planned schedule's peak (``planner.memory``) stays within it (rule
+    ``peak_memory_bytes``: the planned schedule's peak (``planner.cost.memory``) stays within it (rule
     11); like ``keep_overlap`` it is judged by the verifier only (the CP-SAT model does not take
     it), and appears in ``as_params`` only when set."""
 
@@ -35,7 +35,7 @@ class Policy:
         arguments.memory_budget_bytes(self.peak_memory_bytes, "peak_memory_bytes")
 
     def as_params(self) -> dict:
-        """The keyword arguments of verify/check/build_model, and what a plan records.
+        """The keyword arguments of verify/check, and what a plan records.
         ``keep_overlap`` appears only when False: the CP-SAT model always keeps overlap (it is never
         built for positioned plans), and plans made under the default record what they did before."""
         out = asdict(self)

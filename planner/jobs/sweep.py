@@ -33,7 +33,7 @@ Spec::
     presets = ["h100-1node"]           # default: the command line's default cluster
     ranks = [8]                        # optional world sizes
     # also: tp, pre_bucketing, apply (apply the step/count plan to the traced graph), layers,
-    # collectives = ["all_gather_perf.txt"] (measured times, planner.measured; relative to the spec)
+    # collectives = ["all_gather_perf.txt"] (measured times, planner.cost.measured; relative to the spec)
 
     [[case]]
     model = "my_model.py:build"        # or hf_config = "config.json", hf = "org/model", graph = "step.py"
@@ -60,10 +60,10 @@ from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
-from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
+from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
                         load_plan, load_problem, read_regular_file, read_regular_text, save)
-from planner.memory import peak_bytes
-from planner.report import MEANING, sweep_plot, write_table
+from planner.cost.memory import peak_bytes
+from planner.jobs.tables import MEANING, pyplot, write_table
 
 OBJECTIVES = ("count", "step", "exposure")
 CASES, ROWS = "cases", "rows.jsonl"
@@ -131,7 +131,7 @@ class Case:
     layers: int | None = None
     pre_bucketing: bool = False
     apply: bool = False
-    collectives: tuple[str, ...] = ()  # measured collective files (planner.measured), resolved against the spec
+    collectives: tuple[str, ...] = ()  # measured collective files (planner.cost.measured), resolved against the spec
 
 
 @dataclass(frozen=True)
@@ -363,10 +363,10 @@ def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
     Torch-free and self-contained, so a Ray worker needs only this package. The driver verifies
     the plan again before it counts (the worker's answer is not trusted). ``progress``: the
     solver's incumbent/bound lines (in this process; a Ray worker's stay there)."""
-    from planner.plan_dir import start_plan
-    from planner.options import SolveOptions
-    from planner.problem import Plan, Problem
-    from planner.solver import solve
+    from planner.jobs.plan_dir import start_plan
+    from planner.core.options import SolveOptions
+    from planner.core.problem import Plan, Problem
+    from planner.search.solver import solve
 
     with peak_memory() as mem:
         t0 = time.perf_counter()
@@ -531,10 +531,10 @@ def plan_sha(plan) -> str:
 
 def _result_row(case: Case, objective: str, problem, greedy, result: dict) -> dict:
     """The task's result as a table row, after the driver's own check of the plan."""
-    from planner.bounds import step_floor
-    from planner.problem import Plan, collectives_after
-    from planner.simulator import simulate
-    from planner.verifier import check
+    from planner.cost.bounds import step_floor
+    from planner.core.problem import Plan, collectives_after
+    from planner.cost.simulator import simulate
+    from planner.rules.verifier import check
 
     unbucketed = simulate(problem).step_ms
     floor = step_floor(problem).floor_ms
@@ -856,3 +856,34 @@ def _apply_all(spec: Spec, out: Path, rows: dict, apply: Apply | None, say: Call
                                             "note": _error_line(e)}]
             atomic_write_text(case_dir(out, case) / STAGES, json.dumps({"stages": stages, "running": None}))
 
+
+
+def sweep_plot(out: Path, rows: list[dict]) -> None:
+    """A sweep's ``results.png``: each case's simulated step relative to its floor (unbucketed,
+    torch's greedy, each objective), written atomically."""
+    plt = pyplot()
+    cases = list(dict.fromkeys(r["case"] for r in rows))
+    objectives = list(dict.fromkeys(r["objective"] for r in rows))
+    series = {"unbucketed": "unbucketed_ms", "torch greedy": "greedy_ms"}
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cases)), 4.6))
+    labels = list(series) + [f"cpsat ({o})" for o in objectives]
+    width = 0.8 / len(labels)
+    for k, label in enumerate(labels):
+        ys = []
+        for c in cases:
+            mine = [r for r in rows if r["case"] == c]
+            r = next((x for x in mine if f"cpsat ({x['objective']})" == label), None) if label.startswith(
+                "cpsat") else mine[0]
+            key = "plan_ms" if label.startswith("cpsat") else series[label]
+            v, floor = (r or {}).get(key), (r or {}).get("floor_ms")
+            ys.append(100 * (v - floor) / floor if v is not None and floor else 0.0)
+        ax.bar([i + k * width for i in range(len(cases))], ys, width, label=label)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=25, ha="right", fontsize=7)
+    ax.set_ylabel("simulated step above the floor (% of floor)")
+    ax.set_title("Sweep: distance to the step floor per case (lower is better)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    tmp = out / ".results.png.tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    os.replace(tmp, out / "results.png")

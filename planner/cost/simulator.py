@@ -13,19 +13,19 @@ The model (see ``planner/README.md`` for the assumptions):
   pinned node that follows them, and before whatever is issued or waited there);
 - one FIFO communication stream per process group;
 - a bucket is issued at its merged start (its start anchor's position, or the position it
-  names: ``planner.positions``): it begins no earlier than the compute
+  names: ``planner.core.positions``): it begins no earlier than the compute
   stream's clock at that moment and no earlier than the end of the previous bucket on its
   stream, and runs for ``link.time_ms(kind, sum of wire_bytes)`` (latency paid once);
 - a bucket's wait, at its merged wait, stalls the compute stream until it is done;
 - with ``problem.bucketing`` set, what torch's merge adds runs on the compute stream too: every
   collective issued costs ``launch_ms`` at its start, a merged bucket's input copy runs right
   before it is issued and an all_gather bucket's output copy right after its wait (see
-  ``planner.problem.BucketingCost``). Without it merging is free, as in earlier problems;
+  ``planner.core.problem.BucketingCost``). Without it merging is free, as in earlier problems;
 - a dtype conversion torch's merge folds into a bucket's copy (``Collective.folded``) runs, for
   its ``est_ms``, right before that bucket is issued instead of at its own position;
 - ``contention`` (1 by default: overlap is free): while any collective runs on any stream, work on
   the compute stream progresses ``contention`` times slower, because NCCL's kernels take SMs and
-  memory bandwidth from the kernels they overlap (``planner.scenarios``' ``contention`` scenario,
+  memory bandwidth from the kernels they overlap (``planner.search.scenarios``' ``contention`` scenario,
   with its published figure). Stalls on a wait are not work and are not slowed; the collectives'
   own times are left as priced.
 """
@@ -38,9 +38,9 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from planner.arguments import PlanMismatchError, check_fingerprint, problem_and_plan
-from planner.positions import bucket_positions, place_of, unknown_positions
-from planner.problem import Collective, Link, Plan, Problem, copy_bytes
+from planner.core.arguments import PlanMismatchError, check_fingerprint, problem_and_plan
+from planner.core.positions import bucket_positions, place_of, unknown_positions
+from planner.core.problem import Collective, Link, Plan, Problem, copy_bytes
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class Simulation:
 
 def _buckets(problem: Problem, plan: Plan | None, index: "ReplayIndex") -> list[tuple[tuple[str, ...], float, float]]:
     """(members, merged start, merged wait) for every bucket of the final state, positions as
-    ``planner.positions`` defines them."""
+    ``planner.core.positions`` defines them."""
     colls = index.colls
     out, placed = [], set()
     for i, b in enumerate(plan.buckets if plan is not None else ()):
@@ -174,7 +174,7 @@ def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _P
 
 
 # a slow-down beyond this is no measurement of overlap (the worst published is 2x: a GEMM whose
-# single wave NCCL's blocks split in two, ``planner.scenarios``)
+# single wave NCCL's blocks split in two, ``planner.search.scenarios``)
 MAX_CONTENTION = 10.0
 
 
@@ -381,7 +381,7 @@ def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | Non
 
 def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: bool) -> Simulation:
     colls = index.colls
-    # A bucket acts only at its merged start and merged wait (``planner.positions``: its anchors'
+    # A bucket acts only at its merged start and merged wait (``planner.core.positions``: its anchors'
     # own positions, or just before the nodes it names), and every other node keeps its
     # position. So walking those events in position order *is* walking the final order; the
     # starts and waits of the members themselves do nothing, and compute runs between them.
@@ -495,7 +495,7 @@ def to_chrome_trace(sim: Simulation, problem: Problem) -> dict:
 
 
 def write_chrome_trace(sim: Simulation, problem: Problem, path: str | os.PathLike) -> Path:
-    """Write the trace atomically (``planner.io.atomic_write_text``)."""
-    from planner.io import atomic_write_text
+    """Write the trace atomically (``planner.core.io.atomic_write_text``)."""
+    from planner.core.io import atomic_write_text
 
     return atomic_write_text(path, json.dumps(to_chrome_trace(sim, problem)))

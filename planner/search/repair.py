@@ -4,16 +4,16 @@ Why this exists: torch's greedy and manual bucketings often break a feasibility 
 most of all), and a plan that cannot be applied cannot be compared with one that can. The repair
 keeps what the plan chose -- which collectives share a bucket -- and re-chooses anchors, splitting
 buckets only where it must, so the comparison is fair. A fast re-anchoring comes first
-(``planner.polish.reanchored``); a CP-SAT search within the plan's buckets (``solve`` with
-``within``) only when that is not enough. The search lives in ``planner.solver._repair``, because
+(``planner.search.polish.reanchored``); a CP-SAT search within the plan's buckets (``solve`` with
+``within``) only when that is not enough. The search lives in ``planner.search.solver._repair``, because
 ``solve`` repairs an infeasible hint with it; this module is the public entry.
 """
 
 from __future__ import annotations
 
-from planner.options import SolveOptions
-from planner.problem import Plan, Problem
-from planner.solver import SolveResult, _repair
+from planner.core.options import SolveOptions
+from planner.core.problem import Plan, Problem
+from planner.search.solver import SolveResult, _repair
 
 # a repair is quick: the plan's own buckets, most often only re-anchored
 REPAIR_OPTIONS = SolveOptions(time_limit_s=10.0)

@@ -30,12 +30,13 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.memory import buffers_of
-from planner.options import OBJECTIVES  # re-exported: the model builds each of them
-from planner.problem import Bucket, Plan, Problem
+from planner.cost.memory import buffers_of
+from planner.core.options import OBJECTIVES  # re-exported: the model builds each of them
+from planner.core.policy import Policy
+from planner.core.problem import Bucket, Plan, Problem
 
 # count: fewest collectives. exposure: least summed exposed communication per bucket (no stream
-# queuing; see TimeTerms). step: the simulated step itself (planner.step, added by the solver).
+# queuing; see TimeTerms). step: the simulated step itself (planner.search.step, added by the solver).
 
 
 class BuildStopped(Exception):
@@ -61,7 +62,7 @@ _GUARD: contextvars.ContextVar[_BuildGuard | None] = contextvars.ContextVar("buc
 
 @contextlib.contextmanager
 def build_guard(*, deadline: float | None = None, max_pairs: int | None = None):
-    """Within it, a model's build (``build_model``, ``planner.step.add_step_objective``) raises
+    """Within it, a model's build (``build_model``, ``planner.search.step.add_step_objective``) raises
     ``BuildStopped`` once ``time.perf_counter()`` passes ``deadline`` or the model has more than
     ``max_pairs`` candidate (collective, anchor) pairs: their variables and constraints are what
     take a build's time and memory (a 200,000-collective problem built past 2:40 and 16 GB), and
@@ -104,7 +105,7 @@ class _Coll:
     w_lo: int = -1  # FW > w_lo
     w_hi: int = 1 << 60  # FW < w_hi
     wait_preds_of_start: list[int] = field(default_factory=list)  # j: wait_j -> start_i
-    # a protected collective's hiders that move (planner.positions: a conversion folded into the
+    # a protected collective's hiders that move (planner.core.positions: a conversion folded into the
     # bucket of collective m runs at its merged start): (m, scheduled position)
     moving_hiders: list[tuple[int, int]] = field(default_factory=list)
     # the waits its own folded conversions depend on: (j, the conversion's position): wait_j ->
@@ -121,7 +122,7 @@ def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     protected_hiders = {h for c in problem.collectives
                         if c.status == "hidden" or (protect_partly and c.status == "partly") for h in c.hiding}
     wait_owner = {c.wait: k for k, c in enumerate(problem.collectives)}
-    # a folded conversion moves with its collective's bucket (planner.positions): it is neither a
+    # a folded conversion moves with its collective's bucket (planner.core.positions): it is neither a
     # fixed predecessor of that start, nor a fixed successor of a wait, nor a fixed hider
     folder = {index[f]: k for k, c in enumerate(problem.collectives) for f in c.folded}
     succ: dict[int, list[int]] = {}
@@ -505,7 +506,7 @@ def _not_newly_waited_before_hider(m: cp_model.CpModel, v: _Variables, colls: li
 def _folded_conversions_run_at_their_bucket(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], by_pg: dict,
                                             greater: _Greater) -> int:
     """Rules 7, 8 and 9 at a folded conversion, which runs where its collective's bucket starts
-    (``planner.positions``): the waits it depends on come before it, and a protected collective
+    (``planner.core.positions``): the waits it depends on come before it, and a protected collective
     it hides is in flight there, with no bucket newly blocking the stream around it."""
     places = _FoldedPlaces(m, v, colls)
     n = 0
@@ -679,7 +680,7 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
                    lower_bound: float | None, max_count: int | None = None, key_bounds: dict | None = None):
     """count: fewest buckets. exposure: least total exposed communication in µs per bucket
     (see ``TimeTerms``), then fewest buckets (lexicographic: exposure x (n+1) + count).
-    Known valid lower bounds (planner.bounds: on the total, and per bucket key on that key's
+    Known valid lower bounds (planner.cost.bounds: on the total, and per bucket key on that key's
     buckets) are stated to the solver: they prune, never cut off a feasible plan."""
     anchors = [c.idx for c in colls if (c.idx, c.idx) in v.x]
     count = sum(v.x[a, a] for a in anchors)
@@ -716,20 +717,31 @@ def _set_objective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], probl
     m.minimize(expr)
 
 
+@dataclass(frozen=True)
+class ObjectiveBounds:
+    """What is known of the objective before a search, stated as redundant constraints: a valid
+    ``lower_bound`` on it and ``key_bounds``, the fewest buckets of each bucket key
+    (``planner.cost.bounds``); None: not known."""
+
+    lower_bound: float | None = None
+    key_bounds: dict | None = None
+
+
 def build_model(problem: Problem, *, objective: str = "count", window: int | None = None,
-                within: Plan | None = None, lower_bound: float | None = None,
-                protect_partly: bool = False, memory_budget_bytes: int | None = None,
-                max_count: int | None = None, key_bounds: dict | None = None) -> ModelHandle:
+                within: Plan | None = None, policy: Policy = Policy(), bounds: ObjectiveBounds = ObjectiveBounds(),
+                max_count: int | None = None) -> ModelHandle:
     """The CP-SAT model of ``problem``: variables, one constraint family per rule, objective.
 
     ``within``: only merges inside that plan's buckets (its best feasible refinement, e.g. a
-    repair of torch's greedy plan). ``protect_partly``: rules 4, 7 and 8 protect partly hidden
-    collectives too (as torch's search does inside a bucket), not only fully hidden ones.
-    ``memory_budget_bytes``: extra bytes kept alive by moved starts and waits stay within it.
-    ``max_count``: only plans leaving at most that many collectives (used to probe a bound).
-    ``lower_bound`` / ``key_bounds``: valid bounds on the objective / on each bucket key's buckets
-    (``planner.bounds``), stated as redundant constraints.
+    repair of torch's greedy plan). ``policy``: ``protect_partly`` (rules 4, 7 and 8 protect
+    partly hidden collectives too, as torch's search does inside a bucket) and
+    ``memory_budget_bytes`` (extra bytes kept alive by moved starts and waits stay within it);
+    the model always keeps overlap and has no peak cap (``SolveOptions`` refuses such a policy).
+    ``bounds``: what is known of the objective (``ObjectiveBounds``). ``max_count``: only plans
+    leaving at most that many collectives (used to probe a bound).
     """
+    protect_partly, memory_budget_bytes = policy.protect_partly, policy.memory_budget_bytes
+    lower_bound, key_bounds = bounds.lower_bound, bounds.key_bounds
     colls = _prepare(problem, protect_partly)
     m = cp_model.CpModel()
     groups = None
@@ -753,7 +765,7 @@ def plan_objective(problem: Problem, plan: Plan, objective: str) -> float:
     if objective == "count":
         return n
     if objective == "step":
-        from planner.simulator import simulate
+        from planner.cost.simulator import simulate
 
         return simulate(problem, plan).step_ms
     terms = TimeTerms.of(problem)

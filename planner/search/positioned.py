@@ -2,13 +2,13 @@
 waits, among candidate places, and minimizes ``planner.simulate``'s step exactly (ns).
 
 Why this exists: the plans that beat torch's manual per-block pass issue a block's gathers a block
-ahead and wait reduce_scatters late, which no anchored plan can (``planner.positions``). A local
-search found them (``planner.position_search``) but cannot say how far they are from the best.
+ahead and wait reduce_scatters late, which no anchored plan can (``planner.core.positions``). A local
+search found them (``planner.search.position_search``) but cannot say how far they are from the best.
 Here the same plans are a CP-SAT model, so a solve returns a plan *and* a bound valid over every
 plan of the candidate space.
 
 The candidate space (``Candidates``): each bucket is represented by its anchor ``a`` (a member,
-as in ``planner.cpsat``), its members are same-key collectives within a window of ``a``, and it
+as in ``planner.search.cpsat``), its members are same-key collectives within a window of ``a``, and it
 starts at ``a``'s own start or just before one of the pinned nodes named for ``a``, and waits at
 a member's own wait or just before one of the nodes named for ``a``. The names come from the
 problem (a gather prefetched before the previous same-key collectives' waits, issued as early as
@@ -18,13 +18,13 @@ anchored one). Overlap is priced, not protected (the positioned policy: rules 4,
 
 The time model (the simulator as a max-plus recurrence over the candidate places, on a grid of
 quarters: an anchored event at ``SCALE * pos``, a named start at ``SCALE * pos(node) - 1``, a
-named wait at ``SCALE * pos(node) - 2``, as ``planner.positions`` orders them; several at one
+named wait at ``SCALE * pos(node) - 2``, as ``planner.core.positions`` orders them; several at one
 place in the anchors' order, the plan's): the compute clock ``T`` after each event; a bucket
 started there is issued at ``T`` after its launch and copy-in, and
 holds its group's FIFO stream from ``max(issue, the stream's frontier)`` for its duration (the
 frontier is a running maximum of the ends of the buckets started before, per group); a wait
 there stalls ``T`` until its bucket ends, then its copy-out runs. Durations, launches and copies
-are ``planner.step``'s terms (exact for α-β links, within ns for tables).
+are ``planner.search.step``'s terms (exact for α-β links, within ns for tables).
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from planner.bounds import BucketReach
-from planner.cpsat import ModelHandle, _prepare, build_tick
-from planner.problem import Bucket, Plan, Problem
-from planner.step import NS_PER_MS, _bucket_terms, _compute_prefix, _horizon_ns, _ns, _pieces_by_key
-from planner.bounds import per_byte_floors
+from planner.cost.bounds import BucketReach
+from planner.search.cpsat import ModelHandle, _prepare, build_tick
+from planner.core.problem import Bucket, Plan, Problem
+from planner.search.step import NS_PER_MS, _bucket_terms, _compute_prefix, _horizon_ns, _ns, _pieces_by_key
+from planner.cost.bounds import per_byte_floors
 
 SCALE = 4
-NAMED_START, NAMED_WAIT = 1, 2  # below SCALE * pos(node): planner.positions' 0.25 and 0.5
+NAMED_START, NAMED_WAIT = 1, 2  # below SCALE * pos(node): planner.core.positions' 0.25 and 0.5
 # same-key neighbours a bucket's members may come from (either side of its anchor)
 WINDOW = 16
 # previous same-key waits a gather may be prefetched before, next same-key starts a
@@ -69,7 +69,7 @@ class Candidates:
 def candidates(problem: Problem, plans: Iterable[Plan] = ()) -> Candidates:
     """The named places of the candidate space (module docstring): from the problem's order and
     from every positioned bucket of ``plans``."""
-    from planner.bounds import fixed_limits
+    from planner.cost.bounds import fixed_limits
 
     out = Candidates()
     nodes = problem.nodes
@@ -108,7 +108,7 @@ def candidates(problem: Problem, plans: Iterable[Plan] = ()) -> Candidates:
 
 @dataclass
 class PositionedHandle:
-    """The model, its membership (a ``ModelHandle``, so ``planner.step``'s terms apply), and where
+    """The model, its membership (a ``ModelHandle``, so ``planner.search.step``'s terms apply), and where
     each anchor's bucket may start and wait: ``starts[a]`` / ``waits[a]`` list ``(place, literal,
     what)`` with ``what`` None for the anchor's own start, a member index for a member's own wait,
     or a node name for a named place."""
@@ -394,7 +394,7 @@ def hint_fully(h: PositionedHandle, twin: PositionedHandle, plan: Plan, *, time_
 
 
 class MemoryCap:
-    """The peak-memory cap as constraints of the positioned model, counted as ``planner.memory``
+    """The peak-memory cap as constraints of the positioned model, counted as ``planner.cost.memory``
     counts it: at an instant ``t``, the graph's own bytes plus every buffer alive at ``t`` must fit
     under ``cap_bytes``. A buffer is alive when its bucket's start and wait (``member_buffers``'
     ends) put ``t`` between its allocation and its free; each collective counts its buffers as a
@@ -404,7 +404,7 @@ class MemoryCap:
     stays a bound of the capped space."""
 
     def __init__(self, h: PositionedHandle, cap_bytes: int):
-        from planner.memory import INSTANTS_PER_POSITION, own_memory
+        from planner.cost.memory import INSTANTS_PER_POSITION, own_memory
 
         self.h, self.cap = h, cap_bytes
         self.unit = INSTANTS_PER_POSITION // SCALE  # model places -> instants
@@ -428,7 +428,7 @@ class MemoryCap:
         self.bucket_last_use: dict[tuple[int, int], cp_model.IntVar] = {}
         self.places: dict[tuple, cp_model.IntVar] = {}
         self.stats = {"instants": 0, "terms": 0}
-        from planner.memory import member_buffers
+        from planner.cost.memory import member_buffers
 
         problem = h.problem
         self.buffers = {(c.idx, merged): [buf for buf in member_buffers(problem, problem.collectives[c.idx], merged)
@@ -437,7 +437,7 @@ class MemoryCap:
 
     def add(self, instants: Iterable[float]) -> int:
         """Constrain the memory at each instant (positions.py's scale); returns how many were new."""
-        from planner.memory import INSTANTS_PER_POSITION
+        from planner.cost.memory import INSTANTS_PER_POSITION
 
         added = 0
         for t in instants:
@@ -497,7 +497,7 @@ class MemoryCap:
     def _clauses(self, tick: int, lo, hi, a: int) -> list[list]:
         """When the buffer (lo, hi) of a member of ``a``'s bucket is alive at ``tick``: an OR of
         clauses, each an AND of literals on the bucket's places ([] in it: always; none: never)."""
-        from planner.memory import BUCKET_LAST_USE, INSTANTS_PER_POSITION as per
+        from planner.cost.memory import BUCKET_LAST_USE, INSTANTS_PER_POSITION as per
 
         def fixed(value) -> float:
             return value * per
@@ -569,7 +569,7 @@ class MemoryCap:
 
     def _bucket_last_use(self, a: int, tick: int) -> cp_model.LinearExprT:
         """At least 1 when a member of ``a``'s bucket uses its wait's storage at ``tick`` or later."""
-        from planner.memory import INSTANTS_PER_POSITION, buffers_of
+        from planner.cost.memory import INSTANTS_PER_POSITION, buffers_of
 
         key = (a, tick)
         if key not in self.bucket_last_use:

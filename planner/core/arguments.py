@@ -2,7 +2,7 @@
 
 Why this exists: ``time_limit_s=nan``, ``workers=0`` or ``seed=2**40`` used to pass silently into
 CP-SAT (an unbounded search, a silent default, MODEL_INVALID or a TypeError deep in ortools).
-Each rule lives here once: the options objects (``planner.options``, ``planner.policy``) apply
+Each rule lives here once: the options objects (``planner.core.options``, ``planner.core.policy``) apply
 them to their fields when built, ``planner.simulate`` and ``planner.verify`` to their arguments,
 and the command line to the flags that build no options object, so a value is refused with the
 same words wherever it comes from. Every function raises one ``ArgumentError`` (a ``ValueError``)
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from planner.problem import MAX_BYTES, Plan, Problem
+from planner.core.problem import MAX_BYTES, Plan, Problem
 
 # CP-SAT refuses more than 10,000 workers (kMaxReasonableParallelism in OR-Tools'
 # ortools/sat/parameters_validation.cc: num_workers, and interleave_batch_size, which the solver
@@ -25,7 +25,7 @@ SEED_RANGE = (-(2**31), 2**31 - 1)
 
 
 class ArgumentError(ValueError):
-    """An argument, or a field of an options object (``planner.options``), that its rule refuses;
+    """An argument, or a field of an options object (``planner.core.options``), that its rule refuses;
     ``name`` is the one the message names (the command line names the flag that set it instead)."""
 
     def __init__(self, name: str, message: str):

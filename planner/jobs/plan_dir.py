@@ -33,10 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from planner.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, load_plan, load_problem,
+from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, load_plan, load_problem,
                         read_regular_text, save)
-from planner.options import PositionSearchOptions, SolveOptions
-from planner.report import MEANING, write_table
+import planner.core.arguments as arguments
+from planner.core.options import PositionSearchOptions, SolveOptions
+from planner.jobs.tables import MEANING, TableStyle, write_table
 
 INDEX, LOCK = "index.jsonl", ".solve-dir.lock"
 PROBLEM, GREEDY, PLAN = "problem.json", "greedy.json", "plan.json"
@@ -139,14 +140,14 @@ class SolveJob:
     time_limit_s: float
     workers: int
     seed: int
-    positions: str = "anchored"  # "free": the positioned search after CP-SAT (planner.position_search)
+    positions: str = "anchored"  # "free": the positioned search after CP-SAT (planner.search.position_search)
 
 
 def start_plan(problem, greedy, what: str = "greedy.json"):
     """Torch's recorded greedy plan as the start and a floor of a solve, repaired when it breaks a
     rule: (plan, note); (None, why) when there is none or it is for another problem."""
-    from planner.repair import repair
-    from planner.verifier import verify
+    from planner.search.repair import repair
+    from planner.rules.verifier import verify
 
     if greedy is None:
         return None, f"no usable {what}"
@@ -169,11 +170,11 @@ def _start_plan(problem, folder: Path):
 def solve_one(job: SolveJob) -> dict:
     """Solve one recorded problem; write plan.json (verified, carrying this row) and return its
     summary row."""
-    from planner.problem import collectives_after
-    from planner.simulator import simulate
-    from planner.position_search import FREE_POSITIONS_CP_SAT_SHARE
-    from planner.solver import solve
-    from planner.verifier import check, recorded_policy
+    from planner.core.problem import collectives_after
+    from planner.cost.simulator import simulate
+    from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
+    from planner.search.solver import solve
+    from planner.rules.verifier import check, recorded_policy
 
     folder = Path(job.folder)
     row: dict = {"problem": folder.name}
@@ -226,8 +227,8 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
     peaks and the unbucketed one (``default_peak_budget``), as a SolveResult-like row source."""
     from dataclasses import replace
 
-    from planner.bounds import free_position_floor
-    from planner.position_search import default_peak_budget, position_search
+    from planner.cost.bounds import free_position_floor
+    from planner.search.position_search import default_peak_budget, position_search
 
     budget = default_peak_budget(problem, [start])
     found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
@@ -359,8 +360,8 @@ def _run_jobs(batch: list[SolveJob], jobs: int, done: Callable[[int, dict], None
 
 
 def _problem_figures(problem) -> dict:
-    from planner.bounds import step_floor
-    from planner.simulator import simulate
+    from planner.cost.bounds import step_floor
+    from planner.cost.simulator import simulate
 
     return {"collectives": len(problem.collectives), "unbucketed_ms": round(simulate(problem).step_ms, 3),
             "floor_ms": round(step_floor(problem).floor_ms, 3), "unbucketed_peak_gb": _peak_gb(problem, None)}
@@ -368,14 +369,14 @@ def _problem_figures(problem) -> dict:
 
 def _peak_gb(problem, plan) -> float:
     """Peak memory of a plan's schedule in GB (1e9 bytes), as torch's estimator counts it."""
-    from planner.memory import peak_bytes
+    from planner.cost.memory import peak_bytes
 
     return round(peak_bytes(problem, plan) / 1e9, 3)
 
 
 def _plan_figures(problem, plan) -> dict:
-    from planner.problem import collectives_after
-    from planner.simulator import simulate
+    from planner.core.problem import collectives_after
+    from planner.cost.simulator import simulate
 
     return {"plan_after": collectives_after(problem, plan), "plan_ms": round(simulate(problem, plan).step_ms, 3),
             "plan_peak_gb": _peak_gb(problem, plan)}
@@ -386,7 +387,7 @@ def plan_row(folder: Path) -> dict | None:
     loads, is for the problem beside it and passes the verifier under the policy it records (as
     ``use`` will check it) -- else None (the problem is solved again). The row says
     ``interrupted`` when Ctrl-C cut the plan's search short (solved again too)."""
-    from planner.verifier import recorded_policy, verify
+    from planner.rules.verifier import recorded_policy, verify
 
     try:
         problem = load_problem(folder / PROBLEM)
@@ -424,35 +425,55 @@ def _graphs_by_problem(plan_dir: Path) -> dict[str, str]:
 def write_summary(plan_dir: Path, rows: list[dict]) -> None:
     """``summary.csv`` and ``summary.md``, fingerprints cut to 12 characters in the Markdown."""
     try:
-        write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, first_width=12, legend=SUMMARY_LEGEND)
+        write_table(plan_dir, "summary", SUMMARY_COLUMNS, rows, legend=SUMMARY_LEGEND, style=TableStyle(first_width=12))
     except OSError as e:  # a directory named summary.csv, a read-only plan directory
         # filename2: the rename's target (summary.csv), where filename is the temporary file
         where = e.filename2 or e.filename or plan_dir
         raise PlanDirError(f"{where}: cannot write the summary ({e.strerror})") from None
 
 
-def solve_dir(plan_dir: str | os.PathLike, *, objective: str = "step", time_limit_s: float = 60.0, jobs: int = 1,
-              workers: int | None = None, seed: int = 0, force: bool = False,
-              progress: Callable[[str], None] | None = None, positions: str = "anchored") -> list[dict]:
-    """Solve every recorded problem of ``plan_dir`` without a plan that counts (``plan_row``):
-    none, unreadable, another problem's, or interrupted by Ctrl-C; ``force``: all of them.
+POSITIONS = ("anchored", "free")
 
-    ``positions`` "free": each step solve ends with the positioned search (``planner.position_search``)
-    within the higher of torch's greedy plan's and the unbucketed schedule's peak memory.
-    ``jobs`` problems at once in worker processes, each solve with ``workers`` CP-SAT workers
-    (default: the machine's cores shared among the jobs). One run per directory at a time
-    (``locked``). The summary is rebuilt from the plans on disk first and rewritten after every
-    problem and when the run ends, Ctrl-C included."""
+
+@dataclass(frozen=True)
+class SolveDirOptions:
+    """How ``solve_dir`` solves each problem, checked once when built: the ``objective`` and
+    ``time_limit_s`` of each solve, ``jobs`` problems at once in worker processes, each with
+    ``workers`` CP-SAT workers (None: the machine's cores shared among the jobs), CP-SAT's
+    ``seed``, and ``positions`` ("free": each step solve ends with the positioned search within the
+    higher of torch's greedy plan's and the unbucketed schedule's peak memory)."""
+
+    objective: str = "step"
+    time_limit_s: float = 60.0
+    jobs: int = 1
+    workers: int | None = None
+    seed: int = 0
+    positions: str = "anchored"
+
+    def __post_init__(self) -> None:
+        SolveOptions(time_limit_s=self.time_limit_s, objective=self.objective, seed=self.seed)  # their rules
+        arguments.positive_integer(self.jobs, "jobs")
+        if self.workers is not None:
+            arguments.worker_count(self.workers, "workers")
+        if self.positions not in POSITIONS:
+            raise arguments.ArgumentError("positions", f"unknown positions {self.positions!r}; use one of {POSITIONS}")
+
+
+def solve_dir(plan_dir: str | os.PathLike, options: SolveDirOptions = SolveDirOptions(), *, force: bool = False,
+              progress: Callable[[str], None] | None = None) -> list[dict]:
+    """Solve, as ``options`` says, every recorded problem of ``plan_dir`` without a plan that
+    counts (``plan_row``): none, unreadable, another problem's, or interrupted by Ctrl-C;
+    ``force``: all of them. One run per directory at a time (``locked``). The summary is rebuilt
+    from the plans on disk first and rewritten after every problem and when the run ends, Ctrl-C
+    included."""
     root = Path(plan_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such plan directory")
     with locked(root):
-        return _solve_dir(root, objective, time_limit_s, jobs, workers, seed, force, progress or (lambda msg: None),
-                          positions)
+        return _solve_dir(root, options, force, progress or (lambda msg: None))
 
 
-def _solve_dir(root: Path, objective: str, time_limit_s: float, jobs: int, workers: int | None, seed: int,
-               force: bool, say: Callable[[str], None], positions: str = "anchored") -> list[dict]:
+def _solve_dir(root: Path, options: SolveDirOptions, force: bool, say: Callable[[str], None]) -> list[dict]:
     folders = recorded_problems(root)
     graphs = _graphs_by_problem(root)  # before any solve: a broken index stops the run here
     rows = {f.name: r for f in folders if (r := plan_row(f)) is not None}
@@ -464,12 +485,13 @@ def _solve_dir(root: Path, objective: str, time_limit_s: float, jobs: int, worke
 
     write_summary(root, table())  # a summary lost or cut short by an earlier run is whole again
     cores = os.cpu_count() or 1
-    jobs = max(1, min(jobs, len(todo) or 1))
-    per_job = workers or max(1, cores // jobs)
+    jobs = max(1, min(options.jobs, len(todo) or 1))
+    per_job = options.workers or max(1, cores // jobs)
     say(f"{len(folders)} recorded problem(s) in {root}; {len(todo)} to solve"
         + (f" ({resumed} interrupted earlier)" if resumed else "")
-        + f" ({objective}, {time_limit_s:g}s each, {jobs} at a time x {per_job} CP-SAT workers)")
-    batch = [SolveJob(str(f), objective, time_limit_s, per_job, seed, positions) for f in todo]
+        + f" ({options.objective}, {options.time_limit_s:g}s each, {jobs} at a time x {per_job} CP-SAT workers)")
+    batch = [SolveJob(str(f), options.objective, options.time_limit_s, per_job, options.seed, options.positions)
+             for f in todo]
     finished: set[str] = set()
 
     def done(i: int, row: dict) -> None:

@@ -7,7 +7,7 @@ modelling bug in a planner shows up here as a named violation.
 
 The final state of a plan: a bucket's merged start sits at its start anchor's start
 position, its merged wait at its wait anchor's wait position, or each just before the pinned node
-the bucket names (``planner.positions``, the one definition of positions, read by the simulator
+the bucket names (``planner.core.positions``, the one definition of positions, read by the simulator
 too); a collective in no bucket is a bucket of its own; a dtype conversion torch's merge folds
 into a bucket's copy runs just before that bucket's merged start (``folded_positions``); every
 other node keeps its position.
@@ -22,10 +22,10 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import planner.arguments as arguments
-from planner.memory import memory_timeline, rule10_extra
-from planner.positions import bucket_positions, folded_positions, unknown_positions
-from planner.problem import Collective, Plan, Problem
+import planner.core.arguments as arguments
+from planner.cost.memory import memory_timeline, rule10_extra
+from planner.core.positions import bucket_positions, folded_positions, unknown_positions
+from planner.core.problem import Collective, Plan, Problem
 
 RULES = {
     1: "plan-matches-problem",
@@ -118,7 +118,7 @@ _POLICY_RULES = {
 
 
 def _obeys(rule, value) -> bool:
-    """Whether ``value`` passes one of planner.arguments' rules (a file's value is reported in
+    """Whether ``value`` passes one of planner.core.arguments' rules (a file's value is reported in
     its own words, naming the params key)."""
     try:
         rule(value, "value")
@@ -194,8 +194,8 @@ class _FinalState:
     plan: Plan
     colls: dict[str, Collective]  # name -> collective
     node_pos: dict[str, int]  # pinned node name -> its scheduled position
-    folded_at: dict[str, float]  # folded conversion that moves -> its final position (planner.positions)
-    start_of: dict[str, float]  # collective -> position of its bucket's merged start (planner.positions)
+    folded_at: dict[str, float]  # folded conversion that moves -> its final position (planner.core.positions)
+    start_of: dict[str, float]  # collective -> position of its bucket's merged start (planner.core.positions)
     wait_of: dict[str, float]  # collective -> position of its bucket's merged wait
     group: dict[str, int]  # collective -> bucket id
     members_of: tuple[tuple[str, ...], ...]  # bucket id -> members
@@ -460,7 +460,7 @@ def _final_position(node, s: _FinalState, wait_owner: dict[str, str]) -> float:
 def _rule_10_memory_budget(s: _FinalState, budget: int) -> list[Violation]:
     """The bytes the plan keeps alive beyond the unbucketed schedule by moving starts stay within
     ``budget`` in every segment, counted as torch's memory estimator counts them
-    (``planner.memory.rule10_extra``): an all_gather issued earlier holds its output from its
+    (``planner.cost.memory.rule10_extra``): an all_gather issued earlier holds its output from its
     merged start, one issued later frees that span; a reduce_scatter or all_reduce issued later
     holds its input until its merged start, one issued earlier frees it sooner; a wait moved frees
     nothing (torch frees after the last user, which follows the wait). Reports the first segment
@@ -479,7 +479,7 @@ def _rule_10_memory_budget(s: _FinalState, budget: int) -> list[Violation]:
 
 
 def _rule_11_peak_memory(s: _FinalState, budget: int) -> list[Violation]:
-    """The planned schedule's peak (``planner.memory.memory_timeline``: the graph's own memory,
+    """The planned schedule's peak (``planner.cost.memory.memory_timeline``: the graph's own memory,
     every collective's buffers where the plan puts them, merged buckets' copies) is within
     ``budget``."""
     t = memory_timeline(s.problem, s.plan)

@@ -4,11 +4,11 @@ memory budget, scored by the simulated step.
 Why this exists: an anchored bucket starts at one member's scheduled start and waits at one
 member's scheduled wait, so no anchored plan can prefetch the next block's all_gather or defer a
 reduce_scatter's wait, which is how torch's manual per-block pass beats every anchored plan on
-FSDP at depth. With named positions (``planner.positions``) those plans are in the search space;
+FSDP at depth. With named positions (``planner.core.positions``) those plans are in the search space;
 memory is what stops a search from gathering everything ahead (unbudgeted searches drift to
-gigabytes extra), so every candidate's peak (``planner.memory``) must stay within the budget.
+gigabytes extra), so every candidate's peak (``planner.cost.memory``) must stay within the budget.
 
-The search (first improvement, random order, then kicks, as ``planner.polish``):
+The search (first improvement, random order, then kicks, as ``planner.search.polish``):
 - state: every collective in one bucket (singletons included, which may be positioned too);
 - position moves: a bucket's start or wait to its anchor, to the earliest start / latest wait
   its members' data allow, just before the previous same-key bucket's wait (prefetch) or just
@@ -30,13 +30,13 @@ import time
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-import planner.arguments as arguments
-from planner.memory import peak_and_segment, peak_bytes
-from planner.options import PositionSearchOptions
-from planner.policy import Policy
-from planner.problem import Bucket, Plan, Problem, with_buckets
-from planner.simulator import replay_index, step_ms
-from planner.verifier import verify
+import planner.core.arguments as arguments
+from planner.cost.memory import peak_and_segment, peak_bytes
+from planner.core.options import PositionSearchOptions
+from planner.core.policy import Policy
+from planner.core.problem import Bucket, Plan, Problem, with_buckets
+from planner.cost.simulator import replay_index, step_ms
+from planner.rules.verifier import verify
 
 # an improvement smaller than this is float noise, not a faster step
 MIN_GAIN_MS = 1e-6
@@ -179,7 +179,7 @@ class _Search:
             plan = _as_plan(self.template, buckets)
         except ValueError:  # a move that broke the plan's own structure
             return None
-        # the budget by planner.memory directly (the verifier's rule 11 counts the same, and
+        # the budget by planner.cost.memory directly (the verifier's rule 11 counts the same, and
         # certifies the plan returned), then every other rule
         if self.budget is not None and peak_bytes(self.problem, plan) > self.budget:
             self.stats["rejected"] += 1

@@ -1,95 +1,19 @@
-"""Tables and plots of results, torch-free: one table writer and every figure in one place.
+"""Compare's rows, table and figures: ``PlanRow`` and ``WorkloadRow``, ``table_rows`` and
+``markdown``, and ``plots`` (step times, counts and exposed time, the timeline), torch-free.
 
-Why this exists: ``bucketplan compare``, sweeps and plan directories each wrote their CSV and
-Markdown their own way, and the compare table and plots sat in the torch room though they only
-read numbers. Here: ``write_table`` (CSV, Markdown, JSON; written atomically), compare's rows
-(``PlanRow``, ``WorkloadRow``) and table (``table_rows``, ``markdown``), and the plots
-(``plots`` for compare, ``sweep_plot`` for a sweep). ``fxglue.compare``, ``planner.sweep`` and
-``planner.plan_dir`` import it; it imports none of them. matplotlib is imported inside the
-plotting functions only, so writing a table needs nothing beyond the standard library.
+The application's report: ``bucketplan.compare`` fills the rows; the tables are written by
+``planner.jobs.tables.write_table``, whose ``MEANING`` says what each column means.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from planner.io import atomic_write_text
-from planner.memory import memory_timeline
-from planner.problem import Plan, Problem, collectives_after
-
-# ---------------------------------------------------------------- tables
-
-
-def cell_text(value) -> str:
-    """A table cell: empty for None, ``str`` otherwise."""
-    return "" if value is None else str(value)
-
-
-def markdown_lines(columns: Iterable[str], rows: list[dict], *, cell: Callable[[object], str] = cell_text,
-                   pipe: str | None = "/", first_width: int | None = None) -> list[str]:
-    """Header, rule and one line per row; a missing cell is ``cell("")``.
-
-    ``pipe``: what a "|" inside a cell becomes (None: left as is, and the row breaks).
-    ``first_width``: the first cell cut to that many characters and "…" (fingerprints)."""
-    columns = list(columns)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        cells = [cell(r.get(k, "")) for k in columns]
-        if first_width is not None and cells:
-            cells[0] = cells[0][:first_width] + "…"
-        if pipe is not None:
-            cells = [c.replace("|", pipe) for c in cells]
-        lines.append("| " + " | ".join(cells) + " |")
-    return lines
-
-
-def legend_lines(legend: dict[str, str], columns: Iterable[str]) -> list[str]:
-    """The column legend under a Markdown table: one "- `column`: meaning" line per column, in the
-    table's order. A column without an entry is a ValueError: every column says what it means."""
-    columns = list(columns)
-    missing = [c for c in columns if c not in legend]
-    if missing:
-        raise ValueError(f"legend: no meaning for column(s) {', '.join(missing)}")
-    return ["", "Columns:", ""] + [f"- `{c}`: {legend[c]}" for c in columns]
-
-
-def write_table(out_dir: Path, stem: str, columns: Iterable[str], rows: list[dict], *, title: str | None = None,
-                formats: Iterable[str] = ("csv", "md"), cell: Callable[[object], str] = cell_text,
-                pipe: str | None = "/", first_width: int | None = None, csv_newline: str = "\n",
-                legend: dict[str, str] | None = None) -> list[Path]:
-    """``rows`` as ``out_dir/stem.csv``, ``.md`` (under ``# title`` when given) and ``.json``, as
-    ``formats`` asks, each written atomically; returns the paths. Keys outside ``columns`` are
-    left out; a missing key is an empty cell (None in JSON). ``pipe`` and ``first_width`` shape
-    the Markdown only (``markdown_lines``), as does ``legend`` (``legend_lines``, under the table);
-    ``csv_newline`` ends each CSV line."""
-    columns, out_dir = list(columns), Path(out_dir)
-    paths = []
-    for fmt in formats:
-        if fmt == "csv":
-            buf = io.StringIO()
-            w = csv.DictWriter(buf, fieldnames=columns, lineterminator=csv_newline)
-            w.writeheader()
-            w.writerows({k: cell(r.get(k)) for k in columns} for r in rows)
-            text = buf.getvalue()
-        elif fmt == "md":
-            head = [f"# {title}", ""] if title is not None else []
-            text = "\n".join(head + markdown_lines(columns, rows, cell=cell, pipe=pipe, first_width=first_width)
-                             + (legend_lines(legend, columns) if legend is not None else []))
-            text += "\n"
-        elif fmt == "json":
-            text = json.dumps([{k: r.get(k) for k in columns} for r in rows], indent=1)
-        else:
-            raise ValueError(f"write_table: unknown format {fmt!r} (csv, md, json)")
-        paths.append(out_dir / f"{stem}.{fmt}")
-        atomic_write_text(paths[-1], text)
-    return paths
-
+from planner.cost.memory import memory_timeline
+from planner.core.problem import Plan, Problem, collectives_after
+from planner.jobs.tables import MEANING, TableStyle, legend_lines, markdown_lines, pyplot, write_table
 
 # ---------------------------------------------------------------- compare's table
 
@@ -137,37 +61,9 @@ COLUMNS = ["workload", "cluster", "graph_nodes", "collectives_before", "planner"
 TERMINAL_COLUMNS = ["workload", "planner", "collectives_before", "collectives_after", "step_ms", "above_floor_pct",
                     "peak_gb", "status", "gap_pct"]
 # One place for what shared column names mean (compare, sweep and solve-dir tables)
-MEANING = {
-    "workload": "the built-in workload, your model or the problem file planned",
-    "cluster": "the cluster preset that prices it (`bucketplan` docs: presets; `fxglue/presets.py`)",
-    "graph_nodes": "nodes of the traced FX graph torch's scheduler ordered (not cluster nodes)",
-    "collectives_before": "collectives in the graph before bucketing",
-    "collectives_after": "collectives left once the plan's buckets are merged",
-    "planner": "who bucketed: torch's pipelines, CP-SAT (`count`: fewest collectives; `step`: fastest simulated "
-               "step), bucketplan's free positions (starts and waits moved too); `unbucketed`: nothing merged",
-    "step_ms": "simulated time of one training step, ms (`planner.simulate`, under the cluster's cost model)",
-    "floor_ms": "the step no plan of any row can beat on this graph and cluster, ms (`planner.bounds`)",
-    "above_floor_ms": "`step_ms` - `floor_ms`: what the row leaves on the table, ms",
-    "above_floor_pct": "the step above the floor no plan can beat (`floor_ms`), % of the floor",
-    "exposed_ms": "communication the compute stream waits for, ms",
-    "overhead_ms": "bucketing's own cost: merge copies and collective launches, ms",
-    "peak_gb": "peak memory of the planned schedule, GB (10^9 bytes), counted as torch's memory estimator counts it",
-    "plan_s": "wall seconds the planner took",
-    "status": "OPTIMAL: proved (the objective equals its bound: within 1 us for the step, exactly for counts); "
-              "FEASIBLE: a verified plan, not proved; empty: torch's, not searched",
-    "bound_ms": "no plan in the row's search space has a step below this, ms (step searches)",
-    "bound_collectives": "no plan in the row's search space has fewer collectives (fewest-collectives search)",
-    "gap_pct": "(objective - bound) / objective, %: how far from proved the row's plan may be",
-    "note": "what else to know about the row (a rule torch's plan breaks, the schedule it ran on, a time limit hit)",
-    # the sweep's and solve-dir's per-plan columns
-    "greedy_after": "collectives after torch's greedy bucketer", "plan_after": "collectives after the plan",
-    "unbucketed_ms": "simulated step with nothing merged, ms", "greedy_ms": "simulated step of torch's greedy plan, ms",
-    "plan_ms": "simulated step of the plan, ms", "greedy_peak_gb": "peak memory of torch's greedy plan, GB",
-    "plan_peak_gb": "peak memory of the plan, GB (torch's estimator's accounting)",
-}
 COMPARE_LEGEND = {c: MEANING[c] for c in COLUMNS}
 # compare's files as they have always been: "|" kept in Markdown cells, CSV lines end in \r\n
-_COMPARE_STYLE = {"pipe": None, "csv_newline": "\r\n"}
+_COMPARE_STYLE = TableStyle(pipe=None, csv_newline="\r\n")
 
 
 def table_rows(rows: list[WorkloadRow]) -> list[dict]:
@@ -175,7 +71,7 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
     for r in rows:
         def line(planner_name, after, sim, p: PlanRow | None = None):
             above = None if sim is None or r.floor_ms is None else sim.step_ms - r.floor_ms
-            # peak memory as torch's estimator counts it (planner.memory), on the row's own problem
+            # peak memory as torch's estimator counts it (planner.cost.memory), on the row's own problem
             problem, plan = (p.problem, p.plan) if p is not None else (r.problem, None)
             peak = None if problem is None or (p is not None and plan is None) else memory_timeline(problem, plan)
             bound = "" if p is None or p.bound is None else p.bound
@@ -211,28 +107,17 @@ def markdown(rows: list[dict], columns: Iterable[str] = TERMINAL_COLUMNS) -> str
     """Compare's table in Markdown with its legend: the command line prints these ``columns``;
     ``compare.md`` holds all of them (``write_compare_table``)."""
     columns = list(columns)
-    return "\n".join(markdown_lines(columns, rows, pipe=_COMPARE_STYLE["pipe"])
+    return "\n".join(markdown_lines(columns, rows, TableStyle(pipe=None))
                      + legend_lines(COMPARE_LEGEND, columns)) + "\n"
 
 
 def write_compare_table(out_dir: Path, table: list[dict]) -> list[Path]:
     """``compare.csv``, ``compare.md`` and ``compare.json`` of ``table_rows``' rows."""
     return write_table(out_dir, "compare", COLUMNS, table, formats=("csv", "md", "json"), legend=COMPARE_LEGEND,
-                       title="bucketplan compare: every planner on the same graphs", **_COMPARE_STYLE)
+                       title="bucketplan compare: every planner on the same graphs", style=_COMPARE_STYLE)
 
 
 # ---------------------------------------------------------------- plots
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
     """Compare's figures: ``step_time.png``, ``timeline.png`` and ``collectives_and_exposed.png``."""
     return [_step_times(rows, out), _timeline(rows, out), _counts_and_exposed(rows, out)]
@@ -241,7 +126,7 @@ def plots(rows: list[WorkloadRow], out: Path) -> list[Path]:
 def _step_times(rows: list[WorkloadRow], out: Path) -> Path:
     """The headline measure: each planner's simulated step per workload, a bar each, with the
     floor no plan beats as a dashed line (a panel per workload: their steps differ tenfold)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(len(rows), 1, figsize=(10, 0.45 * sum(len(r.sims) for r in rows) + 1.2 * len(rows)),
                              squeeze=False)
     for ax, r in zip(axes[:, 0], rows):
@@ -271,7 +156,7 @@ def _step_times(rows: list[WorkloadRow], out: Path) -> Path:
 
 def _counts_and_exposed(rows: list[WorkloadRow], out: Path) -> Path:
     """Collectives after bucketing and simulated exposed communication, a bar per planner."""
-    plt = _pyplot()
+    plt = pyplot()
     labels = list(dict.fromkeys(p.planner for r in rows for p in r.plans))
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     width = 0.8 / len(labels)
@@ -377,7 +262,7 @@ def _timeline_panel(ax, sim, problem: Problem, lo: float, hi: float) -> float:
 def _timeline(rows: list[WorkloadRow], out: Path) -> Path:
     """The largest workload, one plan a row: one transformer block's forward (left) and backward
     (right) window (``layer_windows``), or the whole step where the graph names no blocks."""
-    plt = _pyplot()
+    plt = pyplot()
     r = max(rows, key=lambda row: row.nodes)
     problems = {"unbucketed": r.problem, **{p.planner: p.problem for p in r.plans}}
     shown = [label for label in TIMELINE_PLANNERS if label in r.sims and problems.get(label) is not None]
@@ -408,34 +293,3 @@ def _timeline(rows: list[WorkloadRow], out: Path) -> Path:
     fig.savefig(p, dpi=110)
     plt.close(fig)
     return p
-
-
-def sweep_plot(out: Path, rows: list[dict]) -> None:
-    """A sweep's ``results.png``: each case's simulated step relative to its floor (unbucketed,
-    torch's greedy, each objective), written atomically."""
-    plt = _pyplot()
-    cases = list(dict.fromkeys(r["case"] for r in rows))
-    objectives = list(dict.fromkeys(r["objective"] for r in rows))
-    series = {"unbucketed": "unbucketed_ms", "torch greedy": "greedy_ms"}
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.1 * len(cases)), 4.6))
-    labels = list(series) + [f"cpsat ({o})" for o in objectives]
-    width = 0.8 / len(labels)
-    for k, label in enumerate(labels):
-        ys = []
-        for c in cases:
-            mine = [r for r in rows if r["case"] == c]
-            r = next((x for x in mine if f"cpsat ({x['objective']})" == label), None) if label.startswith(
-                "cpsat") else mine[0]
-            key = "plan_ms" if label.startswith("cpsat") else series[label]
-            v, floor = (r or {}).get(key), (r or {}).get("floor_ms")
-            ys.append(100 * (v - floor) / floor if v is not None and floor else 0.0)
-        ax.bar([i + k * width for i in range(len(cases))], ys, width, label=label)
-    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))], cases, rotation=25, ha="right", fontsize=7)
-    ax.set_ylabel("simulated step above the floor (% of floor)")
-    ax.set_title("Sweep: distance to the step floor per case (lower is better)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    tmp = out / ".results.png.tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out / "results.png")

@@ -1,14 +1,14 @@
 """Solve a bucketing problem with CP-SAT: always a time limit, an honest status, a verified plan.
 
 Why this exists: users need more than a plan -- whether it is optimal, and if not, how far
-from a proved bound it may be. ``solve`` builds the model (``planner.cpsat``), hints it with a
+from a proved bound it may be. ``solve`` builds the model (``planner.search.cpsat``), hints it with a
 given plan (torch's greedy), runs CP-SAT deterministically, re-checks the answer with the
 independent verifier, and never returns a plan worse than a feasible hint.
 
 ``solve`` reads as its stages: prepare (validate, build the model, choose the hint), the main
 search, then widening (windowed searches), probing (count searches) and polish (step searches)
 while time is left. One frozen ``_Incumbent`` passes from stage to stage; ``_verdict`` alone
-turns the last one into the reported status, bound and gap. ``planner.repair.repair``, the
+turns the last one into the reported status, bound and gap. ``planner.search.repair.repair``, the
 public repair of a rule-breaking plan, is ``_repair`` here: a solve within the plan's buckets, which
 ``solve`` itself uses on an infeasible hint (one module, so no import circle).
 """
@@ -26,25 +26,25 @@ from typing import Callable
 
 from ortools.sat.python import cp_model
 
-import planner.arguments as arguments
-from planner.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.solver's API
-from planner.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
-from planner.cpsat import BuildStopped, ModelHandle, build_guard, build_model, plan_objective
-from planner.options import SolveOptions
-from planner.polish import polish, reanchored
-from planner.problem import Plan, Problem
-from planner.simulator import simulate
-from planner.step import NS_PER_MS, add_step_objective, hint_every_variable
-from planner.verifier import verify
+import planner.core.arguments as arguments
+from planner.core.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.search.solver's API
+from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
+from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
+from planner.core.options import SolveOptions
+from planner.search.polish import polish, reanchored
+from planner.core.problem import Plan, Problem
+from planner.cost.simulator import simulate
+from planner.search.step import NS_PER_MS, add_step_objective, hint_every_variable
+from planner.rules.verifier import verify
 
 STATUSES = ("OPTIMAL", "FEASIBLE", "INFEASIBLE", "UNKNOWN", "NOT_RUN")
 # Above this many collectives the default search uses a candidate window (the full model's
 # build and presolve alone exceed minutes at 32 layers); the bound then comes from
-# planner.bounds, which holds for the whole problem.
+# planner.cost.bounds, which holds for the whole problem.
 AUTO_FULL_MODEL_MAX_COLLECTIVES = 320
 AUTO_FULL_MODEL_MAX_PAIRS = 20_000  # candidate (collective, anchor) pairs; ddp-32 has 39k and stalls
 AUTO_WINDOW = 16
-# The most candidate (collective, anchor) pairs a model may have (planner.cpsat.build_guard): a
+# The most candidate (collective, anchor) pairs a model may have (planner.search.cpsat.build_guard): a
 # build beyond it stops and the solve returns the best plan known; the automatic window narrows
 # below AUTO_WINDOW on problems so large that AUTO_WINDOW would pass it (above 60,000 collectives).
 # Measured on generated problems of one bucket key with window 16: about 1.4 KB per pair while
@@ -60,7 +60,7 @@ PROBE_MIN_MAIN_S = 30.0
 # this much time is left (see _widen).
 WIDEN_MIN_S = 5.0
 # A step plan is reported OPTIMAL when its simulated step is within this of the bound (ms): the
-# model prices a table link's curve to within 10 ns per bucket (planner.step.duration_pieces) and
+# model prices a table link's curve to within 10 ns per bucket (planner.search.step.duration_pieces) and
 # rounds every time to integer ns.
 STEP_OPTIMAL_TOLERANCE_MS = 1e-3
 # A Ctrl-C while CP-SAT loads its workers waits for their search to start, at most this long (s;
@@ -77,7 +77,7 @@ STEP_COUNT_SHARE = 0.25
 # solve to reach its optimum (llama3-8b-fsdp-8, h100-8nodes: 30 collectives at 12.7 s; h100-64nodes:
 # 14 at 14.5 s, where a 15 s share once ended at 18 and the step plan 19 ms slower)
 STEP_COUNT_SHARE_LARGE = 0.35
-# Share of a step search's time kept for planner.polish (local search scored by the simulator) on
+# Share of a step search's time kept for planner.search.polish (local search scored by the simulator) on
 # the best plan: at 8 layers and more the CP-SAT step search mostly returns the plan it started
 # from, while polish improves it within seconds (llama3-8b-fsdp-8 on 8 nodes: 253.0 -> 245.6 ms,
 # a local optimum after 5 s). In deterministic runs polish is limited by evaluations instead.
@@ -167,10 +167,10 @@ class _SolveContext:
     window: int | None  # the main search's candidate window (None: full model)
     auto: bool  # the window was chosen automatically (then it may widen)
     t0: float  # time.perf_counter() when solve started
-    bounds: dict  # lower_bound and key_bounds for planner.cpsat.build_model
+    bounds: ObjectiveBounds  # what is known of the objective (planner.search.cpsat.build_model)
     lb: float | None  # the relaxation bound for the whole problem (the step floor for step); None until computed
     floor_ms: float | None
-    reach: BucketReach | None  # planner.bounds.bucket_reach, computed once for a step solve
+    reach: BucketReach | None  # planner.cost.bounds.bucket_reach, computed once for a step solve
     progress: Callable[[str], None] | None
     cb: _Progress
     stats: dict
@@ -258,7 +258,7 @@ def solve(
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
     """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md, searched
-    as ``options`` say (``planner.options.SolveOptions``: time limit, objective, workers, seed,
+    as ``options`` say (``planner.core.options.SolveOptions``: time limit, objective, workers, seed,
     window, determinism, probing, policy).
 
     Reproducible for a fixed seed and workers when the search ends on proof or on CP-SAT's
@@ -337,17 +337,17 @@ def _context(problem: Problem, options: SolveOptions, within: Plan | None,
         window = None if n <= AUTO_FULL_MODEL_MAX_COLLECTIVES else min(AUTO_WINDOW, max(1, (MAX_MODEL_PAIRS // n - 1) // 2))
     return _SolveContext(
         problem=problem, options=options, within=within, window=window, auto=auto, t0=t0,
-        bounds={"lower_bound": None, "key_bounds": None}, lb=None, floor_ms=None, reach=None, progress=progress,
+        bounds=ObjectiveBounds(), lb=None, floor_ms=None, reach=None, progress=progress,
         cb=_Progress(progress, t0, options.objective), stats={})
 
 
 def _with_bounds(ctx: _SolveContext) -> _SolveContext:
-    """``ctx`` with the relaxation bounds of planner.bounds (and for step, the bucket reach and
+    """``ctx`` with the relaxation bounds of planner.cost.bounds (and for step, the bucket reach and
     the step floor), computed once for every model of the solve."""
     problem = ctx.problem
     deadline = ctx.deadline(ctx.time_limit_s)  # the bounds too are within the time limit
     key_bounds = key_lower_bounds(problem, protect_partly=ctx.policy.protect_partly, deadline=deadline)
-    lb = float(sum(key_bounds.values()))  # = planner.bounds.lower_bound, computed once
+    lb = float(sum(key_bounds.values()))  # = planner.cost.bounds.lower_bound, computed once
     reach = bucket_reach(problem) if ctx.step else None  # the floor's and every step model's
     # the floor's key bounds are without protect_partly (looser or equal): reuse when they are
     floor_ms = None
@@ -355,9 +355,9 @@ def _with_bounds(ctx: _SolveContext) -> _SolveContext:
         need = key_bounds if not ctx.policy.protect_partly else key_lower_bounds(problem, deadline=deadline)
         floor = step_floor(problem, reach, need, deadline=deadline)
         floor_ms = floor.floor_ms
-        if floor.chain_cut:  # a valid floor, looser than it would be with time (planner.bounds)
+        if floor.chain_cut:  # a valid floor, looser than it would be with time (planner.cost.bounds)
             ctx.stats["chain_floor_cut"] = True
-    ctx = dataclasses.replace(ctx, bounds={"lower_bound": lb, "key_bounds": key_bounds},
+    ctx = dataclasses.replace(ctx, bounds=ObjectiveBounds(lb, key_bounds),
                               lb=floor_ms if ctx.step else lb,  # the step's relaxation bound, valid for the whole problem
                               floor_ms=floor_ms, reach=reach)
     ctx.stats["relaxation_bound"] = ctx.lb
@@ -389,16 +389,16 @@ def _main_model(ctx: _SolveContext) -> tuple[_SolveContext, ModelHandle]:
 
 def _build(ctx: _SolveContext, window: int | None, within: Plan | None, *,
            max_pairs: int | None = None) -> ModelHandle:
-    """The rule model with its objective; ``step`` adds the step variables of planner.step.
+    """The rule model with its objective; ``step`` adds the step variables of planner.search.step.
     ``BuildStopped`` when the time limit passes while building or the model outgrows
-    ``max_pairs`` candidate pairs (default MAX_MODEL_PAIRS; planner.cpsat.build_guard)."""
+    ``max_pairs`` candidate pairs (default MAX_MODEL_PAIRS; planner.search.cpsat.build_guard)."""
     max_pairs = MAX_MODEL_PAIRS if max_pairs is None else max_pairs
     with build_guard(deadline=ctx.deadline(ctx.time_limit_s), max_pairs=max_pairs):
         if not ctx.step:
-            return build_model(ctx.problem, objective=ctx.objective, window=window, within=within, **ctx.bounds,
-                               **ctx.policy.as_params())
-        handle = build_model(ctx.problem, objective="count", window=window, within=within, **ctx.bounds,
-                             **ctx.policy.as_params())
+            return build_model(ctx.problem, objective=ctx.objective, window=window, within=within,
+                               policy=ctx.policy, bounds=ctx.bounds)
+        handle = build_model(ctx.problem, objective="count", window=window, within=within, policy=ctx.policy,
+                             bounds=ctx.bounds)
         step = add_step_objective(handle, ctx.problem, floor_ms=ctx.floor_ms or 0.0, reach=ctx.reach)
     handle.objective = "step"
     handle.stats.update(step.stats, step_slack_ns=step.stats["step_events"] + step.stats["step_anchors"])
@@ -438,7 +438,7 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
 
 
 def _repair(problem: Problem, plan: Plan, options: SolveOptions) -> SolveResult:
-    """``planner.repair.repair`` (the public entry): here, because it is a solve within the plan's
+    """``planner.search.repair.repair`` (the public entry): here, because it is a solve within the plan's
     buckets and ``solve`` repairs an infeasible hint with it. It counts collectives in the full
     model of the plan's buckets (``options``' objective and window do not apply). A fast
     re-anchoring first; when it keeps every bucket it is optimal for this restricted space (no
@@ -700,8 +700,8 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
             break  # (a Ctrl-C in the last probe: it kept what it found)
         try:
             with build_guard(deadline=deadline, max_pairs=MAX_MODEL_PAIRS):
-                handle = build_model(ctx.problem, objective="count", lower_bound=target, max_count=target,
-                                     key_bounds=ctx.bounds["key_bounds"], **ctx.policy.as_params())
+                handle = build_model(ctx.problem, objective="count", policy=ctx.policy, max_count=target,
+                                     bounds=ObjectiveBounds(target, ctx.bounds.key_bounds))
         except BuildStopped:  # out of time: the bound so far stands
             break
         # no hint: the incumbent is over the target, so it breaks this model (see above _probe)
@@ -725,15 +725,14 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
 
 
 def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
-    """``planner.polish`` on the search's best plan, with the rest of the time limit (in
+    """``planner.search.polish`` on the search's best plan, with the rest of the time limit (in
     deterministic runs, POLISH_EVALUATIONS_PER_S evaluations per second of its share), then on
     the other plans the search could start from while time is left; its result is verified and
     never slower."""
     max_evaluations = int(POLISH_EVALUATIONS_PER_S * ctx.polish_s) if ctx.deterministic else None
     restarts = tuple(p for p in ctx.starts if p.buckets != incumbent.plan.buckets)
-    result = polish(ctx.problem, incumbent.plan, deadline=ctx.deadline(ctx.time_limit_s),
-                    max_evaluations=max_evaluations, seed=ctx.seed, policy=ctx.policy, progress=ctx.progress,
-                    restarts=restarts)
+    result = polish(ctx.problem, (incumbent.plan, *restarts), deadline=ctx.deadline(ctx.time_limit_s),
+                    max_evaluations=max_evaluations, seed=ctx.seed, policy=ctx.policy, progress=ctx.progress)
     ctx.stats["polish"] = result.stats
     if result.step_ms < incumbent.objective:
         from_start = {"polished_from": result.stats["best_from"]} if "best_from" in result.stats else {}

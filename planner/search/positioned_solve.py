@@ -1,7 +1,7 @@
 """The fastest plan of the candidate space within a memory cap, with CP-SAT's proof of how close
-it is: ``planner.positioned``'s step model and memory cap, started from the best plan given.
+it is: ``planner.search.positioned``'s step model and memory cap, started from the best plan given.
 
-Why this exists: the positioned search (``planner.position_search``) finds fast plans under a
+Why this exists: the positioned search (``planner.search.position_search``) finds fast plans under a
 peak budget but proves nothing, and treats the peak as a filter. Here the same plans are hints of
 one CP-SAT model whose constraints include the cap, so the answer carries a bound over every plan
 of the candidate space within the cap (``Candidates``: the members' own places, prefetch and
@@ -12,7 +12,7 @@ The cap is exact but lazy: the model constrains the memory at the instants where
 so far were fullest; a solution over the cap elsewhere adds the instants where it was over and the
 search goes on from the best plan within the cap. Every instant added holds for every plan, so
 each bound reported is a bound of the capped space. Every plan returned is verified (the
-positioned policy, the peak by ``planner.memory``) and simulated.
+positioned policy, the peak by ``planner.cost.memory``) and simulated.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from planner.memory import memory_profile, peak_bytes
-from planner.position_search import positioned_policy
-from planner.positioned import (WINDOW, MemoryCap, PositionedHandle, add_positioned_step,
+from planner.cost.memory import memory_profile, peak_bytes
+from planner.search.position_search import positioned_policy
+from planner.search.positioned import (WINDOW, MemoryCap, PositionedHandle, add_positioned_step,
                                 build_positioned_model, candidates, hint_fully, model_step_ms)
-from planner.problem import Plan, Problem
-from planner.simulator import step_ms
-from planner.verifier import verify
+from planner.core.problem import Plan, Problem
+from planner.cost.simulator import step_ms
+from planner.rules.verifier import verify
 
 # instants of a plan's memory profile the model constrains from the start (its fullest), and at
 # most this many more per round where a solution went over the cap
@@ -74,12 +74,12 @@ def _fullest(problem: Problem, plan: Plan | None, most: int, over: int | None = 
 
 
 def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int | None, time_limit_s: float,
-                 workers: int = 2, seed: int = 0, window: int = WINDOW, floor_ms: float = 0.0,
+                 workers: int = 2, seed: int = 0, floor_ms: float = 0.0,
                  say=None) -> CappedResult:
     """The fastest plan of the candidate space of ``plans`` within ``peak_memory_bytes``
     (module docstring), from the fastest of ``plans`` within it, which must exist: a start the
     search keeps if it finds nothing better."""
-    from planner.solver import _configured_solver, _Progress, _run_search
+    from planner.search.solver import _configured_solver, _Progress, _run_search
 
     t0 = time.perf_counter()
     policy = positioned_policy(peak_memory_bytes).as_params()
@@ -101,8 +101,8 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
             break
         stats["rounds"] += 1
         t_build = time.perf_counter()
-        h, cap = _model(problem, found, peak_memory_bytes, instants, window, floor_ms)
-        twin, _ = _model(problem, found, peak_memory_bytes, instants, window, floor_ms)
+        h, cap = _model(problem, found, peak_memory_bytes, instants, WINDOW, floor_ms)
+        twin, _ = _model(problem, found, peak_memory_bytes, instants, WINDOW, floor_ms)
         t_hint = time.perf_counter()
         hinted = hint_fully(h, twin, best, time_limit_s=min(10.0, left / 4))
         stats.setdefault("rounds_s", []).append({"build": round(t_hint - t_build, 2),
@@ -118,7 +118,7 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
                 raise AssertionError("the capped model refused the plan it was started from")
             break
         bound_ms = max(bound_ms, (solver.best_objective_bound - h.slack_ns) / 1e6)
-        plan = h.extract(solver, params={**policy, "window": window})
+        plan = h.extract(solver, params={**policy, "window": WINDOW})
         wrong = verify(problem, plan, **{**policy, "peak_memory_bytes": None})
         if wrong:
             raise AssertionError(f"the positioned model returned a plan the verifier refuses: {wrong[0]}")

@@ -2,7 +2,7 @@
 
 Why this exists: users pay for step time, not for collectives. With the anchors fixed, the
 final order is fixed, so the simulator is a max-plus recurrence over the start and wait
-positions, which CP-SAT states directly on top of the rule model of ``planner.cpsat`` (its
+positions, which CP-SAT states directly on top of the rule model of ``planner.search.cpsat`` (its
 ``x``/``y`` assignment, every rule, the candidate pruning). Times are integer nanoseconds
 (rounding each term to 1 µs drifted 27 µs at 8 layers in a prototype; ns keep the drift under
 a microsecond).
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.bounds import BucketReach, bucket_reach, per_byte_floors
-from planner.cpsat import ModelHandle, build_tick
-from planner.problem import Link, Plan, Problem, copy_bytes
+from planner.cost.bounds import BucketReach, bucket_reach, per_byte_floors
+from planner.search.cpsat import ModelHandle, build_tick
+from planner.core.problem import Link, Plan, Problem, copy_bytes
 
 NS_PER_MS = 1_000_000
 # Durations are lines in bytes counted in units of BYTE_UNIT (each member's bytes rounded down,
@@ -341,7 +341,7 @@ def _bucket_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, an
     folded_in, away = _folded_terms(handle, problem)
     pricing = _Pricing(m, handle, problem, magnitude, reach, least, pieces)
     for a in anchors:
-        build_tick()  # a build that passes its deadline stops here too (planner.cpsat.build_guard)
+        build_tick()  # a build that passes its deadline stops here too (planner.search.cpsat.build_guard)
         terms[a] = _anchor_terms(pricing, a, members[a], folded_in.get(a, 0))
     return terms, away
 
@@ -364,7 +364,7 @@ class _MovedAway:
 
 def _folded_terms(handle: ModelHandle, problem: Problem):
     """A folded conversion runs, when its collective is merged, as part of its bucket's copy-in
-    and not at its own position (``planner.simulator``): per anchor, the ns its members' moved
+    and not at its own position (``planner.cost.simulator``): per anchor, the ns its members' moved
     conversions add to the copy-in; and the ns their own positions lose (``_MovedAway``)."""
     x, colls = handle.x, handle.colls
     by_name = {n.name: n for n in problem.nodes}
@@ -442,7 +442,7 @@ def _horizon_ns(problem: Problem, reach: BucketReach, compute_ns: int) -> int:
 def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float = 0.0,
                        reach: BucketReach | None = None, exact: bool = True) -> StepModel:
     """Make ``handle``'s model minimize the simulated step (ns); see the module docstring.
-    ``floor_ms``: a valid lower bound on the step (``planner.bounds.step_floor``), stated.
+    ``floor_ms``: a valid lower bound on the step (``planner.cost.bounds.step_floor``), stated.
     ``reach``: ``bucket_reach(problem)`` when the caller has it. ``exact``: table curves by
     their ``duration_pieces`` too, else by the concave minorant alone."""
     m, colls, x, y = handle.model, handle.colls, handle.x, handle.y

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 
-from planner.problem import Bucket, Collective, Plan, Problem
+from planner.core.problem import Bucket, Collective, Plan, Problem
 
 # Offsets below the named node's position: distinct, exact in binary floating point, and in
 # (0, 1) so a positioned event stays after every node scheduled before the named one.

@@ -7,8 +7,8 @@ torch's manual bucketing of one bucket per transformer block (``fxglue.manual``)
 CP-SAT (fewest collectives; and the simulated step itself, started from that plan), verifies
 every plan, simulates each one
 (``planner.simulate``), and writes one table (CSV and Markdown), plots and Chrome traces (the
-table and plots are ``planner.report``'s: torch-free).
-Every row is set against the step floor (``planner.bounds.step_floor``): the step no plan can
+table and plots are ``bucketplan.report``'s: torch-free).
+Every row is set against the step floor (``planner.cost.bounds.step_floor``): the step no plan can
 beat on that cluster, so "ms above the floor" is what a planner leaves on the table.
 """
 
@@ -20,19 +20,19 @@ import time
 from pathlib import Path
 
 import planner
-from fxglue import planners
-import planner.io
-from planner.io import atomic_write_text, replace_dir_atomically
-from planner.bounds import free_position_floor, step_floor
-from planner.memory import peak_bytes
-from planner.options import SolveOptions
-from planner.position_search import position_search
-from planner.repair import repair
-from planner.simulator import simulate, write_chrome_trace
-from planner.progress import LiveLine
-from planner.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
-from planner.report import plots
-from planner.verifier import check
+from planner.search import planners
+import planner.core.io
+from planner.core.io import atomic_write_text, replace_dir_atomically
+from planner.cost.bounds import free_position_floor, step_floor
+from planner.cost.memory import peak_bytes
+from planner.core.options import SolveOptions
+from planner.search.position_search import position_search
+from planner.search.repair import repair
+from planner.cost.simulator import simulate, write_chrome_trace
+from planner.jobs.progress import LiveLine
+from bucketplan.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
+from bucketplan.report import plots
+from planner.rules.verifier import check
 
 DEFAULT_SUITE = ("llama3-8b-fsdp-2", "llama3-8b-2d-2", "llama3-8b-ddp-2", "llama3-8b-fsdp-8")
 # (label, objective): the step search starts from the count plan, which it never loses to
@@ -91,12 +91,12 @@ class Steps:
 
 def _problems_for(name, announce, preset=None):
     """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it)."""
-    from fxglue.pipeline import prepare
+    from fxglue.pipeline import PipelineOptions, prepare
 
     announce("torch default, torch greedy (tracing, torch's scheduler)", "1-2")
     out = []
     for pre in (False, True):
-        p = prepare(name, preset=preset, pre_bucketing=pre)
+        p = prepare(name, preset=preset, pipeline=PipelineOptions(pre_bucketing=pre))
         out.append((p.problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
     return out
 
@@ -130,11 +130,11 @@ def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
     return row
 
 
-def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=None, traces: bool = True,
-                     manual: bool = True, steps: Steps | None = None) -> WorkloadRow:
-    """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model).
-
-    ``steps``: compare's progress, one line per row (``say`` then gets only the searches' detail);
+def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, say, preset=None, manual: bool = True,
+                     steps: Steps | None = None) -> WorkloadRow:
+    """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model); each
+    row's Chrome trace under ``traces_to/traces/`` (None: none). ``manual``: torch's manual
+    per-block row too (built-in workloads only). ``steps``: compare's progress, one line per row (``say`` then gets only the searches' detail);
     without it every stage and search line goes to ``say``. ``say`` None: no detail at all."""
     name = workload if isinstance(workload, str) else workload.name
     announce = _announcer(name, say, steps)
@@ -159,7 +159,7 @@ def compare_workload(workload, *, time_limit_s: float, out: Path, say, preset=No
     row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms,  # positioned plans: their own floor
                        free_position_floor(prob_pre).floor_ms)
     _flag_over_default_peak(row)
-    _simulate_rows(row, prob, out if traces else None)
+    _simulate_rows(row, prob, traces_to)
     if steps is not None:
         steps.done(row.plans)
     return row
@@ -200,7 +200,7 @@ def _silent(msg: str) -> None:
 
 def _cpsat_rows(row: WorkloadRow, prob, hint, time_limit_s: float, say, announce, live: bool = True) -> None:
     """CP-SAT's rows: fewest collectives, then the step objective started from that plan. ``live``:
-    the search's detail kept alive as a live line (``planner.progress.LiveLine``), else none."""
+    the search's detail kept alive as a live line (``planner.jobs.progress.LiveLine``), else none."""
     count_plan = None
     for label, objective in CPSAT_VARIANTS:
         announce(label)
@@ -239,8 +239,8 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
 
 
 def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: float, say) -> PlanRow:
-    """The positioned search (``planner.position_search``) within the peak memory of torch's default
-    pipeline (``planner.memory``, on its own problem; or the unbucketed schedule's, if higher): a
+    """The positioned search (``planner.search.position_search``) within the peak memory of torch's default
+    pipeline (``planner.cost.memory``, on its own problem; or the unbucketed schedule's, if higher): a
     plan never holds more than what torch would run. Half the time on torch's schedule, from the
     per-block seed and the plans there (CP-SAT's, torch's greedy), half on torch's pre-bucketed
     schedule from torch's default plan and CP-SAT's there, so the row is never slower than torch's
@@ -335,10 +335,10 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
                 continue
             problem_file = Path("problems") / f"{_slug(row.name)}{schedules[id(p.problem)]}.json"
             if problem_file not in saved:
-                planner.io.save(p.problem, out / problem_file)
+                planner.core.io.save(p.problem, out / problem_file)
                 saved.add(problem_file)
             plan_file = Path("plans") / f"{_slug(row.name)}--{_slug(p.planner)}.json"
-            planner.io.save(p.plan, out / plan_file)
+            planner.core.io.save(p.plan, out / plan_file)
             lines.append(f"| {row.name} | {p.planner} | {plan_file} | {problem_file} |")
     (out / "plans").mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "plans" / "index.md", "\n".join(lines) + "\n")
@@ -347,8 +347,8 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
 
 def scenario_tables(rows: list[WorkloadRow], scenarios: list[str]) -> list[str]:
     """Markdown lines: per workload, each row's plan re-priced under each scenario, with its regret
-    (``planner.scenarios``); the same plans as the main table, nothing searched again."""
-    from planner.scenarios import ScenarioError, describe, judge_each
+    (``planner.search.scenarios``); the same plans as the main table, nothing searched again."""
+    from planner.search.scenarios import ScenarioError, describe, judge_each
 
     lines = ["Scenarios: " + "; ".join(f"`{s}`: {describe(s)}" for s in scenarios),
              ""]
@@ -377,7 +377,7 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
     searches' own lines (incumbents, bounds, polish moves), none by default.
 
     ``out`` is replaced as a whole, and only when the run completes: everything is written into a
-    fresh folder beside it first (``planner.io.replace_dir_atomically``). A run that fails or is
+    fresh folder beside it first (``planner.core.io.replace_dir_atomically``). A run that fails or is
     interrupted leaves ``out`` as it was, so it never holds one run's table beside another's
     traces, nor traces of workloads the last run did not have."""
     steps = Steps(progress or _silent, len(workloads), time_limit_s)
@@ -390,12 +390,12 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
                                                  steps=steps))
             else:
                 steps.workload(target if isinstance(target, str) else target.name)
-                rows.append(compare_workload(target, time_limit_s=time_limit_s, out=tmp, say=detail, preset=preset,
-                                             steps=steps))
+                rows.append(compare_workload(target, time_limit_s=time_limit_s, traces_to=tmp, say=detail,
+                                             preset=preset, steps=steps))
         table = table_rows(rows)
         write_compare_table(tmp, table)
         if scenarios:
-            from planner.io import atomic_write_text
+            from planner.core.io import atomic_write_text
 
             atomic_write_text(tmp / "scenarios.md", "\n".join(scenario_tables(rows, scenarios)) + "\n")
         plots(rows, tmp)
