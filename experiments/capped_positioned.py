@@ -77,7 +77,7 @@ def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Pa
     t1 = time.perf_counter()
     searched = position_search(problem, starts, peak_memory_bytes=cap, deadline=time.perf_counter() + search_s)
     t2 = time.perf_counter()
-    floor = free_position_floor(problem)
+    floor = free_position_floor(problem, peak_memory_bytes=cap)  # any positions, within the cap
     capped = solve_capped(problem, [searched.plan], peak_memory_bytes=cap, time_limit_s=cpsat_s,
                           floor_ms=floor.floor_ms)
     t3 = time.perf_counter()

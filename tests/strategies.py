@@ -200,3 +200,84 @@ def folded_conversions(draw, p: planner.Problem) -> planner.Problem:
             nodes[i] = n.model_copy(update={"deps": deps})
     fields = {k: getattr(p, k) for k in type(p).model_fields if k not in ("collectives", "nodes", "fingerprint")}
     return planner.Problem(**fields, nodes=tuple(nodes), collectives=tuple(colls)).with_fingerprint()
+
+
+@st.composite
+def exact_memory(draw, p: planner.Problem) -> planner.Problem:
+    """``p`` with an exact memory profile (``planner.cost.memory``): every scheduled position a run
+    of its own with random own bytes, random bytes just before each pinned node, and buffers for
+    each collective: an all_gather's result (its wire bytes or nothing) until its wait, its wait's
+    storage until its last user (a random node after the wait where none uses it); a reduce's input
+    from a random position before its start. The graph's own bytes come in units of the largest
+    collective, so that a spike can keep a gather out. Each wait gets a compute node after it as a
+    user where it has none and one exists (FSDP's gathers are all used)."""
+    unit = max(c.wire_bytes for c in p.collectives)
+    n = p.n_scheduled
+    index = {node.name: k for k, node in enumerate(p.nodes)}
+    nodes = list(p.nodes)
+    for c in p.collectives:
+        later = [k for k, node in enumerate(nodes) if node.pos > c.wait_pos and node.kind == "compute"]
+        if later and not any(index[c.wait] in node.deps for node in nodes):
+            k = draw(st.sampled_from(later))
+            nodes[k] = nodes[k].model_copy(update={"deps": tuple(sorted(set(nodes[k].deps) | {index[c.wait]}))})
+    p = p.model_copy(update={"nodes": tuple(nodes)})
+    buffers = {}
+    for c in p.collectives:
+        users = [node.pos for node in p.nodes if index[c.wait] in node.deps]  # the wait's last user, as torch's
+        last = max(users) if users else draw(st.integers(c.wait_pos, n - 1))
+        wire = st.sampled_from([0, c.wire_bytes, c.wire_bytes])
+        if c.kind == "all_gather":
+            buffers[c.name] = planner.CollectiveBuffers(out_bytes=draw(wire), out_last_use=c.wait_pos,
+                                                        wait_bytes=draw(wire), wait_last_use=last)
+        else:
+            buffers[c.name] = planner.CollectiveBuffers(
+                out_bytes=draw(wire), out_last_use=c.wait_pos, in_bytes=draw(wire),
+                in_alloc=draw(st.integers(-1, c.start_pos - 1)), wait_bytes=draw(wire), wait_last_use=last)
+    runs = tuple(range(n))
+    peaks = tuple(draw(st.integers(0, 3)) * unit for _ in runs)
+    memory = planner.MemoryProfile(segment_peak_bytes=(max(peaks, default=0),) * (len(p.nodes) + 1), buffers=buffers,
+                                   run_starts=runs, run_peak_bytes=peaks,
+                                   before_bytes=tuple(draw(st.integers(0, 3)) * unit for _ in p.nodes))
+    return p.model_copy(update={"memory": memory}).with_fingerprint()
+
+
+@st.composite
+def gathers_before_use(draw) -> planner.Problem:
+    """FSDP's shape, small: compute nodes in order, and one or two all_gathers of one bucket key,
+    each waited just before the compute node that uses it and started somewhere before that, with
+    an exact memory profile (``exact_memory``) whose spikes can keep a gather from starting early."""
+    n_compute = draw(st.integers(2, 4))
+    seq: list[tuple[str, int]] = [("c", j) for j in range(n_compute)]
+    for i in range(draw(st.integers(1, 2))):
+        user = draw(st.integers(1, n_compute - 1))
+        at = seq.index(("c", user))
+        seq.insert(at, ("w", i))
+        seq.insert(draw(st.integers(0, at)), ("s", i))
+    index = {tok: k for k, tok in enumerate(seq)}
+    users = {}
+    N = planner.Node
+    nodes = []
+    for k, tok in enumerate(seq):
+        if tok[0] == "c":
+            waits = tuple(index[("w", i)] for (kind, i) in seq if kind == "w" and seq[index[("w", i)] + 1] == tok)
+            nodes.append(N(name=f"mm_{tok[1]}", kind="compute", pos=k, est_ms=draw(st.sampled_from([0.5, 1.0, 2.0])),
+                           deps=waits))
+            for w in waits:
+                users[w] = k
+        elif tok[0] == "s":
+            nodes.append(N(name=f"ag_{tok[1]}", kind="start", pos=k, est_ms=0.0))
+        else:
+            nodes.append(N(name=f"w_{tok[1]}", kind="wait", pos=k, est_ms=0.0, deps=(index[("s", tok[1])],)))
+    colls = []
+    for i in sorted(i for kind, i in seq if kind == "s"):
+        size = draw(st.sampled_from([1, 2, 4])) << 20
+        colls.append(planner.Collective(
+            name=f"ag_{i}", wait=f"w_{i}", kind="all_gather", pg="0", key="all_gather/0/bfloat16", dtype="bfloat16",
+            size_bytes=size, wire_bytes=size, est_ms=1.0, exposed_ms=1.0, start_pos=index[("s", i)],
+            wait_pos=index[("w", i)], status="exposed"))
+    link = planner.Link(pg="0", group_size=2, latency_ms=draw(st.sampled_from([0.1, 0.5, 1.0])),
+                        bandwidth_gbps=draw(st.sampled_from([1.0, 2.0, 4.0])))
+    problem = planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=len(seq),
+                              collectives=tuple(colls), nodes=tuple(nodes), links=(link,),
+                              timelines=()).with_fingerprint()
+    return draw(exact_memory(problem))

@@ -211,3 +211,66 @@ def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     step = planner.simulate(problem, plan).step_ms
     assert release_deadline_floor(problem) <= step + 1e-9
     assert free_position_floor(problem).floor_ms <= step + 1e-9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_the_memory_capped_floor_is_never_above_a_plan_within_the_cap(data):
+    """Brute force over every plan with free positions of a tiny problem with an exact memory
+    profile: capped at a plan's own peak (``planner.cost.memory``), the floor is at most that
+    plan's simulated step (the plan is within the cap), and never below the uncapped floor."""
+    from planner.cost.bounds import release_deadline_floor
+    from planner.cost.memory import peak_bytes
+    from planner.search.position_search import positioned_policy
+    from tests.brute import positioned_plans
+    from tests.strategies import exact_memory, gathers_before_use
+
+    if data.draw(st.booleans()):
+        problem = data.draw(exact_memory(data.draw(problems(max_collectives=2, max_compute=3, costs=True,
+                                                            dtypes=("bfloat16",)))))
+    else:  # FSDP's shape, where the cap binds (in about one case of six)
+        problem = data.draw(gathers_before_use())
+    rules = positioned_policy(None).as_params()
+    uncapped = release_deadline_floor(problem)
+    floors: dict[int, float] = {}
+    for plan in positioned_plans(problem):
+        if planner.verify(problem, plan, **rules):
+            continue
+        peak = peak_bytes(problem, plan)
+        if peak not in floors:
+            floors[peak] = release_deadline_floor(problem, peak)
+            assert floors[peak] >= uncapped - 1e-9
+        step = planner.simulate(problem, plan).step_ms
+        assert floors[peak] <= step + 1e-9, (floors[peak], step, peak, plan.buckets)
+
+
+def test_the_memory_capped_floor_keeps_a_gather_out_of_a_spike():
+    """A gather (3 ms) hidden best behind both compute nodes before its user; the graph's own
+    bytes spike at the first (120 of a 200-byte peak), so starting the gather there holds 220:
+    within the unbucketed schedule's peak the gather starts after that node, and the floor is that
+    schedule's step (6 ms), where the uncapped floor is the early plan's 5 ms."""
+    from planner.cost.bounds import free_position_floor, release_deadline_floor
+    from planner.cost.memory import peak_bytes
+
+    N = planner.Node
+    nodes = (N(name="mm0", kind="compute", pos=0, est_ms=2.0), N(name="ag", kind="start", pos=1, est_ms=0.0),
+             N(name="mm1", kind="compute", pos=2, est_ms=2.0), N(name="w", kind="wait", pos=3, est_ms=0.0, deps=(1,)),
+             N(name="mm2", kind="compute", pos=4, est_ms=1.0, deps=(3,)))
+    gather = planner.Collective(name="ag", wait="w", kind="all_gather", pg="0", key="ag/0", dtype="bfloat16",
+                                size_bytes=100, wire_bytes=100, est_ms=3.0, exposed_ms=1.0, start_pos=1, wait_pos=3,
+                                hiding=("mm1",), status="partly")
+    memory = planner.MemoryProfile(
+        segment_peak_bytes=(0,) * 6, run_starts=(0, 1, 2, 3, 4), run_peak_bytes=(120, 0, 0, 0, 0), before_bytes=(0,) * 5,
+        buffers={"ag": planner.CollectiveBuffers(out_bytes=100, out_last_use=3, wait_bytes=100, wait_last_use=4)})
+    problem = planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=5, collectives=(gather,),
+                              nodes=nodes, links=(planner.Link(pg="0", group_size=2, latency_ms=3.0, bandwidth_gbps=1e9),),
+                              timelines=(), memory=memory).with_fingerprint()
+    early = planner.Plan(problem_fingerprint=problem.fingerprint, planner="t", created="", buckets=(
+        planner.Bucket(members=("ag",), start="ag", wait="ag", issue_before="mm0"),))
+    assert not planner.verify(problem, early, keep_overlap=False)
+    assert planner.simulate(problem, early).step_ms == pytest.approx(5.0)
+    assert (peak_bytes(problem, early), peak_bytes(problem)) == (220, 200)
+    assert release_deadline_floor(problem) == pytest.approx(5.0)
+    assert release_deadline_floor(problem, 200) == pytest.approx(planner.simulate(problem).step_ms) == pytest.approx(6.0)
+    assert free_position_floor(problem, peak_memory_bytes=200).floor_ms == pytest.approx(6.0)
+    assert release_deadline_floor(problem, 220) == pytest.approx(5.0)

@@ -170,7 +170,8 @@ def test_a_repaired_plan_records_the_policy_it_was_repaired_under():
 
 def test_solve_with_free_positions_writes_a_verified_positioned_plan_within_its_budget(tmp_path, capsys):
     """`bucketplan solve --positions free`: a plan verified under the policy it records (rules 4, 7
-    and 8 off, rule 11 at the budget), its peak and the free-position floor reported; the flags
+    and 8 off, rule 11 at the budget), its peak and the floor over every plan within the budget
+    reported, with its scope; the flags
     that make no sense without it are one-line errors."""
     problem_path, _ = _files(tmp_path)
     out = tmp_path / "pos.json"
@@ -180,7 +181,7 @@ def test_solve_with_free_positions_writes_a_verified_positioned_plan_within_its_
     recorded = planner.rules.verifier.recorded_policy(plan)
     assert recorded["keep_overlap"] is False and recorded["peak_memory_bytes"] is not None
     assert planner.verify(P, plan, **recorded) == []
-    assert "free-position floor" in printed and "peak memory" in printed and "budget" in printed
+    assert "every plan with any positions within" in printed and "peak memory" in printed and "budget" in printed
     assert _verify(capsys, problem_path, str(out))[0] == 0
     code = cli(["solve", problem_path, "-o", str(out), "--positions", "free", "--objective", "count"])
     assert code == 2 and "--positions free needs --objective step" in capsys.readouterr().err

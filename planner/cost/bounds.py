@@ -503,7 +503,8 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
                      stream_ms=stream, chain_ms=chain, chain_cut=cut)
 
 
-def free_position_floor(problem: Problem, deadline: float | None = None) -> StepFloor:
+def free_position_floor(problem: Problem, deadline: float | None = None,
+                        peak_memory_bytes: int | None = None) -> StepFloor:
     """A floor of the simulated step over every plan *with free positions* (``planner.core.positions``):
     no position argument, so no interval of the rules and no chain. The compute stream does its
     nodes' work and one launch per bucket of the fewest the cap allows (bin packing of each key's
@@ -511,8 +512,10 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
     bytes with those buckets (``_key_stream_floor``) and its bytes at the curve's best per-byte
     time for a bucket of at most the key's total wire bytes (``per_byte_floor``); and
     ``chain_ms`` is ``release_deadline_floor`` (no stream runs a collective before its data exist,
-    nor finishes it after its consumers ran). ``step_floor`` assumes anchored buckets (a bucket's
-    reach), so it does not hold for positioned plans."""
+    nor finishes it after its consumers ran; with ``peak_memory_bytes``, nor gathers earlier than
+    the cap leaves room for: then the floor holds for the plans whose peak is within it).
+    ``step_floor`` assumes anchored buckets (a bucket's reach), so it does not hold for positioned
+    plans."""
     stream: dict[str, float] = {}
     launches = 0
     least = per_byte_floors(problem)
@@ -526,7 +529,7 @@ def free_position_floor(problem: Problem, deadline: float | None = None) -> Step
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
-    chain = release_deadline_floor(problem)
+    chain = release_deadline_floor(problem, peak_memory_bytes)
     return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, stream_ms=stream,
                      chain_ms=chain)
 
@@ -551,18 +554,102 @@ def _most_wire_within_cap(cs: list, cap: int) -> int:
     return math.ceil(wire)
 
 
-def release_deadline_floor(problem: Problem) -> float:
-    """A floor of the simulated step (ms) over every plan with any positions that knows what
-    ``free_position_floor`` ignores: when each collective's data allow it to run. A collective's
-    bucket is issued no earlier than the compute up to its start's last fixed predecessor
-    (``fixed_limits``: its release), and its wait sits before its wait's first fixed consumer,
-    whose own compute and everything after it run once the bucket is done (its tail). On one
-    process group's FIFO stream, the collectives released at ``r`` or later whose consumers lie at
-    or before position ``Q`` take at least their bytes at the best per-byte time of their key's
-    largest bucket (``per_byte_floor``), all after ``r``; so the step is at least
-    ``r + that + tail(Q)`` for every ``r`` and ``Q``. Nothing hides the first gather of the step
-    (``r`` = 0, ``Q`` its consumer) or the last reduce of the backward (``r`` its gradient)."""
+@dataclass(frozen=True)
+class _Gathered:
+    """An all_gather as the memory cap sees it (``_memory_room``): ``least`` bytes held from its
+    merged start to its wait's last use ``last`` in every plan, due at position ``due`` (its first
+    fixed consumer)."""
+
+    name: str
+    pg: str
+    least: int
+    due: int
+    last: int
+
+
+@dataclass(frozen=True)
+class _MemoryRoom:
+    """Positions ``keys`` and, at each, ``room``: the cap less what every plan holds there (the
+    graph's own bytes and each all_gather already due and still held), which the all_gathers
+    started by then and due later share."""
+
+    keys: list[float]
+    room: np.ndarray
+    gathers: list[_Gathered]
+
+
+def _memory_room(problem: Problem, peak_memory_bytes: int) -> _MemoryRoom | None:
+    """Whatever its bucket, an all_gather holds at least the least of its start's result, its
+    wire bytes and its wait's storage from its merged start to its wait's last use
+    (``planner.cost.memory.member_buffers``: the start's result until the wait, then the wait's
+    storage, with the bucket's wire share between them when merged); its wait lies before its first
+    fixed consumer (``fixed_limits``), so from there to the last use every plan holds it. None for
+    a problem without the exact profile."""
+    from planner.cost.memory import buffers_of, own_memory
+
+    if problem.memory is None or problem.memory.run_starts is None:
+        return None
     limits = fixed_limits(problem)
+    gathers = []
+    for c in problem.collectives:
+        b = buffers_of(problem, c)
+        if c.kind != "all_gather" or b.wait_last_use is None:
+            continue
+        least = min(b.out_bytes, c.wire_bytes, b.wait_bytes or 0)
+        if least > 0 and limits[c.name][1] <= b.wait_last_use:
+            gathers.append(_Gathered(c.name, c.pg, least, limits[c.name][1], b.wait_last_use))
+    keys = sorted({float(r) for r in problem.memory.run_starts} | {float(n.pos) for n in problem.nodes}
+                  | {float(g.due) for g in gathers} | {float(g.last) for g in gathers})
+    own = own_memory(problem)
+    held = np.zeros(len(keys) + 1)
+    for g in gathers:  # due and still held: in every plan
+        held[bisect.bisect_left(keys, g.due)] += g.least
+        held[bisect.bisect_right(keys, g.last)] -= g.least
+    room = peak_memory_bytes - np.array([own(q) for q in keys], dtype=np.float64) - np.cumsum(held)[:-1]
+    return _MemoryRoom(keys, room, gathers)
+
+
+def memory_releases(problem: Problem, peak_memory_bytes: int) -> dict[str, float]:
+    """Per all_gather: a position its bucket's start comes after in every plan whose peak
+    (``planner.cost.memory``) is within ``peak_memory_bytes``: the last position before it is due
+    where it alone does not fit in the room the cap leaves (``_memory_room``). An all_gather the
+    cap does not hold back is left out, as is every collective of a problem without the exact
+    profile."""
+    room = _memory_room(problem, peak_memory_bytes)
+    if room is None:
+        return {}
+    out = {}
+    for g in room.gathers:
+        over = np.nonzero(room.room[:bisect.bisect_left(room.keys, g.due)] < g.least)[0]
+        if len(over):
+            out[g.name] = room.keys[int(over[-1])]
+    return out
+
+
+def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = None) -> float:
+    """A floor of the simulated step (ms) over every plan with any positions that knows what
+    ``free_position_floor`` ignores: when each collective's data allow it to run, and that the
+    compute stream waits for what it consumes.
+
+    A collective's bucket is issued no earlier than the compute stream has run its start's last
+    fixed predecessor (``fixed_limits``: its release position ``s``), and its wait sits before
+    its wait's first fixed consumer ``Q``. ``A(x)``, the time the compute stream has run every node
+    up to position ``x``, is at least the fixed compute up to ``x`` plus ``D``, the delay the
+    consumers before ``x`` took: consumer ``Q`` starts no earlier than ``A(s)`` plus the time its
+    process group's FIFO stream needs for the collectives released at ``s`` or later and due by
+    ``Q`` (their bytes at the best per-byte time of their key's largest bucket,
+    ``per_byte_floor``), for every ``s``. The step is at least the fixed compute plus the last
+    ``D``. Nothing hides the first gather of the step (``s`` = -1, ``Q`` its consumer) or the last
+    reduce of the backward, and what one consumer waits for delays every release after it.
+
+    ``peak_memory_bytes``: a floor over the plans within that peak only. An all_gather that does
+    not fit alone in the room the cap leaves at a position is released after it
+    (``memory_releases``); and at each position ``s``, the all_gathers due after ``s`` that started
+    by ``s`` share the room there (``_memory_room``), so those due by ``Q`` beyond that room start
+    after ``s`` too."""
+    limits = fixed_limits(problem)
+    room = _memory_room(problem, peak_memory_bytes) if peak_memory_bytes is not None else None
+    held_back = memory_releases(problem, peak_memory_bytes) if room is not None else {}
     nodes = problem.nodes
     positions = [n.pos for n in nodes]
     # a folded dtype conversion runs where its bucket starts, not where it was scheduled: its
@@ -572,7 +659,7 @@ def release_deadline_floor(problem: Problem) -> float:
     done = np.cumsum(fixed)  # fixed compute done once node k has run
     total = float(done[-1]) if len(nodes) else 0.0
 
-    def released(pos: int) -> float:  # fixed compute of every node at or before ``pos``
+    def released(pos: float) -> float:  # fixed compute of every node at or before ``pos``
         k = bisect.bisect_right(positions, pos) - 1
         return float(done[k]) if k >= 0 else 0.0
 
@@ -583,26 +670,53 @@ def release_deadline_floor(problem: Problem) -> float:
         return total - float(done[k]) + (0.0 if nodes[k].name in moving else nodes[k].own_ms)
 
     least = per_byte_floors(problem)
-    items: dict[str, list[tuple[float, int, float]]] = {}
+    items = []  # (process group, release position, due position, stream ms, name)
+    gather_rate: dict[str, float] = {}  # per process group: the least per-byte time of any all_gather
     for (kind, pg, _), cs in _by_key(problem).items():
         largest = _largest_bucket_wire(cs, problem.bucket_cap_bytes)
+        if kind == "all_gather":
+            gather_rate[pg] = min(gather_rate.get(pg, math.inf), least[pg, kind](largest))
         for c in cs:
             s_lo, w_hi = limits[c.name]
-            items.setdefault(pg, []).append((released(s_lo), w_hi, c.wire_bytes * least[pg, kind](largest)))
-    best = 0.0
-    for group in items.values():
-        deadlines = sorted({q for _, q, _ in group})
-        tails = np.array([tail(q) for q in deadlines])
-        at = {q: k for k, q in enumerate(deadlines)}
-        busy = np.zeros(len(deadlines))  # per Q: the stream time of what is released so far and due by Q
-        due = np.zeros(len(deadlines), dtype=bool)  # per Q: something released so far is due by Q
-        group.sort(key=lambda item: -item[0])
-        k = 0
-        while k < len(group):
-            r = group[k][0]
-            while k < len(group) and group[k][0] == r:
-                busy[at[group[k][1]]:] += group[k][2]
-                due[at[group[k][1]]:] = True
-                k += 1
-            best = max(best, r + float(np.max(np.where(due, busy + tails, 0.0))))
-    return best
+            items.append((pg, float(max(s_lo, held_back.get(c.name, -1))), w_hi,
+                          c.wire_bytes * least[pg, kind](largest), c.name))
+    return total + _consumer_delay(items, room, gather_rate, released, tail, total)
+
+
+def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str, float],
+                    released: Callable[[float], float], tail: Callable[[int], float], total: float) -> float:
+    """``release_deadline_floor``'s last ``D``: consumers in position order, each starting no
+    earlier than ``A(s)`` + the stream time of its group's collectives released at ``s`` or later
+    and due by it (+ the all_gathers beyond the room at ``s``), for every ``s`` of the grid."""
+    grid = sorted({-1.0} | {s for _, s, _, _, _ in items} | set(room.keys if room is not None else ()))
+    at = {s: k for k, s in enumerate(grid)}
+    base = np.array([released(s) for s in grid])
+    free = np.full(len(grid), np.inf)
+    mine: dict[str, _Gathered] = {}
+    if room is not None:
+        for q, r in zip(room.keys, room.room):
+            free[at[q]] = max(float(r), 0.0)
+        mine = {g.name: g for g in room.gathers}
+    groups = {pg for pg, *_ in items}
+    work = {pg: np.zeros(len(grid)) for pg in groups}  # per s: stream ms released at s or later, due so far
+    ahead = {pg: np.zeros(len(grid)) for pg in groups}  # per s: gathered bytes started by s, due after s
+    delay = np.zeros(len(grid))  # per s: D of the consumers at or before s
+    d = 0.0
+    by_due: dict[int, list] = {}
+    for item in items:
+        by_due.setdefault(item[2], []).append(item)
+    for due in sorted(by_due):
+        for pg, s, _, ms, name in by_due[due]:
+            k = at[s]
+            work[pg][:k + 1] += ms  # released at s: counted from every grid point at or before it
+            if name in mine:  # before it: started by then only within the room
+                ahead[pg][k + 1:] += np.where(np.array(grid[k + 1:]) < due, mine[name].least, 0.0)
+        before = np.array(grid) < due
+        start = 0.0
+        for pg in {pg for pg, *_ in by_due[due]}:
+            excess = np.maximum(ahead[pg] - free, 0.0) * gather_rate.get(pg, 0.0)
+            start = max(start, float(np.max(np.where(before, base + delay + work[pg] + excess, 0.0))))
+        d = max(d, start + tail(due) - total)
+        delay[np.array(grid) >= due] = d
+    return d
+

@@ -233,7 +233,7 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
     budget = default_peak_budget(problem, [start])
     found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
                             PositionSearchOptions(seed=seed), peak_memory_bytes=budget, deadline=deadline)
-    floor = free_position_floor(problem).floor_ms
+    floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms  # any positions, within the budget
     return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor,
                    gap=(found.step_ms - floor) / found.step_ms if found.step_ms else 0.0,
                    stats={**anchored.stats, "positions": found.stats,

@@ -1,0 +1,86 @@
+"""The free-position floor with and without a memory cap, beside the best plans we have.
+
+Reads committed results only (nothing is searched): for each row of
+``experiments/results/capped_positioned`` (a positioned plan within a peak-memory cap, llama3-8b
+FSDP at 2 and 8 layers, h100-8nodes), the floor over every plan with any positions
+(``planner.cost.bounds.free_position_floor``) without a cap and within the row's own plan's peak
+(which the plan meets, so the capped floor must stay under its step); and for each Llama-3 case of
+``experiments/results/presets_v2`` the best plan of any row beside the floor of its problem.
+Writes ``table.md`` and ``rows.jsonl`` into ``--out``.
+
+    python -m experiments.floor_scopes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import planner
+from experiments.common import git_revision, machine, markdown_table
+from planner.cost.bounds import free_position_floor
+from planner.cost.memory import peak_bytes
+
+RESULTS = Path("experiments/results")
+
+
+def capped_rows(root: Path) -> list[dict]:
+    rows = []
+    for case in sorted(p for p in root.iterdir() if p.is_dir()):
+        problem = planner.load_problem(case / "problem.json.gz")
+        plan = planner.load_plan(case / "capped-plan.json.gz")
+        step, peak = planner.simulate(problem, plan).step_ms, peak_bytes(problem, plan)
+        t0 = time.perf_counter()
+        capped = free_position_floor(problem, peak_memory_bytes=peak).floor_ms
+        seconds = time.perf_counter() - t0
+        uncapped = free_position_floor(problem).floor_ms
+        assert capped <= step + 1e-9, (case.name, capped, step)  # the plan is within its own peak
+        rows.append({"case": case.name, "plan_ms": round(step, 2), "cap_gb": round(peak / 1e9, 3),
+                     "floor_ms": round(uncapped, 2), "capped_floor_ms": round(capped, 2),
+                     "gap": round((step - uncapped) / step, 4), "capped_gap": round((step - capped) / step, 4),
+                     "floor_s": round(seconds, 3)})
+    return rows
+
+
+def preset_rows(root: Path) -> list[dict]:
+    rows = []
+    for case in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("llama3")):
+        best = None
+        for plan_file in sorted(case.glob("*-plan.json.gz")):
+            stem = plan_file.name[:-len("-plan.json.gz")]
+            own = case / f"{stem}-problem.json.gz"
+            problem = planner.load_problem(own if own.exists() else case / "problem.json.gz")
+            step = planner.simulate(problem, planner.load_plan(plan_file)).step_ms
+            floor = free_position_floor(problem).floor_ms
+            assert floor <= step + 1e-9, (case.name, stem, floor, step)
+            if best is None or step < best[0]:
+                best = (step, floor, stem)
+        step, floor, stem = best
+        rows.append({"case": case.name, "best_plan": stem, "plan_ms": round(step, 2), "floor_ms": round(floor, 2),
+                     "above_floor_pct": round(100 * (step - floor) / floor, 1)})
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=RESULTS / "floor_scopes")
+    args = ap.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    capped, presets = capped_rows(RESULTS / "capped_positioned"), preset_rows(RESULTS / "presets_v2")
+    (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in capped + presets))
+    lines = ["# The free-position floor: its scope with and without a memory cap", "",
+             f"`python -m experiments.floor_scopes`; git {git_revision()}; {machine()}.", "",
+             "## Within a memory cap (experiments/results/capped_positioned, h100-8nodes)", "",
+             *markdown_table(list(capped[0]), capped), "",
+             "## Without a cap: the best plan of every row (experiments/results/presets_v2, Llama-3)", "",
+             *markdown_table(list(presets[0]), presets), "",
+             f"above_floor_pct over the {len(presets)} cases: "
+             f"{min(r['above_floor_pct'] for r in presets)} to {max(r['above_floor_pct'] for r in presets)}.", ""]
+    (args.out / "table.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
