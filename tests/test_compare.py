@@ -12,75 +12,90 @@ import planner
 pytestmark = pytest.mark.slow  # compare traces and plans a workload
 
 
+PLANNERS = ["unbucketed", "torch default (pre-bucketing + greedy)", "torch greedy",
+            "torch manual (a bucket per block)", "cpsat (count)", "cpsat (step)", "cpsat (step, pre-bucketed)",
+            "bucketplan (step, free positions)"]
+
+
+def check_compare_folder(out, printed: str, err: str, workloads: list[str]) -> None:
+    """What a finished `bucketplan compare` of ``workloads`` (built-in names) left in ``out`` and
+    printed: every planner's row per workload, progress one line per planner run apart, the units
+    and statuses the legend promises, rows never below the floor, the positioned row within torch
+    default's peak, plots that render, traces that load, every plan saved and verified from the
+    command line. The README's main job is checked with it (tests/test_readme.py)."""
+    import matplotlib.image
+
+    from bucketplan.cli import main
+
+    rows = list(csv.DictReader((out / "compare.csv").open()))
+    assert [r["workload"] for r in rows] == [w for w in workloads for _ in PLANNERS]
+    assert all(r["workload"] in printed for r in rows)
+    # progress: one line per planner that runs apart (torch's two come with the trace), no solver
+    # detail without -v, nothing leaked from torch's loggers
+    lines = err.splitlines()
+    n = len(workloads)
+    assert len(lines) == 6 * n and all(f"/{n} " in x and ", planner " in x and " left" in x for x in lines), lines
+    assert [x.split(", planner ")[1].split("/")[0] for x in lines] == ["1-2", "3", "4", "5", "6", "7"] * n
+    assert not any("incumbent" in x or "polish" in x or "I1" in x or "INFO" in x for x in lines)
+    for workload in workloads:
+        mine = [r for r in rows if r["workload"] == workload]
+        assert [r["planner"] for r in mine] == PLANNERS
+        # OPTIMAL only where the gap is zero; one unit per bound column
+        assert all(float(r["gap_pct"] or 0) == 0 for r in mine if r["status"] == "OPTIMAL")
+        assert mine[4]["bound_collectives"] and not mine[4]["bound_ms"]
+        assert mine[5]["bound_ms"] and not mine[5]["bound_collectives"]
+        by = {r["planner"]: r for r in mine}
+        assert int(by["cpsat (count)"]["collectives_after"]) <= int(by["torch greedy"]["collectives_after"])
+        assert float(by["unbucketed"]["step_ms"]) > 0
+        # the step plan is never slower than what it started from; no row is below the floor
+        step = float(by["cpsat (step)"]["step_ms"])
+        assert step <= min(float(by[k]["step_ms"]) for k in ("unbucketed", "torch greedy", "cpsat (count)"))
+        assert all(float(r["step_ms"]) >= float(r["floor_ms"]) for r in mine)
+        pre = float(by["cpsat (step, pre-bucketed)"]["step_ms"])
+        assert pre <= float(by["torch default (pre-bucketing + greedy)"]["step_ms"])
+        # the positioned row stays within torch default's peak memory, or the unbucketed schedule's if
+        # that is higher (every row reports its peak), and never loses to torch default's plan
+        positioned = by["bucketplan (step, free positions)"]
+        budget = max(float(by[k]["peak_gb"]) for k in ("torch default (pre-bucketing + greedy)", "unbucketed"))
+        assert float(positioned["peak_gb"]) <= budget + 1e-3
+        assert float(positioned["step_ms"]) <= float(by["unbucketed"]["step_ms"])
+        assert float(positioned["step_ms"]) <= float(by["torch default (pre-bucketing + greedy)"]["step_ms"]) + 1e-6
+        assert all(r["peak_gb"] for r in mine)
+    for png in ("step_time.png", "collectives_and_exposed.png", "timeline.png"):
+        img = matplotlib.image.imread(out / png)
+        assert img.shape[0] > 100 and img.shape[1] > 100
+    traces = sorted((out / "traces").glob("*.json"))
+    assert len(traces) == 8 * n
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert any(e.get("ph") == "X" for e in events)
+    # every plan compare computed is saved beside its problem and verifies from the command line
+    saved = sorted((out / "plans").glob("*.json"))
+    assert len(saved) == 6 * n  # every row but the unbucketed one and torch's manual pass
+    index = (out / "plans" / "index.md").read_text()
+    for plan in saved:
+        line = next(x for x in index.splitlines() if f"plans/{plan.name}" in x)
+        problem = out / line.split("|")[4].strip()
+        assert main(["verify", str(problem), str(plan)]) == 0, plan.name
+    # the timeline's rows and windows: groups by role, a block's backward (DDP moves nothing in forward)
+    from bucketplan.report import _group_names, layer_windows
+
+    if "llama3-8b-ddp-2" in workloads:
+        problem = planner.load_problem(out / "problems" / "llama3-8b-ddp-2.json")
+        assert set(_group_names(problem).values()) == {"dp"}
+        windows = layer_windows(problem)
+        assert list(windows) == ["backward"] and windows["backward"][0] < windows["backward"][1]
+
+
+@pytest.mark.long  # 18 s: the README's main job (tests/test_readme.py) runs compare and these checks
 def test_compare_writes_table_plots_traces_and_plans(tmp_path, capsys):
     from bucketplan.cli import main
 
     out = tmp_path / "cmp"
     assert main(["compare", "llama3-8b-ddp-2", "-o", str(out), "--time-limit", "5"]) == 0
     captured = capsys.readouterr()
-    printed, err = captured.out, captured.err
-    rows = list(csv.DictReader((out / "compare.csv").open()))
-    planners = [r["planner"] for r in rows]
-    assert planners == ["unbucketed", "torch default (pre-bucketing + greedy)", "torch greedy",
-                        "torch manual (a bucket per block)", "cpsat (count)", "cpsat (step)",
-                        "cpsat (step, pre-bucketed)", "bucketplan (step, free positions)"]
-    assert all(r["workload"] in printed for r in rows)
-    # progress: one line per planner that runs apart (torch's two come with the trace), no solver
-    # detail without -v, nothing leaked from torch's loggers
-    lines = err.splitlines()
-    assert len(lines) == 6 and all("workload 1/1 llama3-8b-ddp-2, planner " in x and " left" in x for x in lines)
-    assert [x.split(", planner ")[1].split("/")[0] for x in lines] == ["1-2", "3", "4", "5", "6", "7"]
-    assert not any("incumbent" in x or "polish" in x or "I1" in x or "INFO" in x for x in lines)
-    # OPTIMAL only where the gap is zero
-    assert all(float(r["gap_pct"] or 0) == 0 for r in rows if r["status"] == "OPTIMAL")
-    # one unit per bound column
-    assert rows[4]["planner"] == "cpsat (count)" and rows[4]["bound_collectives"] and not rows[4]["bound_ms"]
-    assert rows[5]["bound_ms"] and not rows[5]["bound_collectives"]
-    by = {r["planner"]: r for r in rows}
-    assert int(by["cpsat (count)"]["collectives_after"]) <= int(by["torch greedy"]["collectives_after"])
-    assert float(by["unbucketed"]["step_ms"]) > 0
-    # the step plan is never slower than what it started from; no row is below the floor
-    step = float(by["cpsat (step)"]["step_ms"])
-    assert step <= min(float(by[k]["step_ms"]) for k in ("unbucketed", "torch greedy", "cpsat (count)"))
-    assert all(float(r["step_ms"]) >= float(r["floor_ms"]) for r in rows)
-    pre = float(by["cpsat (step, pre-bucketed)"]["step_ms"])
-    assert pre <= float(by["torch default (pre-bucketing + greedy)"]["step_ms"])
-    # the positioned row stays within torch default's peak memory, or the unbucketed schedule's if
-    # that is higher (every row reports its peak)
-    positioned = by["bucketplan (step, free positions)"]
-    budget = max(float(by[k]["peak_gb"]) for k in ("torch default (pre-bucketing + greedy)", "unbucketed"))
-    assert float(positioned["peak_gb"]) <= budget + 1e-3
-    assert float(positioned["step_ms"]) <= float(by["unbucketed"]["step_ms"])
-    # it searches torch's pre-bucketed schedule from torch default's plan too: never slower than it
-    assert float(positioned["step_ms"]) <= float(by["torch default (pre-bucketing + greedy)"]["step_ms"]) + 1e-6
-    assert all(r["peak_gb"] for r in rows)
-    import matplotlib.image
-
-    for png in ("step_time.png", "collectives_and_exposed.png", "timeline.png"):
-        img = matplotlib.image.imread(out / png)
-        assert img.shape[0] > 100 and img.shape[1] > 100
-    traces = sorted((out / "traces").glob("*.json"))
-    assert len(traces) == 8
-    for t in traces:
-        events = json.loads(t.read_text())["traceEvents"]
-        assert any(e.get("ph") == "X" for e in events)
-
-    # every plan compare computed is saved beside its problem and verifies from the command line
-    saved = sorted((out / "plans").glob("*.json"))
-    assert len(saved) == 6  # every row but the unbucketed one and torch's manual pass
-    index = (out / "plans" / "index.md").read_text()
-    for plan in saved:
-        line = next(x for x in index.splitlines() if f"plans/{plan.name}" in x)
-        problem = out / line.split("|")[4].strip()
-        assert main(["verify", str(problem), str(plan)]) == 0, plan.name
+    check_compare_folder(out, captured.out, captured.err, ["llama3-8b-ddp-2"])
     capsys.readouterr()
-    # the timeline's rows and windows: groups by role, a block's backward (DDP moves nothing in forward)
-    from bucketplan.report import _group_names, layer_windows
-
-    problem = planner.load_problem(out / "problems" / "llama3-8b-ddp-2.json")
-    assert set(_group_names(problem).values()) == {"dp"}
-    windows = layer_windows(problem)
-    assert list(windows) == ["backward"] and windows["backward"][0] < windows["backward"][1]
 
 
 def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):

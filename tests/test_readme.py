@@ -64,12 +64,17 @@ def test_the_two_setup_commands_are_the_ones_ci_runs():
 
 @pytest.mark.slow
 def test_the_main_job_runs_verbatim(tmp_path):
-    """`bucketplan compare` as the README's first command runs it: defaults, a fresh folder."""
+    """`bucketplan compare` as the README's first command runs it: defaults, a fresh folder; what it
+    leaves is checked as compare's own test checks it (``check_compare_folder``)."""
     command = bash_blocks(README)[0][0].split(" && ")[1]
     result = run(command, tmp_path, flow_env(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(result.stderr.splitlines()) <= 30, result.stderr
     out = tmp_path / "out" / "compare"
+    from bucketplan.compare import DEFAULT_SUITE
+    from tests.test_compare import check_compare_folder
+
+    check_compare_folder(out, result.stdout, result.stderr, list(DEFAULT_SUITE))
     assert (out / "compare.md").is_file() and (out / "step_time.png").is_file()
     plans = sorted((out / "plans").glob("*.json"))
     assert len(plans) == 4 * 6  # six plans per workload of the default suite

@@ -391,7 +391,7 @@ def test_a_chain_floor_cut_at_its_deadline_is_still_a_floor():
     # below the compute, and the step floor says it was cut
     from planner.cost.bounds import _chain_floor, chain_floor, step_floor
 
-    problem = overlapping_gathers(2000)
+    problem = overlapping_gathers(800)
     full = chain_floor(problem)
     cut, was_cut = _chain_floor(problem, None, None, deadline=time.perf_counter() - 1)
     compute = sum(n.unpinned_ms + (n.est_ms if n.kind in ("compute", "other") else 0.0) for n in problem.nodes)

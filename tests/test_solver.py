@@ -96,14 +96,14 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
         return result
 
     monkeypatch.setattr(solver_module, "solve", spy)
-    searched = real_solve(problem, planner.SolveOptions(time_limit_s=4, objective="step", workers=1,
+    searched = real_solve(problem, planner.SolveOptions(time_limit_s=2, objective="step", workers=1,
                                                         deterministic=True),
                           floor_plans=(unbucketed,))
     assert len(count_plans) == 1 and count_plans[0] is not None
     assert searched.objective <= step_ms(problem, count_plans[0]) + 1e-9
 
     given = count_plans.pop()
-    result = real_solve(problem, planner.SolveOptions(time_limit_s=4, objective="step", workers=1, deterministic=True),
+    result = real_solve(problem, planner.SolveOptions(time_limit_s=2, objective="step", workers=1, deterministic=True),
                         count_plan=given)
     assert not count_plans  # the caller's count plan is used, none searched
     assert {"planner": given.planner, "objective": "count", "step_ms": round(step_ms(problem, given), 6)} \

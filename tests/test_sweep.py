@@ -71,7 +71,7 @@ def test_ray_and_one_by_one_give_the_same_tables_and_a_rerun_resumes(tmp_path):
     two objectives each, deterministic: the table from Ray's 2 workers equals the one-by-one one."""
     spec = _spec(tmp_path, f"""
 objectives = ["count", "step"]
-time_limit_s = 3
+time_limit_s = 1
 deterministic = true
 [[case]]
 workloads = ["llama3-8b-ddp-2"]
