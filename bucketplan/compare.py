@@ -234,7 +234,7 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
     than any plan on the unbucketed one (llama3-8b-2d-8: 98.6 ms against 165.6)."""
     return _solved_row(PRE_STEP_LABEL, planners.PlanRequest(
         prob_pre, greedy=default_plan, solve=_row_options(time_limit_s, "step"),
-        floor_plans=(default_plan,) if default_plan is not None else (),
+        fallback_plans=(default_plan,) if default_plan is not None else (),
         search_progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), note="on torch's pre-bucketed schedule")
 
 

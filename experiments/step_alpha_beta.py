@@ -37,7 +37,7 @@ def run_case(case: Path, time_limit_s: float) -> dict:
     greedy, _ = start_plan(problem, load_gz(case / "greedy-plan.json.gz", planner.Plan))
     t0 = time.perf_counter()
     result = solve(problem, planner.SolveOptions(time_limit_s=time_limit_s, objective="step", workers=2, seed=0),
-                   hint=greedy, floor_plans=(greedy,) if greedy is not None else ())
+                   hint=greedy, fallback_plans=(greedy,) if greedy is not None else ())
     solve_s = time.perf_counter() - t0
     unbucketed = planner.simulate(problem).step_ms
     floor = step_floor(problem).floor_ms

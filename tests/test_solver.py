@@ -77,7 +77,7 @@ def test_ctrl_c_keeps_the_best_verified_plan_and_exits_130(tmp_path):
     assert not planner.verify(planner.load_problem(problem_path), plan)
 
 
-def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatch):
+def test_a_step_search_starts_from_a_count_plan_beside_any_fallback_plan(monkeypatch):
     # sweeps and solve-dir pass their greedy start as a floor plan; that used to stand in for the
     # count plan, so their step searches never started from one (llama3-8b-fsdp-8 @ h100-64nodes:
     # 305.0 ms in the sweep, 280.5 with the count plan among the starts)
@@ -98,7 +98,7 @@ def test_a_step_search_starts_from_a_count_plan_beside_any_floor_plan(monkeypatc
     monkeypatch.setattr(solver_module, "solve", spy)
     searched = real_solve(problem, planner.SolveOptions(time_limit_s=2, objective="step", workers=1,
                                                         deterministic=True),
-                          floor_plans=(unbucketed,))
+                          fallback_plans=(unbucketed,))
     assert len(count_plans) == 1 and count_plans[0] is not None
     assert searched.objective <= step_ms(problem, count_plans[0]) + 1e-9
 

@@ -187,7 +187,7 @@ def solve_one(job: SolveJob) -> dict:
     began = time.perf_counter()
     options = SolveOptions(time_limit_s=job.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
                            objective=job.objective, workers=job.workers, seed=job.seed)
-    result = solve(problem, options, hint=start, floor_plans=(start,) if start is not None else ())
+    result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else ())
     if free and result.plan is not None and not result.stats.get("interrupted"):
         try:
             result = _positioned(problem, result, start, began + job.time_limit_s, job.seed)

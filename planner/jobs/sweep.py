@@ -376,7 +376,7 @@ def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
         s = task.settings
         options = SolveOptions(time_limit_s=s.time_limit_s, objective=task.objective, workers=s.workers, seed=s.seed,
                                deterministic=s.deterministic)
-        result = solve(problem, options, hint=start, floor_plans=(start,) if start is not None else (),
+        result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else (),
                        progress=progress)
     return {"plan_json": dumps(result.plan) if result.plan is not None else None, "status": result.status,
             "objective_value": result.objective, "bound": result.bound, "gap": result.gap,

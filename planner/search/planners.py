@@ -47,7 +47,7 @@ class TorchFinalize:
 class PlanRequest:
     """What a planner is given: the problem, torch's greedy plan on the same schedule (where the
     caller recorded it: CP-SAT's hint, the plan repaired), the options of ``planner.solve``
-    (cpsat, which also never loses to ``count_plan`` and ``floor_plans``) and of
+    (cpsat, which also never loses to ``count_plan`` and ``fallback_plans``) and of
     ``planner.search.repair`` (greedy-repaired), the planner's one-line ``progress`` and the search's own
     lines (``search_progress``: incumbents and bounds; None: none)."""
 
@@ -56,7 +56,7 @@ class PlanRequest:
     solve: SolveOptions | None = None  # None: planner.SolveOptions()
     repair: SolveOptions | None = None  # None: planner.search.repair.REPAIR_OPTIONS
     count_plan: planner.Plan | None = None
-    floor_plans: tuple = ()
+    fallback_plans: tuple = ()
     progress: Callable[[str], None] = lambda msg: None
     search_progress: Callable[[str], None] | None = None
 
@@ -121,7 +121,7 @@ def _cpsat(request: PlanRequest) -> PlannerOutput:
 
     request.progress("solving with CP-SAT")
     result = solve(request.problem, request.solve or SolveOptions(), hint=request.greedy,
-                   count_plan=request.count_plan, floor_plans=request.floor_plans,
+                   count_plan=request.count_plan, fallback_plans=request.fallback_plans,
                    progress=request.search_progress)
     return PlannerOutput(plan=result.plan, solve_result=result)
 

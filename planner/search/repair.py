@@ -25,6 +25,6 @@ def repair(problem: Problem, plan: Plan, options: SolveOptions = REPAIR_OPTIONS)
     the time limit, workers, seed, determinism and policy of the search (it counts collectives in
     the full model of the plan's buckets: the objective and window do not apply). A plan made for
     another problem raises ``PlanMismatchError`` first. When nothing better is found in time the
-    result is solve's floor (``stats['fallback']``), at worst the unbucketed plan, which lies
+    result is solve's fallback (``stats['fallback']``), at worst the unbucketed plan, which lies
     within any plan's buckets: a repair always has a feasible plan."""
     return _repair(problem, plan, options)

@@ -231,7 +231,7 @@ class _Incumbent:
 
     ``bound`` is the last search's bound in the objective's units, valid for ``scope``: the whole
     problem (``"problem"``), the candidate window ``window`` (``"window"``), or the buckets of the
-    ``within`` plan (``"within"``). ``status`` is the main search's (a feasible hint's floor makes
+    ``within`` plan (``"within"``). ``status`` is the main search's (a feasible hint's fallback makes
     it FEASIBLE); ``_verdict`` turns it into the reported one. ``solved``: the main search proved
     its (possibly restricted) model, so a windowed search may widen; ``det_used``: the main
     search's deterministic time, which later stages subtract from the limit."""
@@ -244,7 +244,7 @@ class _Incumbent:
     window: int | None
     solved: bool
     det_used: float
-    floor: str | None = None  # the plan is the solve's floor, not a search's: that floor's planner
+    fallback: str | None = None  # the plan is the solve's fallback, not a search's: that fallback's planner
 
 
 def solve(
@@ -254,7 +254,7 @@ def solve(
     hint: Plan | None = None,
     within: Plan | None = None,
     count_plan: Plan | None = None,
-    floor_plans: tuple[Plan, ...] = (),
+    fallback_plans: tuple[Plan, ...] = (),
     progress: Callable[[str], None] | None = None,
 ) -> SolveResult:
     """Optimal (or best found) bucketing of ``problem`` under the rules of planner/README.md, searched
@@ -264,22 +264,22 @@ def solve(
     Reproducible for a fixed seed and workers when the search ends on proof or on CP-SAT's
     deterministic limit; one cut by the wall clock first is reported in ``stats['wall_limit_hit']``.
     ``hint`` (e.g. torch's greedy plan) seeds the search of a full model and, when feasible, is the
-    result's floor. A windowed search, or one ``within`` a plan's buckets, proves its bound for that
+    result's fallback. A windowed search, or one ``within`` a plan's buckets, proves its bound for that
     restricted space only (``stats['bound_scope']``). A step search never returns a plan slower than
-    the unbucketed schedule, a feasible hint, a feasible plan of ``floor_plans``, or a
+    the unbucketed schedule, a feasible hint, a feasible plan of ``fallback_plans``, or a
     fewest-collectives plan: ``count_plan`` when the caller has one, else one searched with part of
     the time (``stats['starts']`` lists them). A plan made for another problem (``hint``,
     ``within``, ``count_plan``) raises ``PlanMismatchError`` before any search. ``progress``: one
     line per incumbent and stage.
     """
-    _validate(problem, options, hint=hint, within=within, count_plan=count_plan, floor_plans=floor_plans)
+    _validate(problem, options, hint=hint, within=within, count_plan=count_plan, fallback_plans=fallback_plans)
     ctx = _context(problem, options, within, progress)
-    given = (hint, count_plan, *floor_plans)  # the plans the caller knows: the result's floor with the unbucketed one
+    given = (hint, count_plan, *fallback_plans)  # the plans the caller knows: with the unbucketed one, the fallbacks
     incumbent: _Incumbent | None = None  # the last finished stage's: a verified plan and what is proved about it
     try:
         ctx = _with_bounds(ctx)
         ctx, handle = _main_model(ctx)
-        hint, hint_ok = _search_hint(ctx, handle, hint, floor_plans, count_plan)
+        hint, hint_ok = _search_hint(ctx, handle, hint, fallback_plans, count_plan)
         incumbent = _main_search(ctx, handle, hint if hint_ok else _best_known(ctx, ()))
         # after a Ctrl-C no later stage starts (their searches would not run, and they read their stats)
         if ctx.auto and incumbent.scope == "window" and incumbent.solved and incumbent.plan is not None \
@@ -308,17 +308,17 @@ def _validate(problem: Problem, options: SolveOptions, **plans) -> None:
     no plans (one ValueError naming each), a plan made for another problem (PlanMismatchError)."""
     if not isinstance(options, SolveOptions):
         raise ValueError(f"options must be a planner.SolveOptions, not {type(options).__name__}")
-    floor_plans = plans.pop("floor_plans")
+    fallback_plans = plans.pop("fallback_plans")
     for name, plan in plans.items():
         arguments.problem_and_plan(problem, plan, name, optional=True)
         if plan is not None:
             check_plan_matches(problem, plan)
-    # floor plans are only type-checked: one of another problem breaks rule 1 and is left out
+    # fallback plans are only type-checked: one of another problem breaks rule 1 and is left out
     # (sweeps pass the plans they have; none of them must stop the solve)
-    if not isinstance(floor_plans, (tuple, list)):
-        raise ValueError(f"floor_plans must be a tuple of plans, not {type(floor_plans).__name__}")
-    for k, plan in enumerate(floor_plans):
-        arguments.problem_and_plan(problem, plan, f"floor_plans[{k}]")
+    if not isinstance(fallback_plans, (tuple, list)):
+        raise ValueError(f"fallback_plans must be a tuple of plans, not {type(fallback_plans).__name__}")
+    for k, plan in enumerate(fallback_plans):
+        arguments.problem_and_plan(problem, plan, f"fallback_plans[{k}]")
 
 
 def _context(problem: Problem, options: SolveOptions, within: Plan | None,
@@ -406,15 +406,15 @@ def _build(ctx: _SolveContext, window: int | None, within: Plan | None, *,
 
 
 def _search_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan | None,
-                 floor_plans: tuple[Plan, ...], count_plan: Plan | None) -> tuple[Plan | None, bool]:
-    """The plan the search starts from and whether it is feasible (then it is the result's floor),
+                 fallback_plans: tuple[Plan, ...], count_plan: Plan | None) -> tuple[Plan | None, bool]:
+    """The plan the search starts from and whether it is feasible (then it is the result's fallback),
     fed to ``handle``'s model: the caller's hint, its repair when it breaks a rule, and for a step
     search the fastest of the starting plans (_step_start)."""
     hint_ok = hint is not None and not verify(ctx.problem, hint, **ctx.policy.as_params())
     if hint is not None and not hint_ok and ctx.within is None:
         hint, hint_ok = _repaired_hint(ctx, hint)
     if ctx.step:
-        hint, hint_ok = _step_start(ctx, hint if hint_ok else None, floor_plans, count_plan), True
+        hint, hint_ok = _step_start(ctx, hint if hint_ok else None, fallback_plans, count_plan), True
     if hint is not None:
         _feed_hint(ctx, handle, hint, hint_ok)
     return hint, hint_ok
@@ -428,7 +428,7 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     repaired = _repair(ctx.problem, hint,
                        dataclasses.replace(ctx.options, time_limit_s=min(10.0, ctx.time_limit_s / 4)))
     ctx.cb.interrupted = ctx.cb.interrupted or bool(repaired.stats.get("interrupted"))  # the Ctrl-C was for us
-    # a repair always has a plan (solve's floor: the unbucketed plan lies within any buckets);
+    # a repair always has a plan (solve's fallback: the unbucketed plan lies within any buckets);
     # one that found nothing better in time is still feasible, so still a better hint than the
     # broken plan (a feasible re-anchoring that was not beaten is a repair too)
     ctx.stats["hint_repaired"] = repaired.plan is not None
@@ -446,7 +446,7 @@ def _repair(problem: Problem, plan: Plan, options: SolveOptions) -> SolveResult:
     does not reach ``solve``'s checks: one ValueError naming a bad argument, or PlanMismatchError
     for a plan of another problem."""
     arguments.problem_and_plan(problem, plan)
-    _validate(problem, options, within=plan, floor_plans=())
+    _validate(problem, options, within=plan, fallback_plans=())
     options = dataclasses.replace(options, objective="count", window=None)
     t0 = time.perf_counter()
     params = options.policy.as_params()
@@ -469,15 +469,15 @@ def _repair(problem: Problem, plan: Plan, options: SolveOptions) -> SolveResult:
     return result
 
 
-def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, ...],
+def _step_start(ctx: _SolveContext, hint: Plan | None, fallback_plans: tuple[Plan, ...],
                 count_plan: Plan | None) -> Plan:
     """The fastest feasible plan a step search starts from: the unbucketed schedule, the hint,
-    ``floor_plans`` and a fewest-collectives plan; none of them is ever beaten by the result.
+    ``fallback_plans`` and a fewest-collectives plan; none of them is ever beaten by the result.
 
     The fewest-collectives plan is ``count_plan`` when given, else searched first (not within
     a plan): on multi-node presets the step search started from greedy or unbucketed stayed near
     them (h100-8nodes fsdp-2: 129.7 ms after 20 s) while the fewest-collectives plan is 114.7 ms.
-    Other floor plans never replace it: when the greedy start a sweep passes as one did (until
+    Other fallback plans never replace it: when the greedy start a sweep passes as one did (until
     this was mended), llama3-8b-fsdp-8 @ h100-64nodes ended at 305.0 ms in the sweep; it ends at
     280.5 ms with the count plan among its starts (60 s each)."""
     problem = ctx.problem
@@ -498,9 +498,9 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, floor_plans: tuple[Plan, 
         ctx.cb.interrupted = bool(count.stats.get("interrupted"))
         ctx.stats["count_plan"] = {"status": count.status, "collectives": count.objective, "wall_s": count.wall_s}
     unbucketed = Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
-    starts: dict[tuple, Plan] = {}  # one per bucketing (a sweep's start is its hint and a floor plan)
+    starts: dict[tuple, Plan] = {}  # one per bucketing (a sweep's start is its hint and a fallback plan)
     known = [unbucketed, *([hint] if hint is not None else []), *counts]  # feasible already
-    for plan in known + [p for p in floor_plans if all(p.buckets != k.buckets for k in known) and feasible(p)]:
+    for plan in known + [p for p in fallback_plans if all(p.buckets != k.buckets for k in known) and feasible(p)]:
         starts.setdefault(plan.buckets, plan)
     timed = sorted((simulate(problem, p).step_ms, k, p) for k, p in enumerate(starts.values()))
     ctx.starts[:] = [p for _, _, p in timed]
@@ -515,7 +515,7 @@ def _feed_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan, hint_ok: boo
     Measured (experiments/results/greedy_vs_cpsat_80): in a windowed search the hint confines
     CP-SAT to its neighbourhood -- llama3-8b-ddp-80 stayed at greedy's 250 for 600 s with it and
     reached 42 in 402 s without it; on the other 80-layer runs both end at the same plan. There
-    the hint is only the floor of the result; a full model gets it."""
+    the hint is only the fallback of the result; a full model gets it."""
     stats = ctx.stats
     stats["hint_feasible"] = hint_ok
     stats["hint_fed_to_search"] = ctx.window is None or ctx.step
@@ -533,12 +533,12 @@ def _feed_hint(ctx: _SolveContext, handle: ModelHandle, hint: Plan, hint_ok: boo
                                                            time_limit_s=min(10.0, ctx.time_limit_s / 6))
 
 
-def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) -> _Incumbent:
+def _main_search(ctx: _SolveContext, handle: ModelHandle, fallback: Plan | None) -> _Incumbent:
     """The search of the main model with its share of the time limit; its verified plan, or
-    ``floor`` (a feasible hint, else the unbucketed plan) when that is better."""
+    ``fallback`` (a feasible hint, else the unbucketed plan) when that is better."""
     scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
     if ctx.cb.interrupted:  # a Ctrl-C in a step solve's count search: no search runs, the starts stand
-        return _no_search(ctx, floor)  # ctx.lb: the step floor, a bound for the whole problem
+        return _no_search(ctx, fallback)  # ctx.lb: the step floor, a bound for the whole problem
     focused = _portfolio(ctx.objective, windowed=ctx.window is not None)
     ctx.stats["subsolvers"] = list(focused) or "default"
     # deterministic: the guard is 20x the search's own budget from its start, not from the solve's
@@ -565,23 +565,23 @@ def _main_search(ctx: _SolveContext, handle: ModelHandle, floor: Plan | None) ->
         bound = _problem_bound(handle, solver.best_objective_bound)
     incumbent = _Incumbent(plan=plan, objective=obj, bound=bound, status=status, scope=scope, window=ctx.window,
                            solved=code == cp_model.OPTIMAL, det_used=solver.deterministic_time)
-    return _floored(ctx, incumbent, floor, created)
+    return _with_fallback(ctx, incumbent, fallback, created)
 
 
-def _floored(ctx: _SolveContext, incumbent: _Incumbent, floor: Plan | None, created: str) -> _Incumbent:
-    """``incumbent``, or the verified ``floor`` (a feasible hint, else the unbucketed plan) as a
+def _with_fallback(ctx: _SolveContext, incumbent: _Incumbent, fallback: Plan | None, created: str) -> _Incumbent:
+    """``incumbent``, or the verified ``fallback`` (a feasible hint, else the unbucketed plan) as a
     cpsat plan when the search found nothing better: the result never loses to it, and a search
     that found nothing in time still returns a plan (``_result`` says so)."""
-    if floor is None:  # the verifier refused even the unbucketed plan (see _best_known)
+    if fallback is None:  # the verifier refused even the unbucketed plan (see _best_known)
         return incumbent
-    value = plan_objective(ctx.problem, floor, ctx.objective)
+    value = plan_objective(ctx.problem, fallback, ctx.objective)
     if incumbent.objective is not None and value >= incumbent.objective:
         return incumbent
     plan = Plan(problem_fingerprint=ctx.problem.fingerprint, planner="cpsat", created=created,
-                params={**ctx.params, "from_hint": floor.planner}, buckets=floor.buckets)
+                params={**ctx.params, "from_hint": fallback.planner}, buckets=fallback.buckets)
     # a verified plan is feasible whatever the search said (INFEASIBLE or MODEL_INVALID there is a
     # modelling bug, kept in stats['search_status'])
-    return dataclasses.replace(incumbent, plan=plan, objective=value, status="FEASIBLE", floor=floor.planner)
+    return dataclasses.replace(incumbent, plan=plan, objective=value, status="FEASIBLE", fallback=fallback.planner)
 
 
 def _unbucketed(problem: Problem) -> Plan:
@@ -602,16 +602,16 @@ def _best_known(ctx: _SolveContext, plans: tuple[Plan | None, ...]) -> Plan | No
     return best
 
 
-def _no_search(ctx: _SolveContext, floor: Plan | None) -> _Incumbent:
+def _no_search(ctx: _SolveContext, fallback: Plan | None) -> _Incumbent:
     """The incumbent of a solve whose main search did not run (its model was not built, or a
-    Ctrl-C came first): ``floor``, with the relaxation bound (None if the Ctrl-C came before it),
+    Ctrl-C came first): ``fallback``, with the relaxation bound (None if the Ctrl-C came before it),
     which holds for the whole problem."""
     scope = "within" if ctx.within is not None else "window" if ctx.window is not None else "problem"
     ctx.stats.setdefault("bound_scope", _scope_text(scope, ctx.window, ctx.within))
     ctx.stats.setdefault("wall_limit_hit", False)
     none = _Incumbent(plan=None, objective=None, bound=ctx.lb, status="UNKNOWN", scope=scope, window=ctx.window,
                       solved=False, det_used=0.0)
-    return _floored(ctx, none, floor, _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    return _with_fallback(ctx, none, fallback, _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
 
 def _scope_text(scope: str, window: int | None, within: Plan | None) -> str:
@@ -672,7 +672,7 @@ def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     scope = "problem" if exact else "window"
     ctx.stats["bound_scope"] = _scope_text(scope, window, None)
     return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound, window=window, scope=scope,
-                               floor=incumbent.floor if plan is incumbent.plan else None)
+                               fallback=incumbent.fallback if plan is incumbent.plan else None)
 
 
 # CP-SAT 9.15 with interleave_search and two or more workers aborts the process ("Check failed:
@@ -721,7 +721,7 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
         break  # found (it meets the bound) or out of time
     ctx.stats["probes"] = probes
     return dataclasses.replace(incumbent, plan=plan, objective=obj, bound=bound,
-                               floor=incumbent.floor if plan is incumbent.plan else None)
+                               fallback=incumbent.fallback if plan is incumbent.plan else None)
 
 
 def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
@@ -737,7 +737,7 @@ def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     if result.step_ms < incumbent.objective:
         from_start = {"polished_from": result.stats["best_from"]} if "best_from" in result.stats else {}
         plan = result.plan.model_copy(update={"params": {**incumbent.plan.params, "polished": True, **from_start}})
-        return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms, floor=None)
+        return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms, fallback=None)
     return incumbent
 
 
@@ -771,9 +771,9 @@ def _result(ctx: _SolveContext, incumbent: _Incumbent) -> SolveResult:
     if incumbent.scope != "problem":
         ctx.stats["restricted_bound"] = incumbent.bound
     status, bound, gap = _verdict(ctx, incumbent)
-    if incumbent.floor is not None and status != "OPTIMAL":
-        # no search found a better plan in time (or none ran): the plan is the floor, FEASIBLE
-        ctx.stats["fallback"] = incumbent.floor
+    if incumbent.fallback is not None and status != "OPTIMAL":
+        # no search found a better plan in time (or none ran): the plan is the fallback, FEASIBLE
+        ctx.stats["fallback"] = incumbent.fallback
     ctx.stats["interrupted"] = ctx.cb.interrupted
     ctx.stats["stop_deferred"] = ctx.cb.stop_deferred
     if status == "OPTIMAL" and ctx.stats.get("wall_limit_hit"):
