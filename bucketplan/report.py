@@ -18,8 +18,8 @@ from planner.jobs.tables import MEANING, TableStyle, legend_lines, markdown_line
 # ---------------------------------------------------------------- compare's table
 
 # compare's search seconds per searching row (CP-SAT count, step, step pre-bucketed, free
-# positions): four such rows per workload keep the default suite near two minutes on 2 cores
-# (issue 30); experiments/ give the searches minutes. Here, torch-free, so the command line
+# positions): four such rows per workload keep the default suite near two minutes on 2 cores;
+# experiments/ give the searches minutes. Here, torch-free, so the command line
 # states it in --help without importing torch.
 COMPARE_TIME_LIMIT_S = 5.0
 

@@ -3,7 +3,7 @@
 which inductor's overlap scheduler uses under
 ``aten_distributed_optimizations.profile_guided_estimations_profile_path``).
 
-Why this exists: the roofline and torch's NCCL model are estimates (issue 28); a user who has
+Why this exists: the roofline and torch's NCCL model are estimates; a user who has
 profiled the step on the cluster has the real times. ``--profile TRACE.json`` prices with them
 wherever the trace has them, and with the preset elsewhere:
 - **Compute.** A node whose op ran with the same input shapes, strides and dtype in the trace

@@ -1,6 +1,6 @@
 """The rules for the arguments of the library's entry points, one function per rule.
 
-Why this exists: ``time_limit_s=nan``, ``workers=0`` or ``seed=2**40`` used to pass silently into
+Why this exists: ``time_limit_s=nan``, ``workers=0`` or ``seed=2**40`` would pass silently into
 CP-SAT (an unbounded search, a silent default, MODEL_INVALID or a TypeError deep in ortools).
 Each rule lives here once: the options objects (``planner.core.options``, ``planner.core.policy``) apply
 them to their fields when built, ``planner.simulate`` and ``planner.verify`` to their arguments,

@@ -1,7 +1,7 @@
 """The settings of the library's searches: one frozen, validated value per entry point.
 
-Why this exists: a search's settings used to travel as a dozen keywords, re-checked at each
-level they passed through. Here each is checked once, when its options object is built (one
+Why this exists: a search's settings pass through several levels; as a dozen keywords each level
+would check them again. Here each is checked once, when its options object is built (one
 ``planner.core.arguments.ArgumentError`` naming the field), and then passed down whole;
 ``dataclasses.replace`` makes a checked variant. The command line builds the same objects from
 its flags (``bucketplan/cli/solve.py`` lists which flag sets which field).

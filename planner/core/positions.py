@@ -1,8 +1,8 @@
 """Where a bucket's merged start and merged wait sit in the final schedule: the one definition.
 
-Why this exists: a bucket used to start at one member's scheduled start and wait at one member's
-scheduled wait (its anchors), so no plan could issue a bucket earlier than its earliest member or
-wait it later than its latest one. Torch's manual per-block pass does exactly that (it prefetches
+Why this exists: a bucket anchored at one member's scheduled start and one member's scheduled
+wait (its anchors) is never issued earlier than its earliest member nor waited later than its
+latest one. Torch's manual per-block pass does exactly that (it prefetches
 the next block's all_gather and defers reduce_scatter waits) and beats every anchored plan at
 depth. A bucket may therefore name the pinned node its merged start is issued before
 (``Bucket.issue_before``) and the one its merged wait sits before (``Bucket.wait_before``).

@@ -1,7 +1,7 @@
 """Measured collective times (nccl-tests output, CSV, AutoParallel's tables) as ``Link`` tables.
 
 Why this exists: torch's NCCL model, which every preset uses, can be several times off a real
-cluster (issue 28 lists 2.5-8x across nodes), and the right figure depends on how a group is laid
+cluster (2.5-8x across nodes against published nccl-tests figures), and the right figure depends on how a group is laid
 out over the nodes. A user who has measured their cluster feeds the measurements here, and the
 problem (and torch's scheduler, through ``fxglue.estimator``) is priced by them.
 

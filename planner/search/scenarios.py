@@ -1,7 +1,7 @@
 """Cost scenarios: a problem re-priced under another estimate, and plans judged by their regret.
 
 Why this exists: every step time here rests on a cost model, and the models disagree with the
-cluster (issue 28: torch's NCCL model prices cross-node collectives 2.5-8x slower than published
+cluster (torch's NCCL model prices cross-node collectives 2.5-8x slower than published
 nccl-tests figures; simulated compute runs at ~60% MFU where published Llama-3-8B training runs
 at 33-43%). A plan that is best under one estimate may be poor under another. A scenario
 re-prices a problem without re-tracing it (torch-free): its links' curves and its compute
@@ -40,12 +40,12 @@ from planner.core.problem import Link, Plan, Problem
 
 # Published nccl-tests bus bandwidths (GB/s) for large messages, by group layout. Sources:
 # - whole 8-GPU nodes over 8x400G InfiniBand NDR, 8 nodes: all_gather ~320 GB/s at 1 GiB
-#   (issue 28, from public nccl-tests runs); all_reduce 400-450 GB/s at 8 GB and more on
+#   (public nccl-tests runs); all_reduce 400-450 GB/s at 8 GB and more on
 #   H100 SXM with NVLink + IB NDR (saturncloud.io, "Validating Multi-Node GPU Clusters with NCCL
 #   Tests", expected-performance table): 400 taken;
-# - 256 H100s (32 nodes and more): ~200 GB/s at 2 GiB (issue 28);
+# - 256 H100s (32 nodes and more): ~200 GB/s at 2 GiB (public nccl-tests runs);
 # - one rank per node (a 2-D mesh's data-parallel group, 64 ranks): ~48 GB/s measured on a
-#   production cluster (issue 28), one 400G NIC's worth.
+#   production cluster, one 400G NIC's worth.
 PUBLISHED_BUSBW = {
     "whole_nodes": {"all_gather": 320.0, "reduce_scatter": 320.0, "all_reduce": 400.0},
     "whole_nodes_32_plus": {"all_gather": 200.0, "reduce_scatter": 200.0, "all_reduce": 200.0},

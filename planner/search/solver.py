@@ -67,8 +67,8 @@ STEP_OPTIMAL_TOLERANCE_MS = 1e-3
 # loading took 0.02 s on fsdp-8 idle, see _run_search): a later OR-Tools may word its log otherwise.
 STOP_DEFERRED_S = 10.0
 # With deterministic=True the wall-clock limit is this multiple of the time limit, a guard only:
-# CP-SAT's deterministic time accrued at about 0.7x wall time on this 2-core machine when idle
-# (issue #14) and at 0.2x while a second job shared it (fsdp-2 step search, measured).
+# CP-SAT's deterministic time accrues at about 0.7x wall time on a 2-core machine when idle and
+# at 0.2x while a second job shares it (fsdp-2 step search, measured).
 DETERMINISTIC_WALL_FACTOR = 20.0
 # Share of a step search's time spent finding a fewest-collectives plan to start from, when the
 # caller gives none (solve's count_plan).
@@ -477,9 +477,9 @@ def _step_start(ctx: _SolveContext, hint: Plan | None, fallback_plans: tuple[Pla
     The fewest-collectives plan is ``count_plan`` when given, else searched first (not within
     a plan): on multi-node presets the step search started from greedy or unbucketed stayed near
     them (h100-8nodes fsdp-2: 129.7 ms after 20 s) while the fewest-collectives plan is 114.7 ms.
-    Other fallback plans never replace it: when the greedy start a sweep passes as one did (until
-    this was mended), llama3-8b-fsdp-8 @ h100-64nodes ended at 305.0 ms in the sweep; it ends at
-    280.5 ms with the count plan among its starts (60 s each)."""
+    Other fallback plans never replace it: with only a sweep's greedy start,
+    llama3-8b-fsdp-8 @ h100-64nodes ends at 305.0 ms; with the count plan among its starts, at
+    280.5 ms (60 s each)."""
     problem = ctx.problem
 
     def feasible(plan: Plan) -> bool:
