@@ -29,7 +29,7 @@ import stat
 import signal
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -133,14 +133,40 @@ def recorded_problems(plan_dir: str | os.PathLike) -> list[Path]:
     return sorted(p.parent for p in Path(plan_dir).glob(f"*/{PROBLEM}"))
 
 
+POSITIONS = ("anchored", "free")
+
+
+@dataclass(frozen=True)
+class SolveDirOptions:
+    """How ``solve_dir`` solves each problem, checked once when built: the ``objective`` and
+    ``time_limit_s`` of each solve, ``jobs`` problems at once in worker processes, each with
+    ``workers`` CP-SAT workers (None: the machine's cores shared among the jobs), CP-SAT's
+    ``seed``, and ``positions`` ("free": each step solve ends with the positioned search within the
+    higher of torch's greedy plan's and the unbucketed schedule's peak memory)."""
+
+    objective: str = "step"
+    time_limit_s: float = 60.0
+    jobs: int = 1
+    workers: int | None = None
+    seed: int = 0
+    positions: str = "anchored"
+
+    def __post_init__(self) -> None:
+        SolveOptions(time_limit_s=self.time_limit_s, objective=self.objective, seed=self.seed)  # their rules
+        arguments.positive_integer(self.jobs, "jobs")
+        if self.workers is not None:
+            arguments.worker_count(self.workers, "workers")
+        if self.positions not in POSITIONS:
+            raise arguments.ArgumentError("positions", f"unknown positions {self.positions!r}; use one of {POSITIONS}")
+
+
 @dataclass
 class SolveJob:
+    """One recorded problem's solve as a worker process gets it: its folder, and the run's options
+    with this job's share of the CP-SAT workers."""
+
     folder: str
-    objective: str
-    time_limit_s: float
-    workers: int
-    seed: int
-    positions: str = "anchored"  # "free": the positioned search after CP-SAT (planner.search.position_search)
+    options: SolveDirOptions
 
 
 def start_plan(problem, greedy, what: str = "greedy.json"):
@@ -183,14 +209,15 @@ def solve_one(job: SolveJob) -> dict:
     except (OSError, SchemaError) as e:
         return {**row, "status": "ERROR", "note": str(e).splitlines()[0][:300]}
     start, note = _start_plan(problem, folder)
-    free = job.positions == "free" and job.objective == "step"
+    run = job.options
+    free = run.positions == "free" and run.objective == "step"
     began = time.perf_counter()
-    options = SolveOptions(time_limit_s=job.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
-                           objective=job.objective, workers=job.workers, seed=job.seed)
+    options = SolveOptions(time_limit_s=run.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
+                           objective=run.objective, workers=run.workers, seed=run.seed)
     result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else ())
     if free and result.plan is not None and not result.stats.get("interrupted"):
         try:
-            result = _positioned(problem, result, start, began + job.time_limit_s, job.seed)
+            result = _positioned(problem, result, start, began + run.time_limit_s, run.seed)
         except KeyboardInterrupt:  # before the positioned search had a plan: CP-SAT's, marked interrupted
             result.stats["interrupted"] = True
             result.plan = result.plan.model_copy(update={"params": {**result.plan.params, "interrupted": True}})
@@ -204,7 +231,7 @@ def solve_one(job: SolveJob) -> dict:
     report = check(problem, result.plan, **recorded_policy(result.plan))  # the solver verifies; the file's own guard
     if not report.feasible:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
-    bound = result.bound if job.objective == "step" else None
+    bound = result.bound if run.objective == "step" else None
     planned = {**row, **_plan_figures(problem, result.plan), "bound_ms": None if bound is None else round(bound, 3),
                "gap_pct": None if result.gap is None else round(100 * result.gap, 2),
                "note": "; ".join(x for x in (note, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
@@ -225,8 +252,6 @@ def solve_one(job: SolveJob) -> dict:
 def _positioned(problem, anchored, start, deadline: float, seed: int):
     """The positioned search from CP-SAT's plan and torch's greedy plan, within the higher of their
     peaks and the unbucketed one (``default_peak_budget``), as a SolveResult-like row source."""
-    from dataclasses import replace
-
     from planner.cost.bounds import free_position_floor
     from planner.search.position_search import default_peak_budget, position_search
 
@@ -432,33 +457,6 @@ def write_summary(plan_dir: Path, rows: list[dict]) -> None:
         raise PlanDirError(f"{where}: cannot write the summary ({e.strerror})") from None
 
 
-POSITIONS = ("anchored", "free")
-
-
-@dataclass(frozen=True)
-class SolveDirOptions:
-    """How ``solve_dir`` solves each problem, checked once when built: the ``objective`` and
-    ``time_limit_s`` of each solve, ``jobs`` problems at once in worker processes, each with
-    ``workers`` CP-SAT workers (None: the machine's cores shared among the jobs), CP-SAT's
-    ``seed``, and ``positions`` ("free": each step solve ends with the positioned search within the
-    higher of torch's greedy plan's and the unbucketed schedule's peak memory)."""
-
-    objective: str = "step"
-    time_limit_s: float = 60.0
-    jobs: int = 1
-    workers: int | None = None
-    seed: int = 0
-    positions: str = "anchored"
-
-    def __post_init__(self) -> None:
-        SolveOptions(time_limit_s=self.time_limit_s, objective=self.objective, seed=self.seed)  # their rules
-        arguments.positive_integer(self.jobs, "jobs")
-        if self.workers is not None:
-            arguments.worker_count(self.workers, "workers")
-        if self.positions not in POSITIONS:
-            raise arguments.ArgumentError("positions", f"unknown positions {self.positions!r}; use one of {POSITIONS}")
-
-
 def solve_dir(plan_dir: str | os.PathLike, options: SolveDirOptions = SolveDirOptions(), *, force: bool = False,
               progress: Callable[[str], None] | None = None) -> list[dict]:
     """Solve, as ``options`` says, every recorded problem of ``plan_dir`` without a plan that
@@ -490,8 +488,7 @@ def _solve_dir(root: Path, options: SolveDirOptions, force: bool, say: Callable[
     say(f"{len(folders)} recorded problem(s) in {root}; {len(todo)} to solve"
         + (f" ({resumed} interrupted earlier)" if resumed else "")
         + f" ({options.objective}, {options.time_limit_s:g}s each, {jobs} at a time x {per_job} CP-SAT workers)")
-    batch = [SolveJob(str(f), options.objective, options.time_limit_s, per_job, options.seed, options.positions)
-             for f in todo]
+    batch = [SolveJob(str(f), replace(options, workers=per_job)) for f in todo]
     finished: set[str] = set()
 
     def done(i: int, row: dict) -> None:
