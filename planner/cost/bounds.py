@@ -616,8 +616,10 @@ def memory_releases(problem: Problem, peak_memory_bytes: int) -> dict[str, float
     cap does not hold back is left out, as is every collective of a problem without the exact
     profile."""
     room = _memory_room(problem, peak_memory_bytes)
-    if room is None:
-        return {}
+    return _held_back(room) if room is not None else {}
+
+
+def _held_back(room: _MemoryRoom) -> dict[str, float]:
     out = {}
     for g in room.gathers:
         over = np.nonzero(room.room[:bisect.bisect_left(room.keys, g.due)] < g.least)[0]
@@ -649,7 +651,7 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     after ``s`` too."""
     limits = fixed_limits(problem)
     room = _memory_room(problem, peak_memory_bytes) if peak_memory_bytes is not None else None
-    held_back = memory_releases(problem, peak_memory_bytes) if room is not None else {}
+    held_back = _held_back(room) if room is not None else {}
     nodes = problem.nodes
     positions = [n.pos for n in nodes]
     # a folded dtype conversion runs where its bucket starts, not where it was scheduled: its
@@ -690,6 +692,7 @@ def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str
     and due by it (+ the all_gathers beyond the room at ``s``), for every ``s`` of the grid."""
     grid = sorted({-1.0} | {s for _, s, _, _, _ in items} | set(room.keys if room is not None else ()))
     at = {s: k for k, s in enumerate(grid)}
+    positions = np.array(grid)
     base = np.array([released(s) for s in grid])
     free = np.full(len(grid), np.inf)
     mine: dict[str, _Gathered] = {}
@@ -710,13 +713,13 @@ def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str
             k = at[s]
             work[pg][:k + 1] += ms  # released at s: counted from every grid point at or before it
             if name in mine:  # before it: started by then only within the room
-                ahead[pg][k + 1:] += np.where(np.array(grid[k + 1:]) < due, mine[name].least, 0.0)
-        before = np.array(grid) < due
+                ahead[pg][k + 1:] += np.where(positions[k + 1:] < due, mine[name].least, 0.0)
+        before = positions < due
         start = 0.0
         for pg in {pg for pg, *_ in by_due[due]}:
             excess = np.maximum(ahead[pg] - free, 0.0) * gather_rate.get(pg, 0.0)
             start = max(start, float(np.max(np.where(before, base + delay + work[pg] + excess, 0.0))))
         d = max(d, start + tail(due) - total)
-        delay[np.array(grid) >= due] = d
+        delay[~before] = d
     return d
 
