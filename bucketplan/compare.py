@@ -134,7 +134,8 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
                      steps: Steps | None = None) -> WorkloadRow:
     """Every row for one workload (a built-in name or a ``Workload``, e.g. a user's model); each
     row's Chrome trace under ``traces_to/traces/`` (None: none). ``manual``: torch's manual
-    per-block row too (built-in workloads only). ``steps``: compare's progress, one line per row (``say`` then gets only the searches' detail);
+    per-block row too (built-in workloads only). ``steps``: compare's progress, one line per row
+    (``say`` then gets only the searches' detail);
     without it every stage and search line goes to ``say``. ``say`` None: no detail at all."""
     name = workload if isinstance(workload, str) else workload.name
     announce = _announcer(name, say, steps)
