@@ -248,28 +248,26 @@ def gathers_before_use(draw) -> planner.Problem:
     an exact memory profile (``exact_memory``) whose spikes can keep a gather from starting early."""
     n_compute = draw(st.integers(2, 4))
     seq: list[tuple[str, int]] = [("c", j) for j in range(n_compute)]
+    user_of = {}  # gather -> the compute node that uses it
     for i in range(draw(st.integers(1, 2))):
-        user = draw(st.integers(1, n_compute - 1))
-        at = seq.index(("c", user))
+        user_of[i] = draw(st.integers(1, n_compute - 1))
+        at = seq.index(("c", user_of[i]))
         seq.insert(at, ("w", i))
         seq.insert(draw(st.integers(0, at)), ("s", i))
     index = {tok: k for k, tok in enumerate(seq)}
-    users = {}
     N = planner.Node
     nodes = []
     for k, tok in enumerate(seq):
         if tok[0] == "c":
-            waits = tuple(index[("w", i)] for (kind, i) in seq if kind == "w" and seq[index[("w", i)] + 1] == tok)
+            waits = tuple(sorted(index[("w", i)] for i, user in user_of.items() if user == tok[1]))
             nodes.append(N(name=f"mm_{tok[1]}", kind="compute", pos=k, est_ms=draw(st.sampled_from([0.5, 1.0, 2.0])),
                            deps=waits))
-            for w in waits:
-                users[w] = k
         elif tok[0] == "s":
             nodes.append(N(name=f"ag_{tok[1]}", kind="start", pos=k, est_ms=0.0))
         else:
             nodes.append(N(name=f"w_{tok[1]}", kind="wait", pos=k, est_ms=0.0, deps=(index[("s", tok[1])],)))
     colls = []
-    for i in sorted(i for kind, i in seq if kind == "s"):
+    for i in sorted(user_of):
         size = draw(st.sampled_from([1, 2, 4])) << 20
         colls.append(planner.Collective(
             name=f"ag_{i}", wait=f"w_{i}", kind="all_gather", pg="0", key="all_gather/0/bfloat16", dtype="bfloat16",
