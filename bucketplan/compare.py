@@ -283,7 +283,7 @@ def _manual_row(name: str, preset, announce) -> PlanRow | None:
     t0 = time.perf_counter()
     problem, info = manual_bucketing_problem(traced, estimator_for(traced, preset=p),
                                              meta={**traced.meta, "preset": p.name if p else None})
-    problem = with_blocks(problem, traced, traced.gm, merged=True)  # its blocks, for the timeline's layer windows
+    problem = with_blocks(problem, traced, traced.gm, merged=True)  # its blocks, for the timeline's layer spans
     plan = planner.Plan(problem_fingerprint=problem.fingerprint, planner="torch-manual", created="",
                         buckets=())  # torch merged its buckets in the graph: the problem is the plan
     return PlanRow(MANUAL_LABEL, problem, plan, time.perf_counter() - t0,

@@ -192,16 +192,16 @@ TIMELINE_PLANNERS = ("unbucketed", "torch default (pre-bucketing + greedy)", "to
                      "torch manual (a bucket per block)", "cpsat (step)", "bucketplan (step, free positions)")
 
 
-def layer_windows(problem: Problem) -> dict[str, tuple[int, int]]:
+def layer_spans(problem: Problem) -> dict[str, tuple[int, int]]:
     """Schedule positions spanning one transformer block's forward and one's backward, from the
     collectives that move its parameters (``Collective.module`` / ``phase``), so every plan of
     the problem is shown over the same stretch of graph. Forward: from the middle block's first
     gathered use to the next block's; backward: from the block before it (in backward order)
     issuing its gradients to the middle block issuing its own. A phase without two blocks has no
-    window (DDP moves nothing in forward)."""
+    span (DDP moves nothing in forward)."""
     import re
 
-    windows = {}
+    spans = {}
     for phase, pos in (("forward", lambda c: c.wait_pos), ("backward", lambda c: c.start_pos)):
         first: dict[str, int] = {}
         mine = [c for c in problem.collectives if c.phase == phase and c.module is not None]
@@ -213,8 +213,8 @@ def layer_windows(problem: Problem) -> dict[str, tuple[int, int]]:
         order = sorted(blocks.values())
         if len(order) >= 2:
             k = max(1, len(order) // 2)
-            windows[phase] = (order[k - 1], order[k])
-    return windows
+            spans[phase] = (order[k - 1], order[k])
+    return spans
 
 
 def _time_at(sim, problem: Problem) -> Callable[[int], float]:
@@ -261,21 +261,21 @@ def _timeline_panel(ax, sim, problem: Problem, lo: float, hi: float) -> float:
 
 def _timeline(rows: list[WorkloadRow], out: Path) -> Path:
     """The largest workload, one plan a row: one transformer block's forward (left) and backward
-    (right) window (``layer_windows``), or the whole step where the graph names no blocks."""
+    (right) span (``layer_spans``), or the whole step where the graph names no blocks."""
     plt = pyplot()
     r = max(rows, key=lambda row: row.nodes)
     problems = {"unbucketed": r.problem, **{p.planner: p.problem for p in r.plans}}
     shown = [label for label in TIMELINE_PLANNERS if label in r.sims and problems.get(label) is not None]
-    phases = sorted(layer_windows(problems[shown[0]]), key=("forward", "backward").index) or ["step"]
+    phases = sorted(layer_spans(problems[shown[0]]), key=("forward", "backward").index) or ["step"]
     fig, axes = plt.subplots(len(shown), len(phases), figsize=(7 * len(phases), 1.5 + 1.35 * len(shown)),
                              squeeze=False)
     for i, label in enumerate(shown):
         sim, problem = r.sims[label], problems[label]
-        windows, time_at = layer_windows(problem), _time_at(sim, problem)
+        spans, time_at = layer_spans(problem), _time_at(sim, problem)
         for j, phase in enumerate(phases):
             ax = axes[i, j]
-            if phase in windows:
-                lo, hi = time_at(windows[phase][0]), time_at(windows[phase][1])
+            if phase in spans:
+                lo, hi = time_at(spans[phase][0]), time_at(spans[phase][1])
                 what = f"a block's {phase}"
             else:
                 lo, hi, what = 0.0, sim.step_ms, "whole step"

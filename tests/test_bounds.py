@@ -148,7 +148,7 @@ def test_the_release_deadline_floor_is_never_above_a_committed_plan():
         assert floor <= planner.simulate(problem, plan).step_ms + 1e-9, (case, stem)
         if case == "llama3-8b-2d-8--h100-1node" and stem == "bucketplan-step-free-positions":
             busy = free_position_floor(problem)
-            assert floor > max(busy.compute_ms, *busy.stream_ms.values()) + 2
+            assert floor > max(busy.compute_ms, *busy.comm_busy_ms.values()) + 2
         seen += 1
     assert seen == 28
 

@@ -77,14 +77,14 @@ def check_compare_folder(out, printed: str, err: str, workloads: list[str]) -> N
         line = next(x for x in index.splitlines() if f"plans/{plan.name}" in x)
         problem = out / line.split("|")[4].strip()
         assert main(["verify", str(problem), str(plan)]) == 0, plan.name
-    # the timeline's rows and windows: groups by role, a block's backward (DDP moves nothing in forward)
-    from bucketplan.report import _group_names, layer_windows
+    # the timeline's rows and spans: groups by role, a block's backward (DDP moves nothing in forward)
+    from bucketplan.report import _group_names, layer_spans
 
     if "llama3-8b-ddp-2" in workloads:
         problem = planner.load_problem(out / "problems" / "llama3-8b-ddp-2.json")
         assert set(_group_names(problem).values()) == {"dp"}
-        windows = layer_windows(problem)
-        assert list(windows) == ["backward"] and windows["backward"][0] < windows["backward"][1]
+        spans = layer_spans(problem)
+        assert list(spans) == ["backward"] and spans["backward"][0] < spans["backward"][1]
 
 
 @pytest.mark.long  # 18 s: the README's main job (tests/test_readme.py) runs compare and these checks

@@ -1,5 +1,5 @@
 """planner.jobs.tables (the one table writer: CSV, Markdown, JSON; atomic) and bucketplan.report
-(compare's table and the timeline window)."""
+(compare's table and the timeline span)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 import planner
-from bucketplan.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, layer_windows, markdown, table_rows,
+from bucketplan.report import (COLUMNS, TERMINAL_COLUMNS, PlanRow, WorkloadRow, layer_spans, markdown, table_rows,
                                write_compare_table)
 from planner.jobs.tables import TableStyle, markdown_lines, write_table
 
@@ -89,19 +89,19 @@ def _chain(n: int, compute_ms: float = 1.0) -> planner.Problem:
                            collectives=tuple(colls), nodes=tuple(nodes), timelines=(), links=links).with_fingerprint()
 
 
-def test_layer_windows_span_one_block_in_each_phase():
-    """Four blocks of a collective each in backward, one in forward for block 0 and 1: the window
+def test_layer_spans_span_one_block_in_each_phase():
+    """Four blocks of a collective each in backward, one in forward for block 0 and 1: the span
     runs from the position of one block's collective to the next one's, whatever the plan."""
     base = _chain(4)
     colls = [c.model_copy(update={"module": f"layers.{i}", "phase": "backward"}) for i, c in enumerate(base.collectives)]
     problem = base.model_copy(update={"collectives": tuple(colls)}).with_fingerprint()
-    assert layer_windows(problem) == {"backward": (3, 6)}  # start positions 0, 3, 6, 9: the middle pair
+    assert layer_spans(problem) == {"backward": (3, 6)}  # start positions 0, 3, 6, 9: the middle pair
     colls[0] = colls[0].model_copy(update={"phase": "forward"})
     colls[1] = colls[1].model_copy(update={"phase": "forward"})
     problem = base.model_copy(update={"collectives": tuple(colls)}).with_fingerprint()
     # forward: first uses (waits) at 2 and 5; backward now has blocks 2 and 3 only
-    assert layer_windows(problem) == {"forward": (2, 5), "backward": (6, 9)}
-    # a block's window in time holds exactly its own compute (mm1 at position 4) on the unbucketed step
+    assert layer_spans(problem) == {"forward": (2, 5), "backward": (6, 9)}
+    # a block's span in time holds exactly its own compute (mm1 at position 4) on the unbucketed step
     sim = planner.simulate(problem, None)
     from bucketplan.report import _time_at
 
@@ -109,7 +109,7 @@ def test_layer_windows_span_one_block_in_each_phase():
     lo, hi = time_at(3), time_at(6)
     inside = [c.name for c in sim.compute if lo <= c.begin_ms and c.end_ms <= hi + 1e-9 and c.kind == "compute"]
     assert inside == ["mm1"]
-    assert layer_windows(base) == {}  # no blocks named: the timeline shows the whole step
+    assert layer_spans(base) == {}  # no blocks named: the timeline shows the whole step
 
 
 def test_compare_table_rows_and_files(tmp_path):

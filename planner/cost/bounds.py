@@ -356,7 +356,7 @@ class StepFloor:
     """A step time no plan can beat (ms), and where it comes from.
 
     ``compute_ms``: the compute stream's own work plus the launches of the fewest collectives any
-    plan leaves (``key_lower_bounds``); copies can be zero. ``stream_ms``: per process group, the
+    plan leaves (``key_lower_bounds``); copies can be zero. ``comm_busy_ms``: per process group, the
     least time its FIFO stream is busy, summed over bucket keys, each the larger of the cost
     curve's subadditive minorant at the key's total bytes with its fewest buckets
     (``_key_stream_floor``) and its collectives' bytes priced at the best per-byte time of the
@@ -368,7 +368,7 @@ class StepFloor:
 
     floor_ms: float
     compute_ms: float
-    stream_ms: dict[str, float]
+    comm_busy_ms: dict[str, float]
     chain_ms: float = 0.0
     chain_cut: bool = False
 
@@ -500,7 +500,7 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
         compute += problem.bucketing.launch_ms * sum(need.values())
     chain, cut = _chain_floor(problem, reach, price, deadline)
     return StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
-                     stream_ms=stream, chain_ms=chain, chain_cut=cut)
+                     comm_busy_ms=stream, chain_ms=chain, chain_cut=cut)
 
 
 def free_position_floor(problem: Problem, deadline: float | None = None,
@@ -530,7 +530,7 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
     chain = release_deadline_floor(problem, peak_memory_bytes)
-    return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, stream_ms=stream,
+    return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
                      chain_ms=chain)
 
 
