@@ -157,3 +157,16 @@ def test_the_other_entry_points_name_the_bad_argument(fsdp8):
     assert planner.collectives_after(fsdp8, None) == len(fsdp8.collectives)
     with pytest.raises(ValueError, match="sim must be a planner.Simulation"):
         planner.to_chrome_trace(None, fsdp8)
+
+
+def test_a_step_plan_records_its_bound_scope_and_gap(tmp_path, capsys, two_layer):
+    """What solve printed about a step plan travels in its file (``params['bound']``): the bound
+    never above the plan's simulated step, the same scope words, and the gap between them."""
+    out = tmp_path / "plan.json"
+    assert cli(["solve", str(two_layer), "-o", str(out), "--time-limit", "3", "--workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    plan, problem = planner.load_plan(out), planner.load_problem(two_layer)
+    bound, step = plan.params["bound"], planner.simulate(problem, plan).step_ms
+    assert f"/ {bound['bound_ms']:.3f} ms ({bound['scope']})" in printed
+    assert bound["bound_ms"] <= step + 1e-9
+    assert bound["gap"] == pytest.approx((step - bound["bound_ms"]) / step, abs=1e-5)

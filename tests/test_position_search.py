@@ -73,3 +73,7 @@ def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path, 
     assert (tmp_path / "1.json").read_bytes() == (tmp_path / "2.json").read_bytes()
     plan = planner.load_plan(tmp_path / "1.json")
     assert plan.created == "" and plan.params["positions"] == "free"
+    # the file says how good it is: the free-position floor within the budget, and the gap to it
+    bound, step = plan.params["bound"], planner.simulate(planner.load_problem(problem), plan).step_ms
+    assert bound["scope"].startswith("every plan with any positions within ") and bound["scope"].endswith(" GB")
+    assert bound["bound_ms"] <= step and bound["gap"] == pytest.approx((step - bound["bound_ms"]) / step, abs=1e-5)

@@ -179,3 +179,12 @@ def stamped(plan, args):
     """The plan as written: a --deterministic run records no creation time, so two runs write
     the same bytes."""
     return plan.model_copy(update={"created": ""}) if args.deterministic else plan
+
+
+def with_bound(plan, bound_ms: float | None, scope: str, gap: float | None):
+    """The plan with what the search proved about it in its params (``bound``: ms, the space the
+    bound holds for, and the plan's gap to it), so the file says how good it is without its run's
+    log. A count search's bound (collectives) is not a step: none is recorded then."""
+    bound = {"bound_ms": None if bound_ms is None else round(bound_ms, 6), "scope": scope,
+             "gap": None if gap is None else round(gap, 6)}
+    return plan.model_copy(update={"params": {**plan.params, "bound": bound}})

@@ -8,7 +8,7 @@ import contextlib
 import sys
 import time
 
-from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, built, gigabytes, memory_line,
+from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, built, gigabytes, memory_line, with_bound,
                                    output_file, progress, stamped)
 
 OBJECTIVES = ["count", "exposure", "step"]
@@ -188,7 +188,10 @@ def _solve_and_report(args, options, positioned, peak: int | None) -> int:
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1
     try:
-        planner.save(stamped(result.plan, args), args.output)
+        plan = result.plan
+        if args.objective == "step":
+            plan = with_bound(plan, result.bound, result.stats.get("bound_scope", ""), result.gap)
+        planner.save(stamped(plan, args), args.output)
     except OSError as e:  # checked up front; this is a race (the folder changed during the search)
         raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
     _report(args, problem, result)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 
-from bucketplan.cli.common import GB, CLIError, memory_line, progress, stamped
+from bucketplan.cli.common import GB, CLIError, memory_line, progress, stamped, with_bound
 
 
 def position_search_and_report(args, problem, anchored, hint, options, peak: int | None, t_start: float) -> int:
@@ -15,6 +15,7 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     (``options.max_evaluations``) the wall clock is only a guard, and the plan records no creation
     time: two runs write the same bytes."""
     import planner
+    from planner.cost.bounds import free_position_floor
     from planner.search.position_search import default_peak_budget, position_search
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
@@ -39,27 +40,27 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
               f"({anchored.objective:.3f} ms; verified, not held to --peak-memory-gb) "
               f"to {args.output}", file=sys.stderr)
         return 130
-    planner.save(stamped(result.plan, args), args.output)
-    _report(args, problem, anchored, result, budget)
+    floor = free_position_floor(problem, peak_memory_bytes=budget)
+    gap = (result.step_ms - floor.floor_ms) / result.step_ms if result.step_ms > 0 else 0.0
+    planner.save(stamped(with_bound(result.plan, floor.floor_ms, floor.scope, gap), args), args.output)
+    _report(args, problem, anchored, result, floor, budget)
     _print_wall(result, evaluations, t_start)
     print(f"wrote               {args.output}")
     return 130 if result.stats.get("interrupted") else 0
 
 
-def _report(args, problem, anchored, result, budget: int) -> None:
+def _report(args, problem, anchored, result, floor, budget: int) -> None:
     import planner
-    from planner.cost.bounds import free_position_floor
     from planner.cost.memory import memory_timeline
 
-    floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
-    gap = (result.step_ms - floor) / result.step_ms if result.step_ms > 0 else 0.0
+    gap = (result.step_ms - floor.floor_ms) / result.step_ms if result.step_ms > 0 else 0.0
     note = "; interrupted: the best verified plan so far" if result.stats.get("interrupted") else ""
     print(f"status              FEASIBLE (local search over positions and membership, best from "
           f"{result.stats['best_from']}{note})")
     print(f"collectives         {len(problem.collectives)} -> "
           f"{planner.collectives_after(problem, result.plan)}")
-    print(f"step / bound        {result.step_ms:.3f} ms (simulated) / {floor:.3f} ms "
-          f"(every plan with any positions within {budget / GB:.3f} GB is at least this); "
+    print(f"step / bound        {result.step_ms:.3f} ms (simulated) / {floor.floor_ms:.3f} ms "
+          f"({floor.scope} is at least this); "
           f"unbucketed {planner.simulate(problem).step_ms:.3f} ms")
     if anchored.plan is not None:
         over = memory_timeline(problem, anchored.plan).peak_bytes

@@ -363,7 +363,8 @@ class StepFloor:
     largest bucket each can be in (``priced_bytes``). The step lasts at least as long as any
     stream is busy and as the compute stream's work. ``chain_ms``: ``chain_floor`` (when the
     fixed order lets collectives run, and what must run between); ``chain_cut``: its longest path
-    was stopped at a deadline (still a floor, over fewer edges).
+    was stopped at a deadline (still a floor, over fewer edges). ``scope``: the plans it holds
+    for, in words (reports print it beside the number).
     """
 
     floor_ms: float
@@ -371,6 +372,7 @@ class StepFloor:
     comm_busy_ms: dict[str, float]
     chain_ms: float = 0.0
     chain_cut: bool = False
+    scope: str = "every plan with anchored positions"
 
 
 def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray]:
@@ -530,8 +532,10 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
     chain = release_deadline_floor(problem, peak_memory_bytes)
+    scope = "every plan with any positions" + ("" if peak_memory_bytes is None
+                                               else f" within {peak_memory_bytes / 1e9:.3f} GB")
     return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
-                     chain_ms=chain)
+                     chain_ms=chain, scope=scope)
 
 
 def _largest_bucket_wire(cs: list, cap: int) -> int:

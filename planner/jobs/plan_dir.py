@@ -233,6 +233,7 @@ def solve_one(job: SolveJob) -> dict:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
     bound = result.bound if run.objective == "step" else None
     planned = {**row, **_plan_figures(problem, result.plan), "bound_ms": None if bound is None else round(bound, 3),
+               "bound_scope": result.stats.get("bound_scope") if bound is not None else None,
                "gap_pct": None if result.gap is None else round(100 * result.gap, 2),
                "note": "; ".join(x for x in (note, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
                                              else "", "interrupted: solved again by the next run"
@@ -258,10 +259,10 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
     budget = default_peak_budget(problem, [start])
     found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
                             PositionSearchOptions(seed=seed), peak_memory_bytes=budget, deadline=deadline)
-    floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms  # any positions, within the budget
-    return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor,
-                   gap=(found.step_ms - floor) / found.step_ms if found.step_ms else 0.0,
-                   stats={**anchored.stats, "positions": found.stats,
+    floor = free_position_floor(problem, peak_memory_bytes=budget)  # any positions, within the budget
+    return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor.floor_ms,
+                   gap=(found.step_ms - floor.floor_ms) / found.step_ms if found.step_ms else 0.0,
+                   stats={**anchored.stats, "positions": found.stats, "bound_scope": floor.scope,
                           "interrupted": bool(found.stats.get("interrupted"))})
 
 
