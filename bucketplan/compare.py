@@ -260,11 +260,11 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
         except ValueError:  # nothing on this schedule fits the budget
             continue
         _stop_if_interrupted(found[-1][0].stats)
-    result, problem = min(found, key=lambda f: f[0].step_ms)
+    result, problem = min(found, key=lambda f: f[0].objective)
     floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
     where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
     return PlanRow(POSITIONED_LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
-                   (result.step_ms - floor) / result.step_ms if result.step_ms else 0.0,
+                   (result.objective - floor) / result.objective if result.objective else 0.0,
                    f"on {where}, within torch default's peak ({budget / 1e9:.3f} GB); local search, best from "
                    f"{result.stats['best_from']}")
 

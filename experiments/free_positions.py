@@ -61,7 +61,7 @@ def run(name: str, preset: str, seconds: float, out: Path, manual: bool = True) 
     gb = 1e9
     row = {"workload": name, "preset": preset, "unbucketed_ms": planner.simulate(problem).step_ms,
            "unbucketed_peak_gb": memory_timeline(problem).peak_bytes / gb, "fastest_torch": fastest,
-           "positioned_ms": result.step_ms, "positioned_peak_gb": result.peak_bytes / gb,
+           "positioned_ms": result.objective, "positioned_peak_gb": result.peak_bytes / gb,
            "free_floor_ms": free_position_floor(problem).floor_ms, "search_s": search_s, "prepare_s": prep_s,
            "stats": result.stats, "revision": git_revision()}
     for label, (ms, peak) in torch_rows.items():

@@ -89,7 +89,7 @@ def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: floa
     if peak_bytes(problem, None) <= budget and cap_gb == COMPARE_CAP_GB:
         result = position_search(problem, _starts(tag, problem), peak_memory_bytes=budget,
                                  deadline=time.perf_counter() + seconds / 2)
-    if result is None or result.step_ms > mine[MANUAL]["step_ms"]:
+    if result is None or result.objective > mine[MANUAL]["step_ms"]:
         problem = graph_order_problem(workload, preset, cap_gb)
         where, problem_file = "the graph's own order (torch's scheduler not run)", "problem-graph-order.json.gz"
         left = seconds / 2 if result is not None else seconds  # counted after the trace
@@ -103,7 +103,7 @@ def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: floa
     # the row as compare's table writes every row (table_rows: peak, floor distance, bound columns),
     # floor and unbucketed step of the plan's own problem
     plan_row = PlanRow(LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
-                       (result.step_ms - floor) / result.step_ms,
+                       (result.objective - floor) / result.objective,
                        f"on {where} ({problem_file}), within torch manual's peak ({budget / 1e9:.3f} GB)"
                        + (f" and a bucket cap of {cap_gb:g} GB (torch manual's largest bucket; compare's rows: "
                           f"{COMPARE_CAP_GB:g})" if cap_gb != COMPARE_CAP_GB else "") + "; local "

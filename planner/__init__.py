@@ -22,7 +22,7 @@ from planner.core.problem import (
     Timeline,
     collectives_after,
 )
-from planner.search.position_search import PositionResult, position_search
+from planner.search.position_search import position_search
 from planner.search.repair import repair
 from planner.cost.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
 from planner.search.solver import PlanMismatchError, SolveResult, solve
@@ -30,7 +30,7 @@ from planner.rules.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
     "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile",
-    "Node", "Plan", "PlanMismatchError", "Policy", "PositionResult", "PositionSearchOptions", "Problem", "Report",
+    "Node", "Plan", "PlanMismatchError", "Policy", "PositionSearchOptions", "Problem", "Report",
     "SchemaError", "Simulation", "SolveOptions", "SolveResult", "Timeline", "Violation", "atomic_write_text",
     "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "position_search", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",

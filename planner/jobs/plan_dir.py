@@ -260,8 +260,8 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
     found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
                             PositionSearchOptions(seed=seed), peak_memory_bytes=budget, deadline=deadline)
     floor = free_position_floor(problem, peak_memory_bytes=budget)  # any positions, within the budget
-    return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.step_ms, bound=floor.floor_ms,
-                   gap=(found.step_ms - floor.floor_ms) / found.step_ms if found.step_ms else 0.0,
+    return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.objective, bound=floor.floor_ms,
+                   gap=(found.objective - floor.floor_ms) / found.objective if found.objective else 0.0,
                    stats={**anchored.stats, "positions": found.stats, "bound_scope": floor.scope,
                           "interrupted": bool(found.stats.get("interrupted"))})
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from planner.cost.bounds import fixed_limits
@@ -32,6 +32,7 @@ from planner.core.policy import Policy
 from planner.core.problem import Bucket, Collective, Plan, Problem
 from planner.cost.simulator import replay_index, step_ms
 from planner.rules.verifier import verify
+from planner.search.result import SolveResult
 
 # an improvement smaller than this is noise of float sums, not a faster step
 MIN_GAIN_MS = 1e-6
@@ -87,13 +88,6 @@ def anchored_bucket(members: tuple[str, ...], where: Anchoring) -> Bucket | None
     if starts and waits and starts[0].start_pos < waits[0].wait_pos:
         return Bucket(members=members, start=starts[0].name, wait=waits[0].name)
     return None
-
-
-@dataclass
-class PolishResult:
-    plan: Plan
-    step_ms: float
-    stats: dict = field(default_factory=dict)
 
 
 def _groups(problem: Problem, plan: Plan) -> list[list[str]]:
@@ -173,15 +167,17 @@ def reanchored(problem: Problem, plan: Plan) -> Plan:
 
 def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_evaluations: int | None = None,
            seed: int = 0, policy: Policy = Policy(), progress: Callable[[str], None] | None = None,
-           objective: Callable[[Plan], float] | None = None) -> PolishResult:
+           objective: Callable[[Plan], float] | None = None) -> SolveResult:
     """The best plan found by single moves from the first of ``starts`` before ``deadline`` (a
     ``time.perf_counter`` value) or ``max_evaluations`` simulations (the reproducible limit), then
     from each other start in turn while the budget lasts. Every start must be feasible; the result
     is never slower than the first and carries its record (planner, params). ``objective``: what
     is minimized instead of the simulated step (``planner.search.scenarios``: the worst-case
-    regret); ``step_ms`` of the result is then that objective's value."""
+    regret); the result's ``objective`` is then that objective's value, else the step (ms). Local
+    search proves nothing: the status is FEASIBLE and there is no bound."""
     if not starts:
         raise ValueError("polish: no plan to start from")
+    t0 = time.perf_counter()
     plan, *restarts = starts
     search = _LocalSearch(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed,
                           policy=policy, progress=progress, objective=objective)
@@ -200,7 +196,8 @@ def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_eva
             stats["restart_gains"] = stats.get("restart_gains", 0) + 1
             stats["best_from"] = other.planner  # not the plan given: say which start it came from
     stats["end_ms"] = round(best_ms, 6)
-    return PolishResult(plan.model_copy(update={"buckets": best_plan.buckets}), best_ms, stats)
+    return SolveResult(plan=plan.model_copy(update={"buckets": best_plan.buckets}), status="FEASIBLE",
+                       objective=best_ms, bound=None, gap=None, wall_s=time.perf_counter() - t0, stats=stats)
 
 
 class _LocalSearch:

@@ -27,8 +27,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from bisect import bisect_left
-from dataclasses import dataclass, field
 
 import planner.core.arguments as arguments
 from planner.cost.memory import peak_and_segment, peak_bytes
@@ -37,6 +35,7 @@ from planner.core.policy import Policy
 from planner.core.problem import Bucket, Plan, Problem, with_buckets
 from planner.cost.simulator import replay_index, step_ms
 from planner.rules.verifier import verify
+from planner.search.result import SolveResult
 
 # an improvement smaller than this is float noise, not a faster step
 MIN_GAIN_MS = 1e-6
@@ -60,14 +59,6 @@ def positioned_policy(peak_memory_bytes: int | None, keep_overlap: bool = False)
     """The policy of a positioned step plan: overlap rules off (``keep_overlap``: on, as torch's
     bucketer keeps what hid each member), the peak within the budget."""
     return Policy(keep_overlap=keep_overlap, peak_memory_bytes=peak_memory_bytes)
-
-
-@dataclass
-class PositionResult:
-    plan: Plan
-    step_ms: float
-    peak_bytes: int
-    stats: dict = field(default_factory=dict)
 
 
 class _Index:
@@ -381,7 +372,7 @@ def _validate(problem, starts, options, peak_memory_bytes, deadline) -> None:
 
 
 def position_search(problem: Problem, starts: list[Plan], options: PositionSearchOptions = PositionSearchOptions(),
-                    *, peak_memory_bytes: int | None, deadline: float) -> PositionResult:
+                    *, peak_memory_bytes: int | None, deadline: float) -> SolveResult:
     """The fastest plan found with free positions whose peak memory is within ``peak_memory_bytes``
     (None: no budget), from the per-block seed and each of ``starts`` (any plans of the problem;
     one that does not fit the budget is fitted first), searched as ``options`` say (seed, the
@@ -391,8 +382,10 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     unbucketed schedule is returned when it does, else ValueError. ``keep_overlap``: every
     candidate keeps torch's overlap too (rules 4, 7 and 8), so a bucket may start where no member
     did and still keep what hid each member (torch's own count on its folded-conversion unit test,
-    where every anchored plan keeps one collective more)."""
+    where every anchored plan keeps one collective more). The result's ``objective`` is the plan's
+    simulated step (ms)."""
     _validate(problem, starts, options, peak_memory_bytes, deadline)
+    t0 = time.perf_counter()
     seed, keep_overlap = options.seed, options.keep_overlap
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     params = {"objective": "step", "positions": "free", "seed": seed,
@@ -439,4 +432,6 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     search.stats["best_from"] = best_name
     # as solve marks its plans: a plan cut short by Ctrl-C says so, and solve-dir solves it again
     plan = plan.model_copy(update={"params": {**plan.params, "interrupted": bool(search.stats.get("interrupted"))}})
-    return PositionResult(plan=plan, step_ms=ms, peak_bytes=peak_bytes(problem, plan), stats=search.stats)
+    # local search proves nothing: the caller sets a floor beside it (``free_position_floor``)
+    return SolveResult(plan=plan, status="FEASIBLE", objective=ms, bound=None, gap=None,
+                       wall_s=time.perf_counter() - t0, stats=search.stats, peak_bytes=peak_bytes(problem, plan))

@@ -18,7 +18,6 @@ positioned policy, the peak by ``planner.cost.memory``) and simulated.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -29,6 +28,7 @@ from planner.search.positioned import (WINDOW, MemoryCap, PositionedHandle, add_
 from planner.core.problem import Plan, Problem
 from planner.cost.simulator import step_ms
 from planner.rules.verifier import verify
+from planner.search.result import SolveResult, gap_of
 
 # instants of a plan's memory profile the model constrains from the start (its fullest), and at
 # most this many more per round where a solution went over the cap
@@ -36,24 +36,6 @@ FIRST_INSTANTS = 48
 INSTANTS_PER_ROUND = 64
 # a round that found no plan within the cap gets at least this much of the time left (s)
 MIN_ROUND_S = 2.0
-
-
-@dataclass
-class CappedResult:
-    """The best plan found within the cap, its simulated step and peak, CP-SAT's status over the
-    candidate space ("OPTIMAL" or "FEASIBLE") and its bound there (ms; a bound of the capped
-    candidate space, not of every plan with any positions)."""
-
-    plan: Plan
-    step_ms: float
-    peak_bytes: int
-    status: str
-    bound_ms: float
-    stats: dict = field(default_factory=dict)
-
-    @property
-    def gap(self) -> float:
-        return max(0.0, (self.step_ms - self.bound_ms) / self.step_ms) if self.step_ms else 0.0
 
 
 def _model(problem: Problem, found, cap_bytes: int | None, instants: list[float], window: int,
@@ -75,10 +57,13 @@ def _fullest(problem: Problem, plan: Plan | None, most: int, over: int | None = 
 
 def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int | None, time_limit_s: float,
                  workers: int = 2, seed: int = 0, floor_ms: float = 0.0,
-                 say=None) -> CappedResult:
+                 say=None) -> SolveResult:
     """The fastest plan of the candidate space of ``plans`` within ``peak_memory_bytes``
     (module docstring), from the fastest of ``plans`` within it, which must exist: a start the
-    search keeps if it finds nothing better."""
+    search keeps if it finds nothing better. The result: the plan's simulated step (``objective``,
+    ms), its peak (``peak_bytes``), CP-SAT's status and bound over the capped candidate space
+    ("OPTIMAL" or "FEASIBLE"; a bound of that space, not of every plan with any positions: its
+    ``bound_scope`` says so)."""
     from planner.search.solver import _configured_solver, _Progress, _run_search
 
     t0 = time.perf_counter()
@@ -135,5 +120,8 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
         if cb.interrupted:
             break
     stats["seconds"] = round(time.perf_counter() - t0, 2)
-    return CappedResult(plan=best, step_ms=best_ms, peak_bytes=peak_bytes(problem, best), status=status,
-                        bound_ms=min(bound_ms, best_ms), stats=stats)
+    stats["bound_scope"] = "every plan of the candidate space" + (
+        "" if peak_memory_bytes is None else f" within {peak_memory_bytes / 1e9:.3f} GB")
+    bound = min(bound_ms, best_ms)
+    return SolveResult(plan=best, status=status, objective=best_ms, bound=bound, gap=gap_of(best_ms, bound),
+                       wall_s=time.perf_counter() - t0, stats=stats, peak_bytes=peak_bytes(problem, best))

@@ -21,13 +21,14 @@ import math
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from ortools.sat.python import cp_model
 
 import planner.core.arguments as arguments
 from planner.core.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.search.solver's API
+from planner.search.result import SolveResult  # re-exported: planner.search.solver's API
 from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
 from planner.core.options import SolveOptions
@@ -94,25 +95,6 @@ POLISH_SHARE = 0.15
 POLISH_SHARE_LARGE = 0.4
 STEP_LARGE_MODEL_PAIRS = 2500
 POLISH_EVALUATIONS_PER_S = 100
-
-
-@dataclass
-class SolveResult:
-    """One result type for every planner: status, objective, bound, gap, wall time, plan."""
-
-    plan: Plan | None
-    status: str
-    objective: float | None
-    bound: float | None
-    gap: float | None
-    wall_s: float
-    stats: dict = field(default_factory=dict)
-    progress: list[tuple[float, float, float]] = field(default_factory=list)  # (t, incumbent, bound)
-
-    def summary(self) -> str:
-        gap = f"{self.gap:.1%}" if self.gap is not None else "n/a"
-        return (f"status {self.status}, objective {self.objective}, bound {self.bound}, gap {gap}, "
-                f"{self.wall_s:.1f}s")
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):
@@ -734,10 +716,10 @@ def _polished(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
     result = polish(ctx.problem, (incumbent.plan, *restarts), deadline=ctx.deadline(ctx.time_limit_s),
                     max_evaluations=max_evaluations, seed=ctx.seed, policy=ctx.policy, progress=ctx.progress)
     ctx.stats["polish"] = result.stats
-    if result.step_ms < incumbent.objective:
+    if result.objective < incumbent.objective:
         from_start = {"polished_from": result.stats["best_from"]} if "best_from" in result.stats else {}
         plan = result.plan.model_copy(update={"params": {**incumbent.plan.params, "polished": True, **from_start}})
-        return dataclasses.replace(incumbent, plan=plan, objective=result.step_ms, fallback=None)
+        return dataclasses.replace(incumbent, plan=plan, objective=result.objective, fallback=None)
     return incumbent
 
 
