@@ -1,8 +1,8 @@
 """The one table writer: CSV, Markdown and JSON tables, each written atomically, and what every
 shared column means (``MEANING``).
 
-Compare, sweeps and plan folders each once wrote their tables their own way; they all call
-``write_table`` now. Standard library only; ``pyplot`` gives matplotlib (imported only when a
+Compare, sweeps and plan folders all call ``write_table``, so a column means one thing and is
+written one way wherever it appears. Standard library only; ``pyplot`` gives matplotlib (imported only when a
 figure is drawn) to the jobs and the application that draw one.
 """
 

@@ -85,13 +85,9 @@ STEP_COUNT_SHARE_LARGE = 0.35
 POLISH_SHARE = 0.15
 # ... and on a large model (a window, or more than STEP_LARGE_MODEL_PAIRS candidate pairs: every
 # 8-layer preset problem has 4,500-13,000 but ddp-8 on one node, every 2-layer one at most 1,010),
-# where CP-SAT rarely improves its start within a minute and polish does. Measured, 60 s step
-# solves, 0.15 -> 0.5: llama3-8b-2d-8 @ h100-1node 68.572 -> 65.930 ms, fsdp-8 @ h100-64nodes
-# 308.159 -> 305.431, 2d-8 @ h100-8nodes 93.478 -> 93.464, fsdp-8 and hf-qwen3-8 @ h100-8nodes
-# unchanged; at 32 layers the windowed search returned its start on all six sweep rows. 0.4 since
-# the count search's share grew (STEP_COUNT_SHARE_LARGE), so that the main search keeps 15 s of a
-# 60 s solve: with 9 s, 2d-8 @ h100-1node lost its bound above the floor (63.233 -> 60.046 ms),
-# and with 15 s its plan is 65.674 ms (65.552 with 0.5); fsdp-8 @ h100-64nodes 280.486 either way.
+# where CP-SAT rarely improves its start within a minute and polish does; the main search still
+# keeps a quarter of a 60 s solve (15 s), below which it lost its bound above the floor. The
+# measurements behind both numbers: docs/results.md, "Solver shares".
 POLISH_SHARE_LARGE = 0.4
 STEP_LARGE_MODEL_PAIRS = 2500
 POLISH_EVALUATIONS_PER_S = 100
