@@ -11,11 +11,13 @@ KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 
 @st.composite
 def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int = 2,
-             dtypes=("bfloat16", "float32"), costs: bool = False) -> planner.Problem:
+             dtypes=("bfloat16", "float32"), costs: bool = False, kinds=KINDS) -> planner.Problem:
     """A schedule of compute nodes with collectives started and waited around them.
 
     ``costs``: links priced by random cost tables (any shape, not only concave ones) and a
     random bucketing cost (copies and launches), instead of α-β links with free merging.
+    ``kinds``: the collective kinds drawn from (one kind, one group and one dtype: every pair may
+    merge, where the bucket cap allows).
 
     Dependencies only point backwards in the schedule; hiding nodes of a collective are
     compute nodes strictly between its start and wait.
@@ -57,7 +59,7 @@ def problems(draw, max_collectives: int = 6, max_compute: int = 6, max_pgs: int 
         between = [names[seq[k]] for k in range(s + 1, w) if seq[k][0] == "c"]
         hiding = draw(st.lists(st.sampled_from(between), unique=True)) if between else []
         hiding.sort(key=lambda n: next(k for k, t in enumerate(seq) if names[t] == n))
-        kind = draw(st.sampled_from(KINDS))
+        kind = draw(st.sampled_from(kinds))
         pg = draw(st.sampled_from(pgs))
         dtype = draw(st.sampled_from(dtypes))
         est = draw(st.sampled_from([0.2, 0.5, 1.0]))

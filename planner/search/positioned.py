@@ -241,11 +241,29 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
         m.add_exactly_one(lit for _, lit, _ in starts[a])
         m.add_exactly_one(lit for _, lit, _ in waits[a])
     _places_keep_dependencies(m, colls, x, starts, waits, index)
+    _alone_keeps_its_conversion(m, problem, colls, x, joiners, starts)
     membership = ModelHandle(problem=problem, model=m, colls=colls, x=x, y=y, fs={}, fw={}, bw={},
                              objective="step", window=window)
     stats = {"x_vars": len(x), "named_starts": sum(len(v) for v in named_starts.values()),
              "named_waits": sum(len(v) for v in named_waits.values())}
     return PositionedHandle(problem, m, membership, starts, waits, stats)
+
+
+def _alone_keeps_its_conversion(m: cp_model.CpModel, problem: Problem, colls, x, joiners, starts) -> None:
+    """A collective alone in its bucket keeps its folded conversion where it was scheduled
+    (``planner.core.positions``: only a bucket of two or more runs it as its copy-in), so a named
+    start of that bucket follows the conversion, as its own start does."""
+    pos_of = {n.name: n.pos for n in problem.nodes}
+    for c in colls:
+        folded = problem.collectives[c.idx].folded
+        early = [lit for place, lit, what in starts[c.idx]
+                 if what is not None and place <= SCALE * max(pos_of[f] for f in folded)] if folded else []
+        if not early:
+            continue
+        alone = m.new_bool_var(f"alone[{c.name}]")  # forced true when nothing joins c's own bucket
+        m.add_bool_or([x[c.idx, c.idx].Not(), *(x[j, c.idx] for j in joiners[c.idx]), alone])
+        for lit in early:
+            m.add_implication(alone, lit.Not())
 
 
 def _places_keep_dependencies(m: cp_model.CpModel, colls, x, starts, waits, index) -> None:
