@@ -3,10 +3,11 @@ byte for byte, even when the second run shares the machine with a busy process.
 
 The problem is extracted once with the CLI (``bucketplan extract``, torch's schedule on
 ``--preset``). Each run is the CLI as a user types it; the second runs beside a process that keeps
-one core busy, so a search that read the wall clock would see less of it. The table gives each
-run's plan hash (sha256 of the file), step, peak, evaluations and wall seconds.
+one more core busy, so a search that read the wall clock would see less of it. The table gives
+each run's load (the 1-minute load average before it), plan hash (sha256 of the file), step,
+peak, evaluations and wall seconds.
 
-    python -m experiments.deterministic_positioned --workload llama3-8b-fsdp-8 --time-limit 60
+    python -m experiments.deterministic_positioned --workload llama3-8b-fsdp-8 --time-limit 30
 
 Writes ``table.md`` and ``rows.jsonl`` into ``--out``
 (experiments/results/deterministic_positioned).
@@ -18,6 +19,7 @@ import argparse
 import hashlib
 import json
 import multiprocessing
+import os
 import re
 import shutil
 import subprocess
@@ -64,6 +66,7 @@ def main() -> None:
             if burner is not None:
                 burner.start()
             try:
+                load_before = os.getloadavg()[0]
                 t0 = time.perf_counter()
                 run = _cli("solve", str(folder / "problem.json"), "-o", str(folder / f"plan-{k}.json"),
                            "--positions", "free", "--deterministic", "--time-limit", str(args.time_limit))
@@ -73,7 +76,8 @@ def main() -> None:
                     burner.terminate()
             data = (folder / f"plan-{k}.json").read_bytes()
             wall = _field(run.stdout, "wall")
-            rows.append({"run": k, "machine": "one core kept busy" if loaded else "idle",
+            rows.append({"run": k, "load": "one more core kept busy" if loaded else "as it was",
+                         "load_avg_1min": round(load_before, 1),
                          "sha256": hashlib.sha256(data).hexdigest()[:16],
                          "step_ms": _field(run.stdout, "step / bound").split(" ms")[0],
                          "peak_gb": _field(run.stdout, "peak memory").split(" GB")[0],
@@ -90,7 +94,7 @@ def main() -> None:
     lines = [f"# `solve --positions free --deterministic` twice on {args.workload} @ {args.preset}", "",
              f"`{command}`; git {git_revision()}; {machine()}.", "",
              f"The two plan files are {'identical, byte for byte' if same else 'DIFFERENT'}.", "",
-             *markdown_table(["run", "machine", "sha256", "step_ms", "peak_gb", "evaluations", "seconds"], rows)]
+             *markdown_table(["run", "load", "load_avg_1min", "sha256", "step_ms", "peak_gb", "evaluations", "seconds"], rows)]
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     if not same:
         raise SystemExit("the two deterministic runs wrote different plans")
