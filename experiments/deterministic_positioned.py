@@ -94,7 +94,8 @@ def main() -> None:
     lines = [f"# `solve --positions free --deterministic` twice on {args.workload} @ {args.preset}", "",
              f"`{command}`; git {git_revision()}; {machine()}.", "",
              f"The two plan files are {'identical, byte for byte' if same else 'DIFFERENT'}.", "",
-             *markdown_table(["run", "load", "load_avg_1min", "sha256", "step_ms", "peak_gb", "evaluations", "seconds"], rows)]
+             *markdown_table(["run", "load", "load_avg_1min", "sha256", "step_ms", "peak_gb", "evaluations",
+                              "seconds"], rows)]
     (args.out / "table.md").write_text("\n".join(lines) + "\n")
     if not same:
         raise SystemExit("the two deterministic runs wrote different plans")

@@ -93,7 +93,15 @@ def _check_the_optimum(problem: planner.Problem) -> None:
     plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
     legal = [p for p in plans if not planner.verify(problem, p, **RULES)]
     best = min(planner.simulate(problem, p).step_ms for p in legal)
-    h = build_positioned_model(problem, candidates(problem, legal), window=64)
+    h, solver, found = _solved_to_optimality(problem, candidates(problem, legal))
+    assert planner.simulate(problem, found).step_ms == pytest.approx(best, abs=h.slack_ns / 1e6 + 1e-6)
+    assert (solver.best_objective_bound - h.slack_ns) / 1e6 <= best + 1e-9
+
+
+def _solved_to_optimality(problem: planner.Problem, found_places) -> tuple:
+    """(handle, solver, plan) of the model over ``found_places`` solved to optimality: the plan
+    verifies and the model's objective is its simulated step, within the model's ns of rounding."""
+    h = build_positioned_model(problem, found_places, window=64)
     add_positioned_step(h)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -101,11 +109,10 @@ def _check_the_optimum(problem: planner.Problem) -> None:
     assert solver.solve(h.model) == cp_model.OPTIMAL
     found = h.extract(solver, params=RULES)
     assert not planner.verify(problem, found, **RULES)
-    slack = h.slack_ns / 1e6
     simulated = planner.simulate(problem, found).step_ms
-    assert simulated == pytest.approx(best, abs=slack + 1e-6)
-    assert model_step_ms(h, solver) == pytest.approx(simulated, abs=slack + 1e-6)  # the objective is the step
-    assert (solver.best_objective_bound - h.slack_ns) / 1e6 <= best + 1e-9
+    # the objective is the step
+    assert model_step_ms(h, solver) == pytest.approx(simulated, abs=h.slack_ns / 1e6 + 1e-6)
+    return h, solver, found
 
 
 def _gathers_in_a_row(n: int, size: int, cap: int, latency_ms: float) -> planner.Problem:
@@ -178,16 +185,8 @@ def test_where_two_of_three_fit_the_cap_the_optimum_merges_two():
     (the cap holds over a whole bucket, not only over each pair), priced as the simulator prices
     it, and merges two of them (no plan within the cap merges three)."""
     problem = _gathers_in_a_row(3, 1 << 20, 5 << 19, latency_ms=1.0)
-    h = build_positioned_model(problem, candidates(problem), window=64)
-    add_positioned_step(h)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = 60
-    assert solver.solve(h.model) == cp_model.OPTIMAL
-    found = h.extract(solver, params=RULES)
-    assert not planner.verify(problem, found, **RULES)
+    _, _, found = _solved_to_optimality(problem, candidates(problem))
     assert max(len(b.members) for b in found.buckets) == 2
-    assert model_step_ms(h, solver) == pytest.approx(planner.simulate(problem, found).step_ms, abs=h.slack_ns / 1e6)
 
 
 def test_a_full_hint_starts_the_search_from_the_plan(get_scheduled):
