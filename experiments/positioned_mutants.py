@@ -141,6 +141,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"--only: no mutant {sorted(unknown)[0]!r}")
     source = (ROOT / TARGET).read_text()
+    revision = git_revision()  # of the tree copied now, which every mutant is made from
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tree = _tree(Path(tmp))
@@ -164,7 +165,7 @@ def main() -> None:
     command = "python -m experiments.positioned_mutants" + (f" --only {' '.join(args.only)}" if args.only else "")
     equivalent = sum(r["result"] == "passed" and r["mutant"] in EQUIVALENT for r in rows)
     lines = ["# Mutants of the positioned CP-SAT model against tests/test_positioned.py", "",
-             f"`{command}`; git {git_revision()}; {machine()}.", "",
+             f"`{command}`; git {revision}; {machine()}.", "",
              f"{killed} of {len(rows)} mutants killed; {equivalent} survive as equivalent (the reason in "
              f"`failing_test`); {len(rows) - killed - equivalent} survive unexplained.", "",
              *markdown_table(["mutant", "dropped", "result", "failing_test", "seconds"], rows)]
