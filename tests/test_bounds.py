@@ -50,7 +50,7 @@ def test_chain_floor_is_exact_on_a_chain():
 
 
 @pytest.mark.parametrize("by", ["grid", "projection"])
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
 def test_every_feasible_bucket_is_within_reach(by, problem):
     # the reach is a superset argument; every plan the verifier accepts must respect it, for each

@@ -21,7 +21,7 @@ def _unbucketed(problem):
                         created="2026-01-01T00:00:00+00:00")
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True),
        st.integers(0, 3))
 def test_polish_is_feasible_never_slower_and_never_beats_the_optimum(problem, seed):
@@ -37,7 +37,7 @@ def test_polish_is_feasible_never_slower_and_never_beats_the_optimum(problem, se
         assert result.stats["kicks"] >= KICKS_WITHOUT_GAIN  # no deadline: the kicks end it, all checked above
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True), st.data())
 def test_polish_with_restarts_is_never_slower_than_any_start(problem, data):
     # time left after the first search goes to the other starts: the result is at least as fast as
