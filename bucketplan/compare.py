@@ -181,8 +181,9 @@ def _flag_over_default_peak(row: WorkloadRow) -> None:
         if r.planner in SEARCHING and r.plan is not None:
             peak = peak_bytes(r.problem, r.plan)
             if peak > cap:
-                over = (f"peak {peak / 1e9:.3f} GB, above the budget {cap / 1e9:.3f} GB "
-                        "(torch default's peak, or the unbucketed schedule's if higher)")
+                # the excess in MB: at 3 decimals of GB a small one reads as equal to the budget
+                over = (f"peak {peak / 1e9:.3f} GB, {(peak - cap) / 1e6:.1f} MB above the budget "
+                        f"{cap / 1e9:.3f} GB (torch default's peak, or the unbucketed schedule's if higher)")
                 r.note = f"{r.note}; {over}" if r.note else over
 
 
