@@ -110,7 +110,7 @@ def test_window_widening_keeps_the_bound_honest_and_ends_exact(problem):
     assert result.bound <= optimum <= result.objective
     widened = result.stats.get("widened", [])
     assert [s["window"] for s in widened] == sorted(s["window"] for s in widened)
-    if result.stats["bound_scope"] == "problem":
+    if result.stats["bound_scope"] == solver_module.PROBLEM_SCOPE:
         assert result.status == "OPTIMAL" and result.objective == optimum
 
 

@@ -592,13 +592,16 @@ def _no_search(ctx: _SolveContext, fallback: Plan | None) -> _Incumbent:
     return _with_fallback(ctx, none, fallback, _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
 
 
+PROBLEM_SCOPE = "every anchored plan of the problem"
+
+
 def _scope_text(scope: str, window: int | None, within: Plan | None) -> str:
-    """``stats['bound_scope']``: the space the search's bound holds for."""
+    """``stats['bound_scope']``: the plans the search's bound holds for, in words."""
     if scope == "within":
-        return f"search within plan {within.planner}"
+        return f"every plan within the buckets of plan {within.planner}"
     if scope == "window":
-        return f"problem (relaxation; search in candidate window {window})"
-    return "problem"
+        return f"{PROBLEM_SCOPE} (a relaxation; the search kept to candidate window {window})"
+    return PROBLEM_SCOPE
 
 
 def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
