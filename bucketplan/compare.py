@@ -27,6 +27,7 @@ from planner.cost.bounds import free_position_floor, step_floor
 from planner.cost.memory import peak_bytes
 from planner.core.options import SolveOptions
 from planner.search.position_search import position_search
+from planner.search.result import gap_of
 from planner.search.repair import repair
 from planner.cost.simulator import simulate, write_chrome_trace
 from planner.jobs.progress import LiveLine
@@ -265,7 +266,7 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
     floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
     where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
     return PlanRow(POSITIONED_LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
-                   (result.objective - floor) / result.objective if result.objective else 0.0,
+                   gap_of(result.objective, floor),
                    f"on {where}, within torch default's peak ({budget / 1e9:.3f} GB); local search, best from "
                    f"{result.stats['best_from']}")
 

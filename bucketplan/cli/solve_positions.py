@@ -17,6 +17,7 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     import planner
     from planner.cost.bounds import free_position_floor
     from planner.search.position_search import default_peak_budget, position_search
+    from planner.search.result import gap_of
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
     # by default a plan never holds more than what it replaces
@@ -41,19 +42,18 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
               f"to {args.output}", file=sys.stderr)
         return 130
     floor = free_position_floor(problem, peak_memory_bytes=budget)
-    gap = (result.objective - floor.floor_ms) / result.objective if result.objective > 0 else 0.0
+    gap = gap_of(result.objective, floor.floor_ms)
     planner.save(stamped(with_bound(result.plan, floor.floor_ms, floor.scope, gap), args), args.output)
-    _report(args, problem, anchored, result, floor, budget)
+    _report(args, problem, anchored, result, floor, gap, budget)
     _print_wall(result, evaluations, t_start)
     print(f"wrote               {args.output}")
     return 130 if result.stats.get("interrupted") else 0
 
 
-def _report(args, problem, anchored, result, floor, budget: int) -> None:
+def _report(args, problem, anchored, result, floor, gap: float, budget: int) -> None:
     import planner
     from planner.cost.memory import memory_timeline
 
-    gap = (result.objective - floor.floor_ms) / result.objective if result.objective > 0 else 0.0
     note = "; interrupted: the best verified plan so far" if result.stats.get("interrupted") else ""
     print(f"status              FEASIBLE (local search over positions and membership, best from "
           f"{result.stats['best_from']}{note})")

@@ -233,7 +233,7 @@ def solve_one(job: SolveJob) -> dict:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
     bound = result.bound if run.objective == "step" else None
     planned = {**row, **_plan_figures(problem, result.plan), "bound_ms": None if bound is None else round(bound, 3),
-               "bound_scope": result.stats.get("bound_scope") if bound is not None else None,
+               "bound_scope": result.bound_scope if bound is not None else None,
                "gap_pct": None if result.gap is None else round(100 * result.gap, 2),
                "note": "; ".join(x for x in (note, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
                                              else "", "interrupted: solved again by the next run"
@@ -255,13 +255,14 @@ def _positioned(problem, anchored, start, deadline: float, seed: int):
     peaks and the unbucketed one (``default_peak_budget``), as a SolveResult-like row source."""
     from planner.cost.bounds import free_position_floor
     from planner.search.position_search import default_peak_budget, position_search
+    from planner.search.result import gap_of
 
     budget = default_peak_budget(problem, [start])
     found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
                             PositionSearchOptions(seed=seed), peak_memory_bytes=budget, deadline=deadline)
     floor = free_position_floor(problem, peak_memory_bytes=budget)  # any positions, within the budget
     return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.objective, bound=floor.floor_ms,
-                   gap=(found.objective - floor.floor_ms) / found.objective if found.objective else 0.0,
+                   gap=gap_of(found.objective, floor.floor_ms),
                    stats={**anchored.stats, "positions": found.stats, "bound_scope": floor.scope,
                           "interrupted": bool(found.stats.get("interrupted"))})
 

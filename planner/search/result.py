@@ -38,8 +38,10 @@ class SolveResult:
                 f"{self.wall_s:.1f}s")
 
 
-def gap_of(objective: float, bound: float | None) -> float | None:
-    """(objective - bound) / objective, never below 0; None without a bound."""
-    if bound is None:
+def gap_of(objective: float | None, bound: float | None) -> float | None:
+    """(objective - bound) / |objective|, never below 0; None without an objective or a bound."""
+    if objective is None or bound is None:
         return None
-    return max(0.0, (objective - bound) / objective) if objective else 0.0
+    if objective == 0:
+        return 0.0
+    return max(0.0, (objective - bound) / abs(objective))

@@ -28,7 +28,7 @@ from ortools.sat.python import cp_model
 
 import planner.core.arguments as arguments
 from planner.core.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.search.solver's API
-from planner.search.result import SolveResult  # re-exported: planner.search.solver's API
+from planner.search.result import SolveResult, gap_of  # SolveResult re-exported: planner.search.solver's API
 from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
 from planner.core.options import SolveOptions
@@ -744,7 +744,7 @@ def _verdict(ctx: _SolveContext, incumbent: _Incumbent) -> tuple[str, float | No
             status = "OPTIMAL"
         elif ctx.step and status == "OPTIMAL":
             status = "FEASIBLE"
-    return status, bound, _gap(incumbent.objective, bound)
+    return status, bound, gap_of(incumbent.objective, bound)
 
 
 def _result(ctx: _SolveContext, incumbent: _Incumbent) -> SolveResult:
@@ -878,9 +878,3 @@ def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: 
     return solver
 
 
-def _gap(obj: float | None, bound: float | None) -> float | None:
-    if obj is None or bound is None:
-        return None
-    if obj == 0:
-        return 0.0
-    return max(0.0, (obj - bound) / abs(obj))
