@@ -190,7 +190,7 @@ def _solve_and_report(args, options, positioned, peak: int | None) -> int:
     try:
         plan = result.plan
         if args.objective == "step":
-            plan = with_bound(plan, result.bound, result.stats.get("bound_scope", ""), result.gap)
+            plan = with_bound(plan, result.bound, result.bound_scope or "", result.gap)
         planner.save(stamped(plan, args), args.output)
     except OSError as e:  # checked up front; this is a race (the folder changed during the search)
         raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
@@ -211,7 +211,7 @@ def _report(args, problem, result) -> None:
     print(f"status              {result.status}" + (f" ({'; '.join(notes)})" if notes else ""))
     print(f"collectives         {len(problem.collectives)} -> "
           f"{planner.collectives_after(problem, result.plan)}")
-    scope = result.stats["bound_scope"]
+    scope = result.bound_scope
     if args.objective == "step":
         # None: interrupted before the floor
         bound = "n/a" if result.bound is None else f"{result.bound:.3f} ms"

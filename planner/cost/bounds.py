@@ -532,10 +532,14 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
     chain = release_deadline_floor(problem, peak_memory_bytes)
-    scope = "every plan with any positions" + ("" if peak_memory_bytes is None
-                                               else f" within {peak_memory_bytes / 1e9:.3f} GB")
+    scope = within_peak("every plan with any positions", peak_memory_bytes)
     return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
                      chain_ms=chain, scope=scope)
+
+
+def within_peak(plans: str, peak_memory_bytes: int | None) -> str:
+    """A bound's scope in words: ``plans``, and the peak they keep to when there is a cap."""
+    return plans if peak_memory_bytes is None else f"{plans} within {peak_memory_bytes / 1e9:.3f} GB"
 
 
 def _largest_bucket_wire(cs: list, cap: int) -> int:

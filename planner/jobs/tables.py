@@ -2,8 +2,8 @@
 shared column means (``MEANING``).
 
 Compare, sweeps and plan folders all call ``write_table``, so a column means one thing and is
-written one way wherever it appears. Standard library only; ``pyplot`` gives matplotlib (imported only when a
-figure is drawn) to the jobs and the application that draw one.
+written one way wherever it appears. Standard library only; ``pyplot`` gives matplotlib
+(imported only when a figure is drawn) to the jobs and the application that draw one.
 """
 
 from __future__ import annotations

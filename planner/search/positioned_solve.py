@@ -21,6 +21,7 @@ import time
 
 from ortools.sat.python import cp_model
 
+from planner.cost.bounds import within_peak
 from planner.cost.memory import memory_profile, peak_bytes
 from planner.search.position_search import positioned_policy
 from planner.search.positioned import (WINDOW, MemoryCap, PositionedHandle, add_positioned_step,
@@ -120,8 +121,7 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
         if cb.interrupted:
             break
     stats["seconds"] = round(time.perf_counter() - t0, 2)
-    stats["bound_scope"] = "every plan of the candidate space" + (
-        "" if peak_memory_bytes is None else f" within {peak_memory_bytes / 1e9:.3f} GB")
+    stats["bound_scope"] = within_peak("every plan of the candidate space", peak_memory_bytes)
     bound = min(bound_ms, best_ms)
     return SolveResult(plan=best, status=status, objective=best_ms, bound=bound, gap=gap_of(best_ms, bound),
                        wall_s=time.perf_counter() - t0, stats=stats, peak_bytes=peak_bytes(problem, best))
