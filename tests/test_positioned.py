@@ -15,7 +15,7 @@ from planner.search.position_search import position_search, positioned_policy
 from planner.search.positioned import (add_positioned_step, build_positioned_model, candidates, hint_fully,
                                 model_step_ms)
 from tests.brute import positioned_plans
-from tests.strategies import problems
+from tests.strategies import problems, two_gathers
 
 RULES = positioned_policy(None).as_params()
 
@@ -115,35 +115,18 @@ def _solved_to_optimality(problem: planner.Problem, found_places) -> tuple:
     return h, solver, found
 
 
-def _gathers_in_a_row(n: int, size: int, cap: int, latency_ms: float) -> planner.Problem:
-    """mm_0, n all_gathers of one key started in a row, their waits in a row, mm_1 using them all:
-    each gather is exposed, so merging saves ``latency_ms`` a bucket where the cap allows."""
-    N = planner.Node
-    nodes = [N(name="mm_0", kind="compute", pos=0, est_ms=1.0)]
-    nodes += [N(name=f"ag{k}", kind="start", pos=k, est_ms=0.0) for k in range(1, n + 1)]
-    nodes += [N(name=f"w{k}", kind="wait", pos=n + k, est_ms=0.0, deps=(k,)) for k in range(1, n + 1)]
-    nodes.append(N(name="mm_1", kind="compute", pos=2 * n + 1, est_ms=1.0, deps=tuple(range(n + 1, 2 * n + 1))))
-    colls = tuple(planner.Collective(name=f"ag{k}", wait=f"w{k}", kind="all_gather", pg="0",
-                                     key="all_gather/0/bfloat16", dtype="bfloat16", size_bytes=size,
-                                     wire_bytes=size, est_ms=0.0, exposed_ms=0.0, start_pos=k, wait_pos=n + k,
-                                     status="exposed") for k in range(1, n + 1))
-    link = planner.Link(pg="0", group_size=8, latency_ms=latency_ms, bandwidth_gbps=50.0)
-    return planner.Problem(bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=2 * n + 2, collectives=colls,
-                           nodes=tuple(nodes), links=(link,),
-                           timelines=(planner.Timeline(pg="0", nodes=tuple(range(2 * n + 2)),
-                                                       types="c" + "s" * n + "w" * n + "c"),)).with_fingerprint()
-
-
 def test_where_merging_pays_the_optimum_is_the_brute_force_one():
     """Hand-made, so the rules that keep a solution a plan are sure to be tested: two gathers
     whose merge saves a millisecond (a collective may join only a bucket whose anchor is in it:
     without that rule the model drops both waits)."""
-    _check_the_optimum(_gathers_in_a_row(2, 1 << 20, 1 << 30, latency_ms=1.0))
+    link = planner.Link(pg="0", group_size=8, latency_ms=1.0, bandwidth_gbps=50.0)
+    _check_the_optimum(two_gathers((1 << 20, 1 << 20), (1 << 20, 1 << 20), link))
 
 
-def _pair(nodes: list[tuple], colls: list[tuple]) -> planner.Problem:
+def _one_key_gathers(nodes: list[tuple], colls: list[tuple], cap: int = 1 << 30) -> planner.Problem:
     """A problem from (name, kind, deps) nodes in schedule order and (start, wait, folded)
-    all_gathers of one key, 1 MiB each, exposed, on a link whose latency (1 ms) makes merging pay."""
+    all_gathers of one key, 1 MiB each, exposed, on a link whose latency (1 ms) makes merging pay,
+    with bucket cap ``cap``."""
     pos = {name: k for k, (name, _, _) in enumerate(nodes)}
     made = tuple(planner.Node(name=name, kind=kind, pos=k, est_ms=1.0 if kind == "compute" else 0.0,
                               deps=tuple(pos[d] for d in deps)) for k, (name, kind, deps) in enumerate(nodes))
@@ -154,7 +137,7 @@ def _pair(nodes: list[tuple], colls: list[tuple]) -> planner.Problem:
                        for start, wait, folded in colls)
     types = "".join({"compute": "c", "start": "s", "wait": "w"}[kind] for _, kind, _ in nodes)
     link = planner.Link(pg="0", group_size=8, latency_ms=1.0, bandwidth_gbps=50.0)
-    return planner.Problem(bucket_mode="default", bucket_cap_bytes=1 << 30, n_scheduled=len(nodes),
+    return planner.Problem(bucket_mode="default", bucket_cap_bytes=cap, n_scheduled=len(nodes),
                            collectives=made_colls, nodes=made, links=(link,),
                            timelines=(planner.Timeline(pg="0", nodes=tuple(range(len(nodes))), types=types),)
                            ).with_fingerprint()
@@ -177,14 +160,16 @@ def _pair(nodes: list[tuple], colls: list[tuple]) -> planner.Problem:
 def test_where_the_data_forbid_the_best_merge_the_optimum_is_the_brute_force_one(nodes, colls):
     """Hand-made, one rule of the data each: merging the two gathers would pay, but where the
     merged bucket would sit breaks a dependence, so the model's optimum is the best legal plan."""
-    _check_the_optimum(_pair(nodes, colls))
+    _check_the_optimum(_one_key_gathers(nodes, colls))
 
 
 def test_where_two_of_three_fit_the_cap_the_optimum_merges_two():
     """Three gathers, any two within the bucket cap and three not: the model's optimum is a plan
     (the cap holds over a whole bucket, not only over each pair), priced as the simulator prices
     it, and merges two of them (no plan within the cap merges three)."""
-    problem = _gathers_in_a_row(3, 1 << 20, 5 << 19, latency_ms=1.0)
+    nodes = [("mm_0", "compute", ()), *((f"ag{k}", "start", ()) for k in (1, 2, 3)),
+             *((f"w{k}", "wait", (f"ag{k}",)) for k in (1, 2, 3)), ("mm_1", "compute", ("w1", "w2", "w3"))]
+    problem = _one_key_gathers(nodes, [(f"ag{k}", f"w{k}", ()) for k in (1, 2, 3)], cap=5 << 19)
     _, _, found = _solved_to_optimality(problem, candidates(problem))
     assert max(len(b.members) for b in found.buckets) == 2
 
