@@ -124,9 +124,7 @@ def _tree(tmp: Path) -> Path:
     ignore = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", "results", "*.egg-info")
     for part in ("planner", "fxglue", "bucketplan", "tests", "experiments"):
         shutil.copytree(ROOT / part, tree / part, ignore=ignore)
-    for f in ("pyproject.toml", "conftest.py"):
-        if (ROOT / f).exists():
-            shutil.copy(ROOT / f, tree / f)
+    shutil.copy(ROOT / "pyproject.toml", tree / "pyproject.toml")  # pytest's markers and options
     return tree
 
 
