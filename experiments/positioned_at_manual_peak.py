@@ -27,7 +27,7 @@ from pathlib import Path
 
 import planner
 from experiments.common import append_row, git_revision, load_gz, read_rows, rewrite_rows, save_gz
-from experiments.positioned_acceptance import DEFAULT, MANUAL, _best_within
+from experiments.positioned_acceptance import DEFAULT, MANUAL, _best_within, case_peaks
 from bucketplan.compare import _slug
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
@@ -38,7 +38,8 @@ LABEL = "bucketplan (step, free positions, manual's peak)"
 COMPARE_CAP_GB = 2.0  # compare's bucket cap (max_bucket_memory_gb), every other row's
 
 
-def cases_to_run(rows: list[dict]) -> list[tuple[str, str, dict]]:
+def cases_to_run(folder: Path, rows: list[dict]) -> list[tuple[str, str, dict, int]]:
+    """(workload, preset, its rows by label, torch manual's exact peak in bytes) of each case."""
     by: dict[tuple, dict] = {}
     for r in rows:
         by.setdefault((r["workload"], r["preset"]), {})[r["planner"]] = r
@@ -47,9 +48,10 @@ def cases_to_run(rows: list[dict]) -> list[tuple[str, str, dict]]:
         manual, default = mine.get(MANUAL), mine.get(DEFAULT)
         if manual is None or default is None or LABEL in mine or manual["peak_gb"] is None:
             continue
-        best = _best_within(mine, manual["peak_gb"])
+        peaks = case_peaks(folder / f"{w}--{p}", mine)
+        best = _best_within(mine, peaks, peaks[MANUAL])
         if best is None or best["step_ms"] > manual["step_ms"]:
-            out.append((w, p, mine))
+            out.append((w, p, mine, peaks[MANUAL]))
     return out
 
 
@@ -74,7 +76,7 @@ def _starts(tag: Path, problem: planner.Problem) -> list[planner.Plan]:
     return [p for p in plans if p.problem_fingerprint == problem.fingerprint]
 
 
-def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: float,
+def run_case(folder: Path, workload: str, preset: str, mine: dict, budget: int, seconds: float,
              cap_gb: float = COMPARE_CAP_GB) -> dict | None:
     """Half the seconds on torch's schedule (the committed problem, from the committed plans) when
     its unbucketed schedule fits the budget and the cap is compare's; its plan is the row if it
@@ -82,9 +84,6 @@ def run_case(folder: Path, workload: str, preset: str, mine: dict, seconds: floa
     per-block seed, for the seconds left after tracing (priced as torch manual's problem is).
     None when no plan on either order fits torch manual's peak (no row: the case does not hold)."""
     tag = folder / f"{workload}--{preset}"
-    # the manual row's peak in bytes, as the run measured it (GB to 3 places: rounded down, so
-    # the plan is never above what the table shows for the manual pass)
-    budget = int(mine[MANUAL]["peak_gb"] * 1e9) - 500_000
     t0 = time.perf_counter()
     problem = load_gz(tag / "problem.json.gz", planner.Problem)
     where, problem_file, result = "torch's schedule", "problem.json.gz", None
@@ -133,11 +132,11 @@ def main() -> None:
     rows_path = args.folder / "rows.jsonl"
     rows = read_rows(rows_path)
     again = [r for r in rows if args.case and r["planner"] == LABEL and [r["workload"], r["preset"]] == args.case]
-    todo = [c for c in cases_to_run([r for r in rows if r not in again])
+    todo = [c for c in cases_to_run(args.folder, [r for r in rows if r not in again])
             if not args.case or list(c[:2]) == args.case]
     print(f"{len(todo)} case(s) to run")
-    for w, p, mine in todo:
-        row = run_case(args.folder, w, p, mine, args.seconds, args.max_bucket_memory_gb)
+    for w, p, mine, budget in todo:
+        row = run_case(args.folder, w, p, mine, budget, args.seconds, args.max_bucket_memory_gb)
         if row is None:
             print(f"{w} @ {p}: no plan fits torch manual's peak ({mine[MANUAL]['peak_gb']} GB) on torch's "
                   f"schedule or on the graph's own order", flush=True)
