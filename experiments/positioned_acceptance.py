@@ -30,21 +30,27 @@ OURS = ("cpsat (count)", "cpsat (step)", "cpsat (step, pre-bucketed)", "bucketpl
 DEFAULT, GREEDY, MANUAL = "torch default (pre-bucketing + greedy)", "torch greedy", "torch manual (a bucket per block)"
 
 
-def row_peak_bytes(tag: Path, label: str) -> int | None:
-    """The exact peak of row ``label`` of the case folder ``tag``: its plan (``<slug>-plan.json.gz``;
-    none for the unbucketed row) on the problem file of the case whose fingerprint the plan names
+def row_problem_and_plan(tag: Path, label: str) -> tuple[planner.Problem, planner.Plan | None] | None:
+    """Row ``label`` of the case folder ``tag``: its plan (``<slug>-plan.json.gz``; none for the
+    unbucketed row) and the problem file of the case whose fingerprint the plan names
     (``problem.json.gz`` for the unbucketed row). None when the files are not there."""
-    plan_file = tag / f"{_slug(label)}-plan.json.gz"
     if label == "unbucketed":
-        return peak_bytes(load_gz(tag / "problem.json.gz", planner.Problem), None)
+        return load_gz(tag / "problem.json.gz", planner.Problem), None
+    plan_file = tag / f"{_slug(label)}-plan.json.gz"
     if not plan_file.exists():
         return None
     plan = load_gz(plan_file, planner.Plan)
     for f in sorted(tag.glob("*problem*.json.gz")):
         problem = load_gz(f, planner.Problem)
         if problem.fingerprint == plan.problem_fingerprint:
-            return peak_bytes(problem, plan)
+            return problem, plan
     return None
+
+
+def row_peak_bytes(tag: Path, label: str) -> int | None:
+    """The exact peak (``planner.cost.memory``) of row ``label`` of the case folder ``tag``."""
+    found = row_problem_and_plan(tag, label)
+    return peak_bytes(*found) if found is not None else None
 
 
 def _best_within(rows: dict, peaks: dict[str, int | None], cap: int, ours=OURS) -> dict | None:
