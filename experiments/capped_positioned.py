@@ -115,7 +115,8 @@ def main(argv=None) -> None:
             "any_position_floor_ms", "gap_to_floor", "peak_gb", "torch_peak_gb", "search_s", "cpsat_s"]
     lines = [f"# The capped positioned CP-SAT after the positioned search ({PRESET})", "",
              f"`python -m experiments.capped_positioned --workloads {' '.join(args.workloads)} "
-             f"--search {args.search:g} --cpsat {args.cpsat:g}`; git {git_revision()}; {machine()}.", "",
+             f"--orders {' '.join(args.orders)} --search {args.search:g} --cpsat {args.cpsat:g} --out {args.out}`; "
+             f"git {git_revision()}; {machine()}.", "",
              *markdown_table(cols, rows), ""]
     (args.out / "table.md").write_text("\n".join(lines))
 
