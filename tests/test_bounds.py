@@ -177,6 +177,37 @@ def test_a_collective_above_the_bucket_cap_is_priced_whole():
     assert step_floor(problem).floor_ms <= step + 1e-9
 
 
+def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start_can_sit():
+    """A gather's input is made by mm0; the next node (its own start) carries 5 ms of unpinned
+    compute (on FSDP graphs: the loss, between the forward's last matmul and the backward's
+    first gather), which the stream runs before anything issued there, and no start can sit
+    between mm0 and it. So the gather is issued at 6 ms at the earliest, and its user runs at
+    9 ms: the best plan of a brute force is 10 ms, and the floor is exactly that (counting only
+    the nodes up to mm0 it read 7 ms, the compute alone)."""
+    from planner.cost.bounds import free_position_floor, release_deadline_floor
+    from planner.search.position_search import positioned_policy
+    from tests.brute import positioned_plans
+
+    N = planner.Node
+    nodes = (N(name="mm0", kind="compute", pos=0, est_ms=1.0),
+             N(name="ag", kind="start", pos=1, est_ms=0.0, deps=(0,), unpinned_ms=5.0),
+             N(name="w", kind="wait", pos=2, est_ms=0.0, deps=(1,)),
+             N(name="mm1", kind="compute", pos=3, est_ms=1.0, deps=(2,)))
+    gather = planner.Collective(name="ag", wait="w", kind="all_gather", pg="0", key="ag/0", dtype="bfloat16",
+                                size_bytes=100, wire_bytes=100, est_ms=3.0, exposed_ms=3.0, start_pos=1, wait_pos=2,
+                                status="exposed")
+    problem = planner.Problem(schema_version=2, bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=4,
+                              collectives=(gather,), nodes=nodes, timelines=(),
+                              links=(planner.Link(pg="0", group_size=2, latency_ms=3.0, bandwidth_gbps=1e6),),
+                              ).with_fingerprint()
+    rules = positioned_policy(None).as_params()
+    best = min(planner.simulate(problem, plan).step_ms for plan in positioned_plans(problem)
+               if not planner.verify(problem, plan, **rules))
+    assert best == pytest.approx(10.0, abs=1e-3)
+    assert release_deadline_floor(problem) == pytest.approx(best, abs=1e-3)
+    assert free_position_floor(problem).floor_ms == pytest.approx(best, abs=1e-3)
+
+
 def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     """A dtype conversion folded into a merged all_gather runs at the bucket's copy-in: scheduled
     10 ms of compute before the reduce_scatter's gradient, it did not delay that reduce in a plan

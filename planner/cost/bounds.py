@@ -669,9 +669,13 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     done = np.cumsum(fixed)  # fixed compute done once node k has run
     total = float(done[-1]) if len(nodes) else 0.0
 
-    def released(pos: float) -> float:  # fixed compute of every node at or before ``pos``
-        k = bisect.bisect_right(positions, pos) - 1
-        return float(done[k]) if k >= 0 else 0.0
+    def released(pos: float) -> float:
+        """The fixed compute run when the stream reaches the first place after ``pos`` where a
+        bucket can start: every node at or before ``pos``, and the unpinned compute scheduled just
+        before the next node, which runs before anything issued there (the simulator's
+        ``compute_before``). A start comes after ``pos``, and every place is a node's."""
+        k = bisect.bisect_right(positions, pos)
+        return (float(done[k - 1]) if k else 0.0) + (nodes[k].unpinned_ms if k < len(nodes) else 0.0)
 
     def tail(pos: int) -> float:  # the consumer's own compute and the fixed compute after it
         k = bisect.bisect_left(positions, pos)
