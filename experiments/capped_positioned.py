@@ -68,12 +68,17 @@ def _graph_order(workload: str):
     return problem, None, torch_peak
 
 
-def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path) -> dict:
+def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path,
+             start: Path | None = None) -> dict:
+    """One row; ``start``: a plan file of the same problem the search also starts from (an earlier
+    run's, to search on from it)."""
     t0 = time.perf_counter()
     problem, greedy, torch_peak = _torch_order(workload) if order == "torch" else _graph_order(workload)
     cap = default_peak_budget(problem, [greedy]) if greedy is not None else peak_bytes(problem)
     prepare_s = time.perf_counter() - t0
     starts = [greedy] if greedy is not None else []
+    if start is not None:
+        starts.append(planner.load_plan(start))
     t1 = time.perf_counter()
     searched = position_search(problem, starts, peak_memory_bytes=cap, deadline=time.perf_counter() + search_s)
     t2 = time.perf_counter()
@@ -102,12 +107,13 @@ def main(argv=None) -> None:
     ap.add_argument("--search", type=float, default=30.0)
     ap.add_argument("--cpsat", type=float, default=60.0)
     ap.add_argument("--out", type=Path, default=Path("experiments/results/capped_positioned"))
+    ap.add_argument("--start", type=Path, help="a plan of the (one) workload and order to start from too")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workload in args.workloads:
         for order in args.orders:
-            row = run_case(workload, order, args.search, args.cpsat, args.out)
+            row = run_case(workload, order, args.search, args.cpsat, args.out, args.start)
             print(json.dumps(row), flush=True)
             rows.append(row)
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -115,7 +121,8 @@ def main(argv=None) -> None:
             "any_position_floor_ms", "gap_to_floor", "peak_gb", "torch_peak_gb", "search_s", "cpsat_s"]
     lines = [f"# The capped positioned CP-SAT after the positioned search ({PRESET})", "",
              f"`python -m experiments.capped_positioned --workloads {' '.join(args.workloads)} "
-             f"--orders {' '.join(args.orders)} --search {args.search:g} --cpsat {args.cpsat:g} --out {args.out}`; "
+             f"--orders {' '.join(args.orders)} --search {args.search:g} --cpsat {args.cpsat:g} --out {args.out}"
+             + (f" --start {args.start}" if args.start else "") + "`; "
              f"git {git_revision()}; {machine()}.", "",
              *markdown_table(cols, rows), ""]
     (args.out / "table.md").write_text("\n".join(lines))
