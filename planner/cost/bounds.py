@@ -643,9 +643,11 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
 
     A collective's bucket is issued no earlier than the compute stream has run its start's last
     fixed predecessor (``fixed_limits``: its release position ``s``), and its wait sits before
-    its wait's first fixed consumer ``Q``. ``A(x)``, the time the compute stream has run every node
-    up to position ``x``, is at least the fixed compute up to ``x`` plus ``D``, the delay the
-    consumers before ``x`` took: consumer ``Q`` starts no earlier than ``A(s)`` plus the time its
+    its wait's first fixed consumer ``Q``. ``A(x)``, the time the compute stream reaches the first
+    place after position ``x`` where a bucket can start (every place is a node's), is at least the
+    fixed compute up to ``x``, plus the unpinned compute scheduled just before the next node (it
+    runs before anything issued there), plus ``D``, the delay the consumers before ``x`` took:
+    consumer ``Q`` starts no earlier than ``A(s)`` plus the time its
     process group's FIFO stream needs for the collectives released at ``s`` or later and due by
     ``Q`` (their bytes at the best per-byte time of their key's largest bucket,
     ``per_byte_floor``), for every ``s``. The step is at least the fixed compute plus the last
