@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -46,6 +47,21 @@ def save_gz(obj, path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(gzip.compress(planner.core.io.dumps(obj).encode()))
+
+
+@functools.lru_cache(maxsize=4)
+def _case_problems(folder: str) -> dict:
+    import planner
+
+    return {q.fingerprint: (f.name, q) for f in sorted(Path(folder).glob("*problem*.json.gz"))
+            for q in [load_gz(f, planner.Problem)]}
+
+
+def case_problems(folder) -> dict:
+    """Every problem file of a case folder of a presets run, by fingerprint: (file name, problem).
+    Loaded once per folder (a 32-layer problem takes a second), so every plan of the case finds its
+    own problem (the one its ``problem_fingerprint`` names) without reading the files again."""
+    return _case_problems(str(Path(folder).resolve()))
 
 
 def read_rows(path) -> list[dict]:

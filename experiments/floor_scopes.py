@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import git_revision, machine, markdown_table
+from experiments.common import case_problems, git_revision, machine, markdown_table
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 
@@ -52,8 +52,7 @@ def preset_rows(root: Path) -> list[dict]:
     rows = []
     for case in sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("llama3")):
         best = None
-        problems = {q.fingerprint: (f.name, q) for f in sorted(case.glob("*problem*.json.gz"))
-                    for q in [planner.load_problem(f)]}
+        problems = case_problems(case)
         for plan_file in sorted(case.glob("*-plan.json.gz")):
             stem = plan_file.name[:-len("-plan.json.gz")]
             plan = planner.load_plan(plan_file)

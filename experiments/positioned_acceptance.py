@@ -20,7 +20,7 @@ from pathlib import Path
 
 import planner
 from bucketplan.compare import _slug
-from experiments.common import load_gz, read_rows
+from experiments.common import case_problems, load_gz, read_rows
 from planner.cost.memory import peak_bytes
 
 # the last: a row experiments/positioned_at_manual_peak.py adds where torch manual peaks at another height
@@ -40,11 +40,8 @@ def row_problem_and_plan(tag: Path, label: str) -> tuple[planner.Problem, planne
     if not plan_file.exists():
         return None
     plan = load_gz(plan_file, planner.Plan)
-    for f in sorted(tag.glob("*problem*.json.gz")):
-        problem = load_gz(f, planner.Problem)
-        if problem.fingerprint == plan.problem_fingerprint:
-            return problem, plan
-    return None
+    found = case_problems(tag).get(plan.problem_fingerprint)
+    return (found[1], plan) if found is not None else None
 
 
 def row_peak_bytes(tag: Path, label: str) -> int | None:

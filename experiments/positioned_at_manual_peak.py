@@ -70,7 +70,7 @@ def graph_order_problem(workload: str, preset: str, max_bucket_memory_gb: float 
     return with_blocks(problem, traced, traced.gm)
 
 
-def _starts(tag: Path, problem: planner.Problem) -> list[planner.Plan]:
+def committed_plans(tag: Path, problem: planner.Problem) -> list[planner.Plan]:
     """The committed plans of the case that are plans of ``problem``."""
     plans = [load_gz(f, planner.Plan) for f in sorted(tag.glob("*-plan.json.gz"))]
     return [p for p in plans if p.problem_fingerprint == problem.fingerprint]
@@ -88,7 +88,7 @@ def run_case(folder: Path, workload: str, preset: str, mine: dict, budget: int, 
     problem = load_gz(tag / "problem.json.gz", planner.Problem)
     where, problem_file, result = "torch's schedule", "problem.json.gz", None
     if peak_bytes(problem, None) <= budget and cap_gb == COMPARE_CAP_GB:
-        result = position_search(problem, _starts(tag, problem), peak_memory_bytes=budget,
+        result = position_search(problem, committed_plans(tag, problem), peak_memory_bytes=budget,
                                  deadline=time.perf_counter() + seconds / 2)
     if result is None or result.objective > mine[MANUAL]["step_ms"]:
         problem = graph_order_problem(workload, preset, cap_gb)

@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows, save_gz
+from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
 from experiments.positioned_acceptance import DEFAULT, GREEDY, MANUAL, row_problem_and_plan
+from experiments.positioned_at_manual_peak import committed_plans
 from planner.core.options import SolveOptions
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
@@ -74,8 +75,7 @@ def search_case(tag: Path, cap: int, seconds: float) -> tuple[planner.Problem, S
     for where, problem, torch_plan in (("torch's schedule", schedule, greedy),
                                        ("torch's pre-bucketed schedule", pre, default_plan)):
         priced = reprice(problem, SCENARIO)
-        committed = [rebound(p, priced) for f in sorted(tag.glob("*-plan.json.gz"))
-                     if (p := load_gz(f, planner.Plan)).problem_fingerprint == problem.fingerprint]
+        committed = [rebound(p, priced) for p in committed_plans(tag, problem)]
         anchored = _cpsat(priced, rebound(torch_plan, priced), seconds)
         starts = [p for p in [anchored, *committed] if p is not None]
         try:

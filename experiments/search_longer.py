@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import planner
-from experiments.common import append_row, git_revision, load_gz, machine, markdown_table, read_rows, save_gz
+from experiments.common import append_row, case_problems, git_revision, load_gz, machine, markdown_table, read_rows, save_gz
 from experiments.positioned_acceptance import MANUAL, row_peak_bytes
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
@@ -33,8 +33,7 @@ from planner.search.result import gap_of
 
 def run(case: Path, plan_file: str, within: str, seconds: float, out: Path) -> dict:
     start = load_gz(case / plan_file, planner.Plan)
-    problems = {f.name: load_gz(f, planner.Problem) for f in sorted(case.glob("*problem*.json.gz"))}
-    (problem_file, problem), = [(n, q) for n, q in problems.items() if q.fingerprint == start.problem_fingerprint]
+    problem_file, problem = case_problems(case)[start.problem_fingerprint]
     cap = row_peak_bytes(case, within)
     t0 = time.perf_counter()
     result = position_search(problem, [start], peak_memory_bytes=cap, deadline=t0 + seconds)
