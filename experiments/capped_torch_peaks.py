@@ -1,5 +1,5 @@
-"""The committed capped plans of ``experiments/results/capped_positioned`` applied again on the
-current code: each plan's peak by ``planner.cost.memory`` beside torch's
+"""The committed capped plans of ``experiments/results/capped_positioned`` (and every positioned
+plan of 8 or more layers committed since: ``MORE``) applied again on the current code: each plan's peak by ``planner.cost.memory`` beside torch's
 ``memory_estimator.build_memory_profile`` on the graph ``fxglue.apply`` leaves (positioned plans
 on torch's order and on the graph's own order, llama3-8b-fsdp-2 and -8 @ h100-8nodes). Nothing is
 searched; the problems are traced again and must have the committed fingerprints.
@@ -17,23 +17,48 @@ from experiments.common import git_revision, machine, markdown_table
 from planner.cost.memory import peak_bytes
 
 ROOT = Path("experiments/results/capped_positioned")
+RESULTS = Path("experiments/results")
+# (results folder, workload, order, the plan's problem file, its plan file, the cost scenario the
+# plan was searched under): every positioned plan of 8 layers or more committed since, beside the
+# capped_positioned ones (a scenario re-prices costs only, so the plan's buckets are those of the
+# traced problem, and its peak is the same)
+MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None, None),
+        ("capped_positioned_900", "llama3-8b-fsdp-8", "graph", None, None, None),
+        ("capped_positioned_600_torch", "llama3-8b-fsdp-8", "torch", None, None, None),
+        ("published_rates", "llama3-8b-fsdp-8", "torch", "llama3-8b-fsdp-8--h100-8nodes-problem.json.gz",
+         "llama3-8b-fsdp-8--h100-8nodes-plan.json.gz", "published"),
+        ("search_longer", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz", None))
+
+
+def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan_file: str | None,
+         scenario: str | None) -> dict:
+    """One committed plan applied to a fresh trace: planner.cost.memory's peak and torch's."""
+    from planner.search.scenarios import rebound, reprice
+
+    problem, _, torch_peak = (_graph_order if order == "graph" else _torch_order)(workload)
+    tag = folder / f"{workload}--{order}-order"
+    plan = planner.load_plan(folder / plan_file if plan_file else tag / "capped-plan.json.gz")
+    if problem_file is not None:  # a plan of a re-priced problem: the trace re-priced must be it
+        committed = planner.load_problem(folder / problem_file)
+        assert reprice(problem, scenario).fingerprint == committed.fingerprint == plan.problem_fingerprint, folder
+        plan = rebound(plan, problem)
+    else:
+        assert plan.problem_fingerprint == problem.fingerprint, (folder, workload)
+    ours, torch = peak_bytes(problem, plan), torch_peak(plan)
+    return {"plan": f"{folder.name}: {workload}", "order": order, "buckets": len(plan.buckets),
+            "positioned_buckets": sum(1 for b in plan.buckets if b.issue_before or b.wait_before),
+            "planner_memory_gb": round(ours / 1e9, 3), "torch_estimator_gb": round(torch / 1e9, 3),
+            "difference_bytes": torch - ours}
 
 
 def main() -> None:
+    cases = [(ROOT, w, o, None, None, None) for w in ("llama3-8b-fsdp-2", "llama3-8b-fsdp-8") for o in ("graph", "torch")]
+    cases += [(RESULTS / folder, *rest) for folder, *rest in MORE]
     rows = []
-    for workload in ("llama3-8b-fsdp-2", "llama3-8b-fsdp-8"):
-        for order, make in (("graph", _graph_order), ("torch", _torch_order)):
-            problem, _, torch_peak = make(workload)
-            tag = ROOT / f"{workload}--{order}-order"
-            assert planner.load_problem(tag / "problem.json.gz").fingerprint == problem.fingerprint, tag
-            plan = planner.load_plan(tag / "capped-plan.json.gz")
-            ours, torch = peak_bytes(problem, plan), torch_peak(plan)
-            rows.append({"workload": workload, "order": order, "buckets": len(plan.buckets),
-                         "positioned_buckets": sum(1 for b in plan.buckets if b.issue_before or b.wait_before),
-                         "planner_memory_gb": round(ours / 1e9, 3), "torch_estimator_gb": round(torch / 1e9, 3),
-                         "difference_bytes": torch - ours})
-            print(rows[-1], flush=True)
-    lines = ["# Capped positioned plans: planner.cost.memory against torch's estimator on the applied graph", "",
+    for case in cases:
+        rows.append(_row(*case))
+        print(rows[-1], flush=True)
+    lines = ["# Positioned plans: planner.cost.memory against torch's estimator on the applied graph", "",
              f"`python -m experiments.capped_torch_peaks`; git {git_revision()}; {machine()}.", "",
              *markdown_table(list(rows[0]), rows), ""]
     (ROOT / "torch_peaks.md").write_text("\n".join(lines))
