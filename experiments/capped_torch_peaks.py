@@ -18,29 +18,31 @@ from planner.cost.memory import peak_bytes
 
 ROOT = Path("experiments/results/capped_positioned")
 RESULTS = Path("experiments/results")
-# (results folder, workload, order, the plan's problem file, its plan file, the cost scenario the
-# plan was searched under): every positioned plan of 8 layers or more committed since, beside the
-# capped_positioned ones (a scenario re-prices costs only, so the plan's buckets are those of the
-# traced problem, and its peak is the same)
-MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None, None),
-        ("capped_positioned_900", "llama3-8b-fsdp-8", "graph", None, None, None),
-        ("capped_positioned_600_torch", "llama3-8b-fsdp-8", "torch", None, None, None),
+# (results folder, workload, order, the plan's problem file when it is not the fresh trace's, its
+# plan file): every positioned plan of 8 layers or more committed since, beside the
+# capped_positioned ones
+MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_900", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_600_torch", "llama3-8b-fsdp-8", "torch", None, None),
         ("published_rates", "llama3-8b-fsdp-8", "torch", "llama3-8b-fsdp-8--h100-8nodes-problem.json.gz",
-         "llama3-8b-fsdp-8--h100-8nodes-plan.json.gz", "published"),
-        ("search_longer", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz", None))
+         "llama3-8b-fsdp-8--h100-8nodes-plan.json.gz"),  # on its own re-priced problem
+        ("search_longer", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"))
 
 
-def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan_file: str | None,
-         scenario: str | None) -> dict:
+def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan_file: str | None) -> dict:
     """One committed plan applied to a fresh trace: planner.cost.memory's peak and torch's."""
-    from planner.search.scenarios import rebound, reprice
+    from planner.search.scenarios import rebound
 
     problem, _, torch_peak = (_graph_order if order == "graph" else _torch_order)(workload)
     tag = folder / f"{workload}--{order}-order"
     plan = planner.load_plan(folder / plan_file if plan_file else tag / "capped-plan.json.gz")
-    if problem_file is not None:  # a plan of a re-priced problem: the trace re-priced must be it
+    committed_gb = None
+    if problem_file is not None:
+        # a plan of a problem extracted earlier and re-priced: the same graph (nodes and collectives,
+        # by name, position and bytes) as the fresh trace, its memory profile from that earlier code
         committed = planner.load_problem(folder / problem_file)
-        assert reprice(problem, scenario).fingerprint == committed.fingerprint == plan.problem_fingerprint, folder
+        assert committed.fingerprint == plan.problem_fingerprint and _shape(committed) == _shape(problem), folder
+        committed_gb = round(peak_bytes(committed, plan) / 1e9, 3)
         plan = rebound(plan, problem)
     else:
         assert plan.problem_fingerprint == problem.fingerprint, (folder, workload)
@@ -48,11 +50,16 @@ def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan
     return {"plan": f"{folder.name}: {workload}", "order": order, "buckets": len(plan.buckets),
             "positioned_buckets": sum(1 for b in plan.buckets if b.issue_before or b.wait_before),
             "planner_memory_gb": round(ours / 1e9, 3), "torch_estimator_gb": round(torch / 1e9, 3),
-            "difference_bytes": torch - ours}
+            "difference_bytes": torch - ours, "on_its_committed_problem_gb": committed_gb}
+
+
+def _shape(problem: planner.Problem) -> tuple:
+    return ([(n.name, n.pos, n.deps) for n in problem.nodes],
+            [(c.name, c.kind, c.start_pos, c.wait_pos, c.wire_bytes, c.size_bytes) for c in problem.collectives])
 
 
 def main() -> None:
-    cases = [(ROOT, w, o, None, None, None) for w in ("llama3-8b-fsdp-2", "llama3-8b-fsdp-8") for o in ("graph", "torch")]
+    cases = [(ROOT, w, o, None, None) for w in ("llama3-8b-fsdp-2", "llama3-8b-fsdp-8") for o in ("graph", "torch")]
     cases += [(RESULTS / folder, *rest) for folder, *rest in MORE]
     rows = []
     for case in cases:
