@@ -208,6 +208,61 @@ def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start
     assert free_position_floor(problem).floor_ms == pytest.approx(best, abs=1e-3)
 
 
+def test_the_first_gather_of_the_step_pays_for_a_whole_bucket():
+    """Two 100-byte gathers due at mm1 and mm2, on a link whose every bucket costs 3 ms: the best
+    plan of a brute force merges them (3 ms, then 2 ms of compute: 5 ms). Pricing each byte at the
+    largest bucket's per-byte time, the floor read 4 ms (mm1's gather at half a bucket: 1.5 ms);
+    any bucket that carries mm1's gather takes 3 ms, and the floor is exactly the best plan."""
+    from planner.cost.bounds import free_position_floor, release_deadline_floor
+    from planner.search.position_search import positioned_policy
+    from tests.brute import positioned_plans
+
+    N = planner.Node
+    nodes = (N(name="ag1", kind="start", pos=0, est_ms=0.0), N(name="ag2", kind="start", pos=1, est_ms=0.0),
+             N(name="w1", kind="wait", pos=2, est_ms=0.0, deps=(0,)),
+             N(name="mm1", kind="compute", pos=3, est_ms=1.0, deps=(2,)),
+             N(name="w2", kind="wait", pos=4, est_ms=0.0, deps=(1,)),
+             N(name="mm2", kind="compute", pos=5, est_ms=1.0, deps=(4,)))
+    ag = dict(kind="all_gather", pg="0", key="ag/0", dtype="bfloat16", size_bytes=100, wire_bytes=100, est_ms=3.0,
+              exposed_ms=3.0, status="exposed")
+    colls = (planner.Collective(name="ag1", wait="w1", start_pos=0, wait_pos=2, **ag),
+             planner.Collective(name="ag2", wait="w2", start_pos=1, wait_pos=4, **ag))
+    problem = planner.Problem(schema_version=2, bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=6,
+                              collectives=colls, nodes=nodes, timelines=(),
+                              links=(planner.Link(pg="0", group_size=2, latency_ms=3.0, bandwidth_gbps=1e6),),
+                              ).with_fingerprint()
+    rules = positioned_policy(None).as_params()
+    best = min(planner.simulate(problem, plan).step_ms for plan in positioned_plans(problem)
+               if not planner.verify(problem, plan, **rules))
+    assert best == pytest.approx(5.0, abs=1e-3)
+    assert release_deadline_floor(problem) == pytest.approx(best, abs=1e-3)
+    assert free_position_floor(problem).floor_ms == pytest.approx(best, abs=1e-3)
+
+
+def test_the_bucket_stream_floor_is_the_least_time_of_any_buckets_carrying_the_bytes():
+    """On cost tables of any shape (steps, falls) and buckets of at most 7 bytes (a unit of one
+    byte: exact), the floor at X is the least total time of buckets of 1..7 bytes that carry X
+    or more, found by enumerating every multiset of bucket sizes."""
+    import itertools
+    import random
+
+    from planner.cost.bounds import bucket_stream_floor
+
+    rng = random.Random(7)
+    for _ in range(40):
+        sizes = sorted(rng.sample(range(1, 12), 3))
+        table = {"all_gather": tuple((b, round(rng.uniform(0.0, 3.0), 3)) for b in [0, *sizes])}
+        link = planner.Link(pg="0", group_size=2, table=table)
+        largest = 7
+        floor = bucket_stream_floor(link, "all_gather", largest, 20)
+        for x in range(0, 16):
+            best = 0.0 if x == 0 else min(
+                sum(link.time_ms("all_gather", b) for b in combo)
+                for k in range(1, x + 1) for combo in itertools.combinations_with_replacement(range(1, largest + 1), k)
+                if x <= sum(combo) < x + largest)
+            assert float(floor(x)) == pytest.approx(best, abs=1e-9), (table, x)
+
+
 def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     """A dtype conversion folded into a merged all_gather runs at the bucket's copy-in: scheduled
     10 ms of compute before the reduce_scatter's gradient, it did not delay that reduce in a plan

@@ -335,6 +335,68 @@ def per_byte_floor(link, kind: str) -> Callable[[int], float]:
     return least
 
 
+# Units a bucket's bytes are counted in by ``bucket_stream_floor``: a bucket of the largest size
+# spans this many, so rounding to a unit costs at most one unit's time per bucket (measured: the
+# h100 tables' 2 GiB buckets, 1 MiB units, about 0.01 ms). The least-time table covers this many
+# of the largest buckets; beyond it the floor stays at its last value (still a floor: more bytes
+# never take less time), where the per-byte price takes over.
+BUCKET_UNITS = 2048
+BUCKET_FLOOR_BUCKETS = 16
+
+
+def _least_time_per_unit_count(link, kind: str, unit: int, largest: int) -> np.ndarray:
+    """``cost[p - 1]``: the least time of a bucket of ``kind`` whose wire bytes b span p units
+    (ceil(b / unit) = p, b in [(p - 1)*unit + 1, p*unit]) and are at most ``largest``, for
+    p = 1 .. ceil(largest / unit). The curve is linear between breakpoints, so the least of an
+    interval is at its ends or a breakpoint inside."""
+    spans = -(-largest // unit)
+    lo = np.arange(spans, dtype=np.int64) * unit + 1
+    hi = np.minimum(np.arange(1, spans + 1, dtype=np.int64) * unit, largest)
+    cost = np.minimum([link.time_ms(kind, int(b)) for b in lo], [link.time_ms(kind, int(b)) for b in hi])
+    if link.table is not None:
+        for b, _ in link.table[kind]:
+            if 1 <= b <= largest:
+                p = -(-int(b) // unit)
+                cost[p - 1] = min(cost[p - 1], link.time_ms(kind, int(b)))
+    return cost
+
+
+def bucket_stream_floor(link, kind: str, largest: int, total: int) -> Callable[[np.ndarray], np.ndarray]:
+    """``floor(X)``: a floor of the stream time of any buckets of ``kind`` on ``link``, each of at
+    most ``largest`` wire bytes, that carry ``X`` wire bytes or more in all (vectorized over X).
+
+    Why this exists: pricing each byte at the best per-byte time of the largest bucket
+    (``per_byte_floor``) says 34 MB cost 0.36 ms on the h100-8nodes table, but any bucket carrying
+    them takes at least 0.98: a stream that must deliver little, soon (the first gather of the
+    step, the last reduce), pays for a small bucket. This is the least over every way to split X
+    into buckets, found on a grid of units: a bucket spanning p units (ceil(bytes / unit) = p)
+    costs at least ``cost[p - 1]`` (``_least_time_per_unit_count``), and buckets carrying X bytes
+    span at least ceil(X / unit) units; ``least[n]`` is the least cost of buckets spanning n
+    units or more (an unbounded knapsack, then a running minimum from the right). Exact when a
+    unit is one byte; else each bucket is priced at the least of its unit's sizes. No concavity of
+    the curve is assumed (torch's tables have steps)."""
+    if largest <= 0 or total <= 0:
+        return lambda x: np.zeros(np.shape(x))
+    unit = max(1, math.ceil(largest / BUCKET_UNITS))
+    cost = _least_time_per_unit_count(link, kind, unit, largest)
+    parts = len(cost)  # a bucket spans 1 .. parts units
+    most = min(-(-total // unit), BUCKET_FLOOR_BUCKETS * parts)
+    # the cheapest buckets spanning n units or more span fewer than n + parts (drop any bucket and
+    # they would still span n otherwise): exact spans up to most + parts cover every n <= most
+    least = np.full(most + parts + 1, np.inf)
+    least[0] = 0.0
+    for n in range(1, most + parts + 1):
+        k = min(n, parts)
+        least[n] = float(np.min(least[n - k:n][::-1] + cost[:k]))
+    least = np.minimum.accumulate(least[::-1])[::-1]
+
+    def floor(x: np.ndarray) -> np.ndarray:
+        n = -np.floor_divide(-np.asarray(x, dtype=np.int64), unit)  # ceil(x / unit)
+        return least[np.minimum(n, most)]
+
+    return floor
+
+
 def per_byte_floors(problem: Problem) -> dict[tuple[str, str], Callable[[int], float]]:
     """``per_byte_floor`` of every (process group, kind) the problem has, each computed once."""
     return {(pg, kind): per_byte_floor(problem.link(pg), kind) for pg, kind in {(c.pg, c.kind) for c in problem.collectives}}
@@ -649,8 +711,9 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     runs before anything issued there), plus ``D``, the delay the consumers before ``x`` took:
     consumer ``Q`` starts no earlier than ``A(s)`` plus the time its
     process group's FIFO stream needs for the collectives released at ``s`` or later and due by
-    ``Q`` (their bytes at the best per-byte time of their key's largest bucket,
-    ``per_byte_floor``), for every ``s``. The step is at least the fixed compute plus the last
+    ``Q``, for every ``s``: the larger of their bytes at the best per-byte time of their key's
+    largest bucket (``per_byte_floor``) and, per kind, the least time of any buckets carrying
+    that many bytes (``bucket_stream_floor``: a little, soon, needs a small bucket). The step is at least the fixed compute plus the last
     ``D``. Nothing hides the first gather of the step (``s`` = -1, ``Q`` its consumer) or the last
     reduce of the backward, and what one consumer waits for delays every release after it.
 
@@ -686,25 +749,33 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
         return total - float(done[k]) + (0.0 if nodes[k].name in moving else nodes[k].own_ms)
 
     least = per_byte_floors(problem)
-    items = []  # (process group, release position, due position, stream ms, name)
+    items = []  # (process group, release position, due position, stream ms, name, kind, wire bytes)
     gather_rate: dict[str, float] = {}  # per process group: the least per-byte time of any all_gather
+    largest_of: dict[tuple[str, str], int] = {}  # per (process group, kind): its keys' largest bucket
     for (kind, pg, _), cs in _by_key(problem).items():
         largest = _largest_bucket_wire(cs, problem.bucket_cap_bytes)
+        largest_of[pg, kind] = max(largest_of.get((pg, kind), 0), largest)
         if kind == "all_gather":
             gather_rate[pg] = min(gather_rate.get(pg, math.inf), least[pg, kind](largest))
         for c in cs:
             s_lo, w_hi = limits[c.name]
             items.append((pg, float(max(s_lo, held_back.get(c.name, -1))), w_hi,
-                          c.wire_bytes * least[pg, kind](largest), c.name))
-    return total + _consumer_delay(items, room, gather_rate, released, tail, total)
+                          c.wire_bytes * least[pg, kind](largest), c.name, kind, c.wire_bytes))
+    held = sum(g.least for g in room.gathers) if room is not None else 0  # the most bytes beyond a room
+    bucketed = {(pg, kind): bucket_stream_floor(problem.link(pg), kind, largest,
+                                                sum(it[6] for it in items if it[0] == pg and it[5] == kind) + held)
+                for (pg, kind), largest in largest_of.items()}
+    return total + _consumer_delay(items, room, gather_rate, bucketed, released, tail, total)
 
 
 def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str, float],
+                    bucketed: dict[tuple[str, str], Callable[[np.ndarray], np.ndarray]],
                     released: Callable[[float], float], tail: Callable[[int], float], total: float) -> float:
     """``release_deadline_floor``'s last ``D``: consumers in position order, each starting no
     earlier than ``A(s)`` + the stream time of its group's collectives released at ``s`` or later
-    and due by it (+ the all_gathers beyond the room at ``s``), for every ``s`` of the grid."""
-    grid = sorted({-1.0} | {s for _, s, _, _, _ in items} | set(room.keys if room is not None else ()))
+    and due by it (+ the all_gathers beyond the room at ``s``), for every ``s`` of the grid: the
+    larger of their per-byte prices and the sum over kinds of ``bucketed`` at their bytes."""
+    grid = sorted({-1.0} | {item[1] for item in items} | set(room.keys if room is not None else ()))
     at = {s: k for k, s in enumerate(grid)}
     positions = np.array(grid)
     base = np.array([released(s) for s in grid])
@@ -716,6 +787,7 @@ def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str
         mine = {g.name: g for g in room.gathers}
     groups = {pg for pg, *_ in items}
     work = {pg: np.zeros(len(grid)) for pg in groups}  # per s: stream ms released at s or later, due so far
+    carried = {pk: np.zeros(len(grid)) for pk in bucketed}  # the same in wire bytes, per (group, kind)
     ahead = {pg: np.zeros(len(grid)) for pg in groups}  # per s: gathered bytes started by s, due after s
     delay = np.zeros(len(grid))  # per s: D of the consumers at or before s
     d = 0.0
@@ -723,16 +795,21 @@ def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str
     for item in items:
         by_due.setdefault(item[2], []).append(item)
     for due in sorted(by_due):
-        for pg, s, _, ms, name in by_due[due]:
+        for pg, s, _, ms, name, kind, wire in by_due[due]:
             k = at[s]
             work[pg][:k + 1] += ms  # released at s: counted from every grid point at or before it
+            carried[pg, kind][:k + 1] += wire
             if name in mine:  # before it: started by then only within the room
                 ahead[pg][k + 1:] += np.where(positions[k + 1:] < due, mine[name].least, 0.0)
         before = positions < due
         start = 0.0
         for pg in {pg for pg, *_ in by_due[due]}:
-            excess = np.maximum(ahead[pg] - free, 0.0) * gather_rate.get(pg, 0.0)
-            start = max(start, float(np.max(np.where(before, base + delay + work[pg] + excess, 0.0))))
+            beyond = np.maximum(ahead[pg] - free, 0.0)  # gathered bytes that start after s too
+            stream = work[pg] + beyond * gather_rate.get(pg, 0.0)
+            in_buckets = sum(floor(carried[q, kind] + (beyond if kind == "all_gather" else 0.0))
+                             for (q, kind), floor in bucketed.items() if q == pg)
+            stream = np.maximum(stream, in_buckets)
+            start = max(start, float(np.max(np.where(before, base + delay + stream, 0.0))))
         d = max(d, start + tail(due) - total)
         delay[~before] = d
     return d
