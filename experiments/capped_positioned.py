@@ -116,7 +116,8 @@ def main(argv=None) -> None:
     ap.add_argument("--out", type=Path, default=Path("experiments/results/capped_positioned"))
     ap.add_argument("--start", type=Path, help="a plan of the (one) workload and order to start from too")
     ap.add_argument("--within", default="own", choices=["own", "torch-default"],
-                    help="the cap of the graph's own order: its unbucketed peak (torch manual's), or torch default's peak")
+                    help="the cap of the graph's own order: its unbucketed peak (torch manual's), "
+                         "or torch default's peak")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -713,9 +713,10 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     process group's FIFO stream needs for the collectives released at ``s`` or later and due by
     ``Q``, for every ``s``: the larger of their bytes at the best per-byte time of their key's
     largest bucket (``per_byte_floor``) and, per kind, the least time of any buckets carrying
-    that many bytes (``bucket_stream_floor``: a little, soon, needs a small bucket). The step is at least the fixed compute plus the last
-    ``D``. Nothing hides the first gather of the step (``s`` = -1, ``Q`` its consumer) or the last
-    reduce of the backward, and what one consumer waits for delays every release after it.
+    that many bytes (``bucket_stream_floor``: a little, soon, needs a small bucket). The step is
+    at least the fixed compute plus the last ``D``. Nothing hides the first gather of the step
+    (``s`` = -1, ``Q`` its consumer) or the last reduce of the backward, and what one consumer
+    waits for delays every release after it.
 
     ``peak_memory_bytes``: a floor over the plans within that peak only. An all_gather that does
     not fit alone in the room the cap leaves at a position is released after it
