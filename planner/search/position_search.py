@@ -35,6 +35,7 @@ from planner.core.policy import Policy
 from planner.core.problem import Bucket, Plan, Problem, with_buckets
 from planner.cost.simulator import replay_index, step_ms
 from planner.rules.verifier import verify
+from planner.search.pipeline import ChainCosts, best_split
 from planner.search.result import SolveResult
 
 # an improvement smaller than this is float noise, not a faster step
@@ -157,7 +158,8 @@ class _Search:
         self.ix = _Index(problem)
         self.policy = positioned_policy(budget, options.keep_overlap)
         self.rules = positioned_policy(None, options.keep_overlap).as_params()  # the hot loop's rules, the budget apart
-        self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0}
+        self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0, "resplits": 0}
+        self.chain_costs = ChainCosts(problem)
 
     def out_of_budget(self) -> bool:
         return time.perf_counter() >= self.deadline or (
@@ -250,6 +252,34 @@ class _Search:
                                 _bucket(ix, b.members[half:], b.issue_before, b.wait_before)]
         return None
 
+    def resplits(self, buckets: list[Bucket]) -> list[tuple[str, list[Bucket]]]:
+        """Per chain of all_gather buckets of one key issued before one named place: that place and
+        ``buckets`` with that chain split again as ``planner.search.pipeline.best_split`` says, every new
+        bucket issued there and waited at its anchor (the chains that would not change left out)."""
+        ix = self.ix
+        chains: dict[tuple, list[int]] = {}
+        for k, b in enumerate(buckets):
+            if ix.key_of[b.start][0] == "all_gather" and b.issue_before is not None:
+                chains.setdefault((ix.key_of[b.start], b.issue_before), []).append(k)
+        out = []
+        for (_, place), ks in chains.items():
+            split = best_split(self.chain_costs, [m for k in ks for m in buckets[k].members])
+            if sorted(map(sorted, split)) != sorted(sorted(buckets[k].members) for k in ks) or any(
+                    buckets[k].wait_before is not None for k in ks):
+                out.append((place, [b for k, b in enumerate(buckets) if k not in ks]
+                                    + [_bucket(ix, members, place) for members in split]))
+        return out
+
+    def best_resplit(self, buckets: list[Bucket], than_ms: float) -> tuple[list[Bucket], Plan, float] | None:
+        """The fastest of ``resplits(buckets)`` that is legal, within the budget and faster than
+        ``than_ms``, or None."""
+        best = None
+        for _, trial in self.resplits(buckets):
+            judged = self.judge(trial)
+            if judged is not None and judged[1] < than_ms - MIN_GAIN_MS and (best is None or judged[1] < best[2]):
+                best = (trial, *judged)
+        return best
+
     # -- moves -----------------------------------------------------------------------------
     def _same_key_neighbours(self, buckets: list[Bucket], k: int) -> tuple[int | None, int | None]:
         key = self.ix.key_of[buckets[k].start]
@@ -331,6 +361,13 @@ class _Search:
                 continue
             since_gain += 1
             if since_gain > 20 * len(current):  # a local optimum for these moves, as far as sampled: kick
+                resplit = self.best_resplit(buckets, ms)  # first the best split of a chain of gathers
+                if resplit is not None:
+                    buckets, plan, ms = resplit
+                    current, current_ms = buckets, ms
+                    self.stats["resplits"] += 1
+                    fruitless, since_gain = 0, 0
+                    continue
                 self.stats["kicks"] += 1
                 fruitless += 1
                 since_gain = 0
@@ -398,6 +435,8 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     if options.per_block and any(c.module is not None for c in problem.collectives):
         seeds.append(("per-block", per_block_seed(problem)))
     seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
+    seeds += [(f"{name}, the gathers issued before {place} split again", trial) for name, buckets in seeds
+              for place, trial in search.resplits(buckets)]
     seeds.append(("unbucketed", _all_buckets(ix, template)))
     judged_seeds = []
     try:
