@@ -397,6 +397,48 @@ def bucket_stream_floor(link, kind: str, largest: int, total: int) -> Callable[[
     return floor
 
 
+def pipeline_end_floor(link, kind: str, largest: int, consumers: list[tuple[float, int]]) -> float | None:
+    """A floor of max_j (S_j + tail_j) over every way one FIFO stream, starting at 0, can carry the
+    bytes of ``consumers`` (in the order they are due: (tail_j, bytes due there)) in buckets of
+    ``kind`` of at most ``largest`` wire bytes, where S_j is when the bucket carrying consumer j's
+    last byte ends: the end of the step, when each consumer j then still needs ``tail_j`` of compute.
+
+    Why this exists: ``bucket_stream_floor`` prices each cut with the best split of its own bytes,
+    but one split serves every consumer of a chain: big buckets are cheap per byte and make the
+    first consumers wait, small ones are dear (the forward of an FSDP step: its gathers, all
+    released at the top, are a pipeline). Relaxed so it holds for every plan: bytes divisible and
+    carried in the order they are due (an exchange that keeps every bucket's size only brings a
+    consumer's bytes sooner), other traffic on the stream dropped. Exact on a grid of units:
+    after buckets carrying B bytes, floor(B / unit) units are carried, so a bucket of b bytes
+    advances p units with b in ((p - 1)*unit, (p + 1)*unit), priced at the least time there or at
+    any more units (a bucket cut at the last consumer is priced no higher than the whole); a
+    consumer counts as served once floor(its cumulative bytes / unit) units are, no later than in
+    the plan. ``V[n] = min_p cost(p) + max(tail of the first consumer served by it, V[n + p])``.
+    None when the chain spans more than ``BUCKET_FLOOR_BUCKETS`` of the largest buckets."""
+    unit = max(1, math.ceil(largest / BUCKET_UNITS))
+    served = np.cumsum([b for _, b in consumers]) // unit  # units carried once each consumer is served
+    tails = np.array([t for t, _ in consumers], dtype=float)
+    n_units = int(served[-1]) if len(served) else 0
+    if n_units == 0 or largest <= 0:
+        return 0.0 if n_units == 0 else None
+    by_count = _least_time_per_unit_count(link, kind, unit, largest)  # bytes in [(q - 1)*unit + 1, q*unit]
+    most = largest // unit + 1  # units one bucket can advance
+    if n_units > BUCKET_FLOOR_BUCKETS * most:
+        return None
+    spans = len(by_count)
+    advance = np.array([min(by_count[p - 1] if p <= spans else math.inf, by_count[p] if p < spans else math.inf)
+                        for p in range(1, most + 1)])
+    advance = np.minimum.accumulate(advance[::-1])[::-1]  # or any more units
+    value = np.full(n_units + 1, math.inf)
+    value[n_units] = 0.0
+    for n in range(n_units - 1, -1, -1):
+        ends = np.arange(n + 1, min(n_units, n + most) + 1)
+        first = int(np.searchsorted(served, n, side="right"))  # the first consumer not yet served at n
+        cover = np.where(ends >= served[first], tails[first], 0.0)
+        value[n] = float(np.min(advance[ends - n - 1] + np.maximum(cover, value[ends])))
+    return float(value[0])
+
+
 def per_byte_floors(problem: Problem) -> dict[tuple[str, str], Callable[[int], float]]:
     """``per_byte_floor`` of every (process group, kind) the problem has, each computed once."""
     return {(pg, kind): per_byte_floor(problem.link(pg), kind) for pg, kind in {(c.pg, c.kind) for c in problem.collectives}}
@@ -766,16 +808,47 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     bucketed = {(pg, kind): bucket_stream_floor(problem.link(pg), kind, largest,
                                                 sum(it[6] for it in items if it[0] == pg and it[5] == kind) + held)
                 for (pg, kind), largest in largest_of.items()}
-    return total + _consumer_delay(items, room, gather_rate, bucketed, released, tail, total)
+    ends = _first_gathers_end(problem, items, largest_of, tail, released(-1.0))
+    if held_back:  # the pipeline the data alone release holds for every plan, those within the cap too
+        unheld = [(it[0], float(limits[it[4]][0]), *it[2:]) for it in items]
+        for due, end in _first_gathers_end(problem, unheld, largest_of, tail, released(-1.0)).items():
+            ends[due] = max(ends.get(due, end), end)
+    return total + _consumer_delay(items, room, gather_rate, bucketed, released, tail, total, ends)
+
+
+def _first_gathers_end(problem: Problem, items: list, largest_of: dict, tail: Callable[[int], float],
+                       start: float) -> dict[int, float]:
+    """Per process group with all_gathers: at the last gather consumer before anything of that
+    group is released after the top of the step (the forward, on FSDP graphs), a floor of the end
+    of the step from the gathers due by then alone, as one pipeline (``pipeline_end_floor``: the
+    stream starts at ``start``, the earliest a bucket can)."""
+    ends: dict[int, float] = {}
+    for pg in {it[0] for it in items if it[5] == "all_gather"}:
+        later = [it[1] for it in items if it[0] == pg and it[1] > -1.0]
+        cut = min(later) if later else math.inf
+        gathers = sorted((it[2], it[6]) for it in items if it[0] == pg and it[5] == "all_gather" and it[2] <= cut)
+        if not gathers:
+            continue
+        by_due: dict[int, int] = {}
+        for due, wire in gathers:
+            by_due[due] = by_due.get(due, 0) + wire
+        w = pipeline_end_floor(problem.link(pg), "all_gather", largest_of[pg, "all_gather"],
+                               [(tail(due), wire) for due, wire in sorted(by_due.items())])
+        if w is not None:
+            last = max(by_due)
+            ends[last] = max(ends.get(last, 0.0), start + w)
+    return ends
 
 
 def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str, float],
                     bucketed: dict[tuple[str, str], Callable[[np.ndarray], np.ndarray]],
-                    released: Callable[[float], float], tail: Callable[[int], float], total: float) -> float:
+                    released: Callable[[float], float], tail: Callable[[int], float], total: float,
+                    ends: dict[int, float] | None = None) -> float:
     """``release_deadline_floor``'s last ``D``: consumers in position order, each starting no
     earlier than ``A(s)`` + the stream time of its group's collectives released at ``s`` or later
     and due by it (+ the all_gathers beyond the room at ``s``), for every ``s`` of the grid: the
-    larger of their per-byte prices and the sum over kinds of ``bucketed`` at their bytes."""
+    larger of their per-byte prices and the sum over kinds of ``bucketed`` at their bytes. ``ends``:
+    per consumer position, a floor of the step's end already known there (``_first_gathers_end``)."""
     grid = sorted({-1.0} | {item[1] for item in items} | set(room.keys if room is not None else ()))
     at = {s: k for k, s in enumerate(grid)}
     positions = np.array(grid)
@@ -811,7 +884,7 @@ def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str
                              for (q, kind), floor in bucketed.items() if q == pg)
             stream = np.maximum(stream, in_buckets)
             start = max(start, float(np.max(np.where(before, base + delay + stream, 0.0))))
-        d = max(d, start + tail(due) - total)
+        d = max(d, start + tail(due) - total, (ends or {}).get(due, -math.inf) - total)
         delay[~before] = d
     return d
 
