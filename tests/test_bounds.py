@@ -177,6 +177,24 @@ def test_a_collective_above_the_bucket_cap_is_priced_whole():
     assert step_floor(problem).floor_ms <= step + 1e-9
 
 
+def _on_a_3_ms_link(collectives: tuple, nodes: tuple) -> planner.Problem:
+    """A problem whose every bucket costs 3 ms (latency; bandwidth all but free)."""
+    return planner.Problem(schema_version=2, bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=len(nodes),
+                           collectives=collectives, nodes=nodes, timelines=(),
+                           links=(planner.Link(pg="0", group_size=2, latency_ms=3.0, bandwidth_gbps=1e6),),
+                           ).with_fingerprint()
+
+
+def _best_positioned_step(problem: planner.Problem) -> float:
+    """The best simulated step of every plan with any positions the verifier accepts (brute force)."""
+    from planner.search.position_search import positioned_policy
+    from tests.brute import positioned_plans
+
+    rules = positioned_policy(None).as_params()
+    return min(planner.simulate(problem, plan).step_ms for plan in positioned_plans(problem)
+               if not planner.verify(problem, plan, **rules))
+
+
 def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start_can_sit():
     """A gather's input is made by mm0; the next node (its own start) carries 5 ms of unpinned
     compute (on FSDP graphs: the loss, between the forward's last matmul and the backward's
@@ -185,8 +203,6 @@ def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start
     9 ms: the best plan of a brute force is 10 ms, and the floor is exactly that (counting only
     the nodes up to mm0 it read 7 ms, the compute alone)."""
     from planner.cost.bounds import free_position_floor, release_deadline_floor
-    from planner.search.position_search import positioned_policy
-    from tests.brute import positioned_plans
 
     N = planner.Node
     nodes = (N(name="mm0", kind="compute", pos=0, est_ms=1.0),
@@ -196,13 +212,8 @@ def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start
     gather = planner.Collective(name="ag", wait="w", kind="all_gather", pg="0", key="ag/0", dtype="bfloat16",
                                 size_bytes=100, wire_bytes=100, est_ms=3.0, exposed_ms=3.0, start_pos=1, wait_pos=2,
                                 status="exposed")
-    problem = planner.Problem(schema_version=2, bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=4,
-                              collectives=(gather,), nodes=nodes, timelines=(),
-                              links=(planner.Link(pg="0", group_size=2, latency_ms=3.0, bandwidth_gbps=1e6),),
-                              ).with_fingerprint()
-    rules = positioned_policy(None).as_params()
-    best = min(planner.simulate(problem, plan).step_ms for plan in positioned_plans(problem)
-               if not planner.verify(problem, plan, **rules))
+    problem = _on_a_3_ms_link((gather,), nodes)
+    best = _best_positioned_step(problem)
     assert best == pytest.approx(10.0, abs=1e-3)
     assert release_deadline_floor(problem) == pytest.approx(best, abs=1e-3)
     assert free_position_floor(problem).floor_ms == pytest.approx(best, abs=1e-3)
@@ -214,8 +225,6 @@ def test_the_first_gather_of_the_step_pays_for_a_whole_bucket():
     largest bucket's per-byte time, the floor read 4 ms (mm1's gather at half a bucket: 1.5 ms);
     any bucket that carries mm1's gather takes 3 ms, and the floor is exactly the best plan."""
     from planner.cost.bounds import free_position_floor, release_deadline_floor
-    from planner.search.position_search import positioned_policy
-    from tests.brute import positioned_plans
 
     N = planner.Node
     nodes = (N(name="ag1", kind="start", pos=0, est_ms=0.0), N(name="ag2", kind="start", pos=1, est_ms=0.0),
@@ -227,13 +236,8 @@ def test_the_first_gather_of_the_step_pays_for_a_whole_bucket():
               exposed_ms=3.0, status="exposed")
     colls = (planner.Collective(name="ag1", wait="w1", start_pos=0, wait_pos=2, **ag),
              planner.Collective(name="ag2", wait="w2", start_pos=1, wait_pos=4, **ag))
-    problem = planner.Problem(schema_version=2, bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=6,
-                              collectives=colls, nodes=nodes, timelines=(),
-                              links=(planner.Link(pg="0", group_size=2, latency_ms=3.0, bandwidth_gbps=1e6),),
-                              ).with_fingerprint()
-    rules = positioned_policy(None).as_params()
-    best = min(planner.simulate(problem, plan).step_ms for plan in positioned_plans(problem)
-               if not planner.verify(problem, plan, **rules))
+    problem = _on_a_3_ms_link(colls, nodes)
+    best = _best_positioned_step(problem)
     assert best == pytest.approx(5.0, abs=1e-3)
     assert release_deadline_floor(problem) == pytest.approx(best, abs=1e-3)
     assert free_position_floor(problem).floor_ms == pytest.approx(best, abs=1e-3)
