@@ -428,6 +428,7 @@ def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     assert free_position_floor(problem).floor_ms <= step + 1e-9
 
 
+@pytest.mark.slow  # 10-18 s: a floor per distinct peak of every plan of each example
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_memory_capped_floor_is_never_above_a_plan_within_the_cap(data):
