@@ -41,6 +41,10 @@ class ChainCosts:
         self.colls = {c.name: c for c in problem.collectives}
         self.positions = [n.pos for n in problem.nodes]
         self.done = np.concatenate([[0.0], np.cumsum([n.stream_ms for n in problem.nodes])])
+        # per node index: the compute the stream has run when a bucket issued there is issued (the
+        # nodes before it and the unpinned compute scheduled just before it): places with the same
+        # are the same place in time
+        self.ahead = [round(float(self.done[i]) + n.unpinned_ms, 9) for i, n in enumerate(problem.nodes)]
 
     def compute_between(self, a: int, b: int) -> float:
         """The fixed compute of the nodes at positions in [a, b)."""

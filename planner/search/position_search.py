@@ -111,6 +111,11 @@ def _as_plan(template: Plan, buckets: list[Bucket]) -> Plan:
     return with_buckets(template, kept)
 
 
+def _shape(b: Bucket) -> tuple:
+    """What a bucket is, its members' order apart."""
+    return tuple(sorted(b.members)), b.start, b.wait, b.issue_before or "", b.wait_before or ""
+
+
 def _all_buckets(ix: _Index, plan: Plan) -> list[Bucket]:
     placed = {m for b in plan.buckets for m in b.members}
     return list(plan.buckets) + [_bucket(ix, (c.name,)) for c in ix.problem.collectives if c.name not in placed]
@@ -253,22 +258,39 @@ class _Search:
         return None
 
     def resplits(self, buckets: list[Bucket]) -> list[tuple[str, list[Bucket]]]:
-        """Per chain of all_gather buckets of one key issued before one named place: that place and
-        ``buckets`` with that chain split again as ``planner.search.pipeline.best_split`` says, every new
-        bucket issued there and waited at its anchor (the chains that would not change left out)."""
-        ix = self.ix
+        """Per chain of all_gather buckets of one key issued at one time (no compute between
+        their places: ``ChainCosts.ahead``), and per prefix of it in the order its buckets are
+        first due (the forward's without the backward's gathers prefetched with them): the
+        chain's first place and ``buckets`` with those buckets split again as
+        ``planner.search.pipeline.best_split`` says, every new bucket issued there and waited at
+        its anchor, or just before its first consumer (the splits that would change nothing left
+        out)."""
+        ix, due, ahead = self.ix, self.chain_costs.due, self.chain_costs.ahead
         chains: dict[tuple, list[int]] = {}
         for k, b in enumerate(buckets):
-            if ix.key_of[b.start][0] == "all_gather" and b.issue_before is not None:
-                chains.setdefault((ix.key_of[b.start], b.issue_before), []).append(k)
+            if ix.key_of[b.start][0] == "all_gather":
+                chains.setdefault((ix.key_of[b.start], ahead[ix.start_index(b)]), []).append(k)
         out = []
-        for (_, place), ks in chains.items():
-            split = best_split(self.chain_costs, [m for k in ks for m in buckets[k].members])
-            if sorted(map(sorted, split)) != sorted(sorted(buckets[k].members) for k in ks) or any(
-                    buckets[k].wait_before is not None for k in ks):
-                out.append((place, [b for k, b in enumerate(buckets) if k not in ks]
-                                    + [_bucket(ix, members, place) for members in split]))
+        for ks in chains.values():
+            place = ix.names[min(ix.start_index(buckets[k]) for k in ks)]
+            ks = sorted(ks, key=lambda k: min(due[m] for m in buckets[k].members))
+            for n in range(2 if len(ks) > 1 else 1, len(ks) + 1):
+                part = ks[:n]
+                split = best_split(self.chain_costs, [m for k in part for m in buckets[k].members])
+                for latest in (False, True):  # the simulator decides which wait pays
+                    new = [_bucket(ix, members, place, self._latest_wait(members) if latest else None)
+                           for members in split]
+                    if sorted(map(_shape, new)) != sorted(_shape(buckets[k]) for k in part):
+                        # where the first of them was: buckets issued at one place go in the plan's order
+                        at = min(part)
+                        out.append((place, [b for k, b in enumerate(buckets[:at]) if k not in part] + new
+                                    + [b for k, b in enumerate(buckets) if k > at and k not in part]))
         return out
+
+    def _latest_wait(self, members) -> str | None:
+        """Just before the members' first pinned consumer (``pipeline.best_split`` waits there)."""
+        latest = min(self.ix.before[m] for m in members)
+        return self.ix.names[latest] if latest < len(self.ix.names) else None
 
     def best_resplit(self, buckets: list[Bucket], than_ms: float) -> tuple[list[Bucket], Plan, float] | None:
         """The fastest of ``resplits(buckets)`` that is legal, within the budget and faster than
@@ -435,8 +457,8 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     if options.per_block and any(c.module is not None for c in problem.collectives):
         seeds.append(("per-block", per_block_seed(problem)))
     seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
-    seeds += [(f"{name}, the gathers issued before {place} split again", trial) for name, buckets in seeds
-              for place, trial in search.resplits(buckets)]
+    seeds += [(f"{name}, gathers issued before {place} split again ({n})", trial) for name, buckets in seeds
+              for n, (place, trial) in enumerate(search.resplits(buckets))]
     seeds.append(("unbucketed", _all_buckets(ix, template)))
     judged_seeds = []
     try:
