@@ -28,6 +28,7 @@ MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_default_cap_600", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_split", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_default_cap_split", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_default_cap_resplit", "llama3-8b-fsdp-8", "graph", None, None),
         ("published_rates", "llama3-8b-fsdp-8", "torch", "llama3-8b-fsdp-8--h100-8nodes-problem.json.gz",
          "llama3-8b-fsdp-8--h100-8nodes-plan.json.gz"),  # on its own re-priced problem
         ("search_longer", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"))

@@ -27,7 +27,7 @@ RESULTS = Path("experiments/results")
 # experiments.capped_positioned's runs: a folder per workload and order, with problem and plan
 CAPPED_RUNS = ("capped_positioned", "capped_positioned_300", "capped_positioned_900", "capped_positioned_600_torch",
                "capped_positioned_default_cap", "capped_positioned_default_cap_600", "capped_positioned_split",
-               "capped_positioned_default_cap_split")
+               "capped_positioned_default_cap_split", "capped_positioned_default_cap_resplit")
 
 
 def _capped_row(name: str, problem, plan) -> dict:
