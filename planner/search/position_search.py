@@ -49,6 +49,10 @@ KICKS_WITHOUT_GAIN = 200
 # seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
 # on llama3-8b-fsdp-8 @ h100-8nodes the positioned search found its best from the per-block seed)
 FREE_POSITIONS_CP_SAT_SHARE = 0.2
+# re-split candidates judged per seed and per kick, the longest chains first (each is an
+# evaluation: the per-block seed of llama3-8b-fsdp-8 offers about 230, which took half of the 500
+# evaluations `bucketplan compare` gives the search at 5 s)
+RESPLITS = 16
 # rounds of dropping the positions of buckets the verifier names, when a seed is made legal
 LEGALIZE_ROUNDS = 50
 # evaluations per second of time limit in a deterministic search (``max_evaluations``): each
@@ -264,7 +268,7 @@ class _Search:
         chain's first place and ``buckets`` with those buckets split again as
         ``planner.search.pipeline.best_split`` says, every new bucket issued there and waited at
         its anchor, or just before its first consumer (the splits that would change nothing left
-        out)."""
+        out; the ``RESPLITS`` that split the most collectives)."""
         ix, due, ahead = self.ix, self.chain_costs.due, self.chain_costs.ahead
         chains: dict[tuple, list[int]] = {}
         for k, b in enumerate(buckets):
@@ -283,9 +287,11 @@ class _Search:
                     if sorted(map(_shape, new)) != sorted(_shape(buckets[k]) for k in part):
                         # where the first of them was: buckets issued at one place go in the plan's order
                         at = min(part)
-                        out.append((place, [b for k, b in enumerate(buckets[:at]) if k not in part] + new
+                        out.append((sum(len(m) for m in split), place,
+                                    [b for k, b in enumerate(buckets[:at]) if k not in part] + new
                                     + [b for k, b in enumerate(buckets) if k > at and k not in part]))
-        return out
+        out.sort(key=lambda c: -c[0])  # the longest chains first: each candidate costs an evaluation
+        return [(place, trial) for _, place, trial in out[:RESPLITS]]
 
     def _latest_wait(self, members) -> str | None:
         """Just before the members' first pinned consumer (``pipeline.best_split`` waits there)."""
