@@ -24,31 +24,33 @@ from __future__ import annotations
 import bisect
 import math
 
-import numpy as np
-
 from planner.core.problem import Problem, copy_bytes
+from planner.cost.simulator import ReplayIndex, replay_index
 
 
 class ChainCosts:
     """What ``best_split`` reads from a problem, computed once: each collective's due position,
-    and the fixed compute before each position."""
+    and the compute the stream runs before each place (the simulator's ``ReplayIndex``)."""
 
-    def __init__(self, problem: Problem):
+    def __init__(self, problem: Problem, replay: ReplayIndex | None = None):
         from planner.cost.bounds import fixed_limits
 
         self.problem = problem
         self.due = {name: w for name, (_, w) in fixed_limits(problem).items()}
         self.colls = {c.name: c for c in problem.collectives}
+        before = (replay or replay_index(problem)).compute_before
         self.positions = [n.pos for n in problem.nodes]
-        self.done = np.concatenate([[0.0], np.cumsum([n.stream_ms for n in problem.nodes])])
+        # the fixed compute of the nodes before each one (the unpinned compute just before it not yet
+        # run), and of all of them
+        self.fixed = [before[n.pos] - n.unpinned_ms for n in problem.nodes] + [before[problem.n_scheduled]]
         # per node index: the compute the stream has run when a bucket issued there is issued (the
         # nodes before it and the unpinned compute scheduled just before it): places with the same
         # are the same place in time
-        self.ahead = [round(float(self.done[i]) + n.unpinned_ms, 9) for i, n in enumerate(problem.nodes)]
+        self.ahead = [round(before[n.pos], 9) for n in problem.nodes]
 
     def compute_between(self, a: int, b: int) -> float:
         """The fixed compute of the nodes at positions in [a, b)."""
-        return float(self.done[bisect.bisect_left(self.positions, b)] - self.done[bisect.bisect_left(self.positions, a)])
+        return self.fixed[bisect.bisect_left(self.positions, b)] - self.fixed[bisect.bisect_left(self.positions, a)]
 
 
 def best_split(costs: ChainCosts, members: list[str]) -> list[list[str]]:
@@ -66,18 +68,19 @@ def best_split(costs: ChainCosts, members: list[str]) -> list[list[str]]:
     cut = [n] * (n + 1)
     for i in range(n - 1, -1, -1):
         wires: list[int] = []
-        size = 0
+        size = wire = 0
         after = costs.compute_between(costs.due[cs[i].name], last)
         for j in range(i + 1, n + 1):
             c = cs[j - 1]
             wires.append(c.wire_bytes)
+            wire += c.wire_bytes
             size += c.size_bytes
             if j - i > 1 and size > problem.bucket_cap_bytes:
                 break
             copy_ms = 0.0
             if problem.bucketing is not None:
                 copy_ms = problem.bucketing.copy_ms(copy_bytes(c.kind, wires, group, problem.bucket_mode)[1])
-            v = link.time_ms(c.kind, sum(wires)) + max(copy_ms + after, value[j])
+            v = link.time_ms(c.kind, wire) + max(copy_ms + after, value[j])
             if v < value[i]:
                 value[i], cut[i] = v, j
     out, i = [], 0

@@ -168,7 +168,7 @@ class _Search:
         self.policy = positioned_policy(budget, options.keep_overlap)
         self.rules = positioned_policy(None, options.keep_overlap).as_params()  # the hot loop's rules, the budget apart
         self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0, "resplits": 0}
-        self.chain_costs = ChainCosts(problem)
+        self.chain_costs = ChainCosts(problem, self.ix.replay)
 
     def out_of_budget(self) -> bool:
         return time.perf_counter() >= self.deadline or (
@@ -340,8 +340,8 @@ class _Search:
             options.append(names[min(max(here + d, 0), n - 1)])
             out[k] = b.model_copy(update={"issue_before": rng.choice(options)})
         elif what == "wait":
-            latest = min(ix.before[m] for m in b.members)
-            options = [None] + ([names[latest]] if latest < n else [])
+            latest = self._latest_wait(b.members)
+            options = [None] + ([latest] if latest is not None else [])
             if nxt is not None and ix.start_index(buckets[nxt]) + 1 < n:
                 options.append(names[ix.start_index(buckets[nxt]) + 1])
             here = ix.wait_index(b)
