@@ -804,9 +804,10 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
             s_lo, w_hi = limits[c.name]
             items.append((pg, float(max(s_lo, held_back.get(c.name, -1))), w_hi,
                           c.wire_bytes * least[pg, kind](largest), c.name, kind, c.wire_bytes))
-    held = sum(g.least for g in room.gathers) if room is not None else 0  # the most bytes beyond a room
+    held = sum(g.least for g in room.gathers) if room is not None else 0  # the most gathered bytes beyond a room
     bucketed = {(pg, kind): bucket_stream_floor(problem.link(pg), kind, largest,
-                                                sum(it[6] for it in items if it[0] == pg and it[5] == kind) + held)
+                                                sum(it[6] for it in items if it[0] == pg and it[5] == kind)
+                                                + (held if kind == "all_gather" else 0))
                 for (pg, kind), largest in largest_of.items()}
     ends = _first_gathers_end(problem, items, largest_of, tail, released(-1.0))
     if held_back:  # the pipeline the data alone release holds for every plan, those within the cap too
