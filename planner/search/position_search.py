@@ -274,24 +274,28 @@ class _Search:
         for k, b in enumerate(buckets):
             if ix.key_of[b.start][0] == "all_gather":
                 chains.setdefault((ix.key_of[b.start], ahead[ix.start_index(b)]), []).append(k)
-        out = []
+        parts = []  # (place, the chain's first buckets)
         for ks in chains.values():
             place = ix.names[min(ix.start_index(buckets[k]) for k in ks)]
             ks = sorted(ks, key=lambda k: min(due[m] for m in buckets[k].members))
-            for n in range(2 if len(ks) > 1 else 1, len(ks) + 1):
-                part = ks[:n]
-                split = best_split(self.chain_costs, [m for k in part for m in buckets[k].members])
-                for latest in (False, True):  # the simulator decides which wait pays
-                    new = [_bucket(ix, members, place, self._latest_wait(members) if latest else None)
-                           for members in split]
-                    if sorted(map(_shape, new)) != sorted(_shape(buckets[k]) for k in part):
-                        # where the first of them was: buckets issued at one place go in the plan's order
-                        at = min(part)
-                        out.append((sum(len(m) for m in split), place,
-                                    [b for k, b in enumerate(buckets[:at]) if k not in part] + new
-                                    + [b for k, b in enumerate(buckets) if k > at and k not in part]))
-        out.sort(key=lambda c: -c[0])  # the longest chains first: each candidate costs an evaluation
-        return [(place, trial) for _, place, trial in out[:RESPLITS]]
+            parts += [(place, ks[:n]) for n in range(2 if len(ks) > 1 else 1, len(ks) + 1)]
+        # the most collectives first (stable): each candidate costs an evaluation, so only the first
+        # RESPLITS that change something are split at all
+        parts.sort(key=lambda pp: -sum(len(buckets[k].members) for k in pp[1]))
+        out = []
+        for place, part in parts:
+            split = best_split(self.chain_costs, [m for k in part for m in buckets[k].members])
+            for latest in (False, True):  # the simulator decides which wait pays
+                new = [_bucket(ix, members, place, self._latest_wait(members) if latest else None)
+                       for members in split]
+                if sorted(map(_shape, new)) != sorted(_shape(buckets[k]) for k in part):
+                    # where the first of them was: buckets issued at one place go in the plan's order
+                    at = min(part)
+                    out.append((place, [b for k, b in enumerate(buckets[:at]) if k not in part] + new
+                                + [b for k, b in enumerate(buckets) if k > at and k not in part]))
+                    if len(out) == RESPLITS:
+                        return out
+        return out
 
     def _latest_wait(self, members) -> str | None:
         """Just before the members' first pinned consumer (``pipeline.best_split`` waits there)."""
