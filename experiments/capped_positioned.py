@@ -32,21 +32,24 @@ from planner.search.positioned_solve import solve_capped
 PRESET = "h100-8nodes"
 
 
-def _torch_order(workload: str):
-    """(problem, torch's greedy plan, a function giving torch's peak of an applied plan)."""
+def torch_order_peak(workload: str, plan, preset: str = PRESET) -> int:
+    """Torch's estimator's peak of ``plan`` applied to a fresh trace scheduled by torch."""
     from fxglue.apply import apply_plan, torch_peak_bytes
     from fxglue.pipeline import prepare
 
+    fresh = prepare(workload, preset=preset, greedy=False)
+    inputs = fresh.inputs
+    apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=fresh.problem,
+               bucket_mode=fresh.problem.bucket_mode)
+    return torch_peak_bytes(inputs.gm.graph)
+
+
+def _torch_order(workload: str):
+    """(problem, torch's greedy plan, a function giving torch's peak of an applied plan)."""
+    from fxglue.pipeline import prepare
+
     prepared = prepare(workload, preset=PRESET)
-
-    def torch_peak(plan) -> int:
-        fresh = prepare(workload, preset=PRESET, greedy=False)
-        inputs = fresh.inputs
-        apply_plan(inputs.gm.graph, inputs.collective_info, inputs.scheduled, plan, problem=fresh.problem,
-                   bucket_mode=fresh.problem.bucket_mode)
-        return torch_peak_bytes(inputs.gm.graph)
-
-    return prepared.problem, prepared.greedy, torch_peak
+    return prepared.problem, prepared.greedy, lambda plan: torch_order_peak(workload, plan)
 
 
 def _graph_order(workload: str):

@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 
 import planner
+from experiments.capped_positioned import torch_order_peak
 from experiments.common import append_row, git_revision, machine, read_rows, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import memory_timeline
 from planner.search.position_search import position_search
+from planner.search.result import gap_of
 
 
 def _torch_rows(name: str, preset: str, manual: bool) -> tuple[dict, object, object]:
@@ -59,10 +61,15 @@ def run(name: str, preset: str, seconds: float, out: Path, manual: bool = True) 
     save_gz(problem, out / name / f"{preset}--problem.json.gz")
     save_gz(result.plan, out / name / f"{preset}--positioned-plan.json.gz")
     gb = 1e9
+    capped_floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
     row = {"workload": name, "preset": preset, "unbucketed_ms": planner.simulate(problem).step_ms,
            "unbucketed_peak_gb": memory_timeline(problem).peak_bytes / gb, "fastest_torch": fastest,
            "positioned_ms": result.objective, "positioned_peak_gb": result.peak_bytes / gb,
            "free_floor_ms": free_position_floor(problem).floor_ms, "search_s": search_s, "prepare_s": prep_s,
+           # the floor over every plan with any positions within the budget, and the plan's gap to it
+           "capped_floor_ms": capped_floor, "capped_gap": gap_of(result.objective, capped_floor),
+           # the plan applied to a fresh trace: torch's own estimator's peak (planner.cost.memory's is positioned_peak_gb)
+           "torch_peak_gb": torch_order_peak(name, result.plan, preset) / gb,
            "stats": result.stats, "revision": git_revision()}
     for label, (ms, peak) in torch_rows.items():
         row[f"{label}_ms"], row[f"{label}_peak_gb"] = ms, peak / gb
@@ -70,8 +77,9 @@ def run(name: str, preset: str, seconds: float, out: Path, manual: bool = True) 
 
 
 TABLE_HEAD = ("| workload | preset | unbucketed ms | torch default ms (peak GB) | torch greedy ms | torch manual ms "
-              "(peak GB) | positioned ms (peak GB) | vs fastest torch row | free-position floor ms | search s |\n"
-              "|---|---|---|---|---|---|---|---|---|---|")
+              "(peak GB) | positioned ms (peak GB) | vs fastest torch row | free-position floor ms | search s "
+              "| floor within the budget ms | gap to it | torch's peak of the plan GB |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _ms_peak(r: dict, label: str) -> str:
@@ -81,6 +89,11 @@ def _ms_peak(r: dict, label: str) -> str:
     return f"{r[f'{label}_ms']:.1f}" + (f" ({peak:.3f})" if peak is not None else "")
 
 
+def _later(r: dict, column: str, spec: str) -> str:
+    """A column rows run before it existed lack ("-")."""
+    return format(r[column], spec) if r.get(column) is not None else "-"
+
+
 def table(rows: list[dict]) -> str:
     lines = [TABLE_HEAD]
     for r in rows:
@@ -88,7 +101,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['workload']} | {r['preset']} | {r['unbucketed_ms']:.1f} | {_ms_peak(r, 'default')} | "
                      f"{r['greedy_ms']:.1f} | {_ms_peak(r, 'manual')} | **{r['positioned_ms']:.1f}** "
                      f"({r['positioned_peak_gb']:.3f}) | {r['positioned_ms'] / r[f'{fastest}_ms'] - 1:+.1%} "
-                     f"({fastest}) | {r['free_floor_ms']:.1f} | {r['search_s']:.0f} |")
+                     f"({fastest}) | {r['free_floor_ms']:.1f} | {r['search_s']:.0f} | {_later(r, 'capped_floor_ms', '.1f')} "
+                     f"| {_later(r, 'capped_gap', '.1%')} | {_later(r, 'torch_peak_gb', '.3f')} |")
     lines += ["", "Columns: simulated step times (ms) on the preset's cost model (torch's NCCL model sampled into the "
               "problem's links; compute at the preset's rates). *torch manual*: torch's manual per-block pass "
               "(`overlap_manual_scheduling`, prefetch and deferred reduce_scatter waits) on its own graph; *torch default*: "
@@ -96,7 +110,10 @@ def table(rows: list[dict]) -> str:
               "problem. *positioned*: `planner.search.position_search` with the peak of the fastest torch row as its budget "
               "(the first two rows, run before torch default was measured here: torch manual's, the fastest of "
               "those rows in `bucketplan compare`), peak GB its own, verified under its recorded policy (rules 4, 7, "
-              "8 off). *free-position floor*: `planner.cost.bounds.free_position_floor`, no positioned plan is faster. "
+              "8 off). *free-position floor*: `planner.cost.bounds.free_position_floor`, no positioned plan is faster; "
+              "*floor within the budget*: the same within the fastest torch row's peak (rows run before it: -), and the "
+              "plan's gap to it, (plan - floor) / plan; *torch's peak of the plan*: torch's memory estimator "
+              "(`memory_estimator.build_memory_profile`) on a fresh trace with the plan applied. "
               "*torch greedy*: as compare prices it (the first two rows: as torch's search recorded it; on "
               "llama3-8b-fsdp-8 it breaks rule 9 in 16 places, as torch's own final cycle check reports; later rows: "
               "its repair where it breaks a rule). Search: one thread, wall-clock limited, so another run may differ.", ""]
