@@ -31,7 +31,10 @@ MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_default_cap_resplit", "llama3-8b-fsdp-8", "graph", None, None),
         ("published_rates", "llama3-8b-fsdp-8", "torch", "llama3-8b-fsdp-8--h100-8nodes-problem.json.gz",
          "llama3-8b-fsdp-8--h100-8nodes-plan.json.gz"),  # on its own re-priced problem
-        ("search_longer", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"))
+        ("search_longer", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"),
+        ("search_longer_lift", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"),
+        ("capped_positioned_fresh300", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_fresh300_default", "llama3-8b-fsdp-8", "graph", None, None))
 
 
 def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan_file: str | None) -> dict:

@@ -2,7 +2,7 @@
 
 Reads committed results only (nothing is searched): for each positioned plan within a peak-memory
 cap (llama3-8b FSDP at 2, 8 and 32 layers, h100-8nodes: every row of the ``CAPPED_RUNS`` folders
-of ``experiments/results/search_longer`` and ``published_rates``), the floor over every plan with any positions
+of the ``LONGER_RUNS`` folders and ``published_rates``), the floor over every plan with any positions
 (``planner.cost.bounds.free_position_floor``) without a cap and within the plan's own peak
 (which the plan meets, so the capped floor must stay under its step); and for each Llama-3 case of
 ``experiments/results/presets_v2`` the best plan of any row beside the floor of its problem.
@@ -27,7 +27,10 @@ RESULTS = Path("experiments/results")
 # experiments.capped_positioned's runs: a folder per workload and order, with problem and plan
 CAPPED_RUNS = ("capped_positioned", "capped_positioned_300", "capped_positioned_900", "capped_positioned_600_torch",
                "capped_positioned_default_cap", "capped_positioned_default_cap_600", "capped_positioned_split",
-               "capped_positioned_default_cap_split", "capped_positioned_default_cap_resplit")
+               "capped_positioned_default_cap_split", "capped_positioned_default_cap_resplit",
+               "capped_positioned_fresh300", "capped_positioned_fresh300_default")
+# folders of experiments.search_longer runs (their plans are of presets_v2 problems)
+LONGER_RUNS = ("search_longer", "search_longer_lift")
 
 
 def _capped_row(name: str, problem, plan) -> dict:
@@ -51,11 +54,12 @@ def capped_rows(results: Path) -> list[dict]:
         for case in sorted(p for p in (results / run).iterdir() if p.is_dir()):
             rows.append(_capped_row(f"{run}/{case.name}", planner.load_problem(case / "problem.json.gz"),
                                     planner.load_plan(case / "capped-plan.json.gz")))
-    longer = results / "search_longer"
-    for row in read_rows(longer / "rows.jsonl"):
-        problem = planner.load_problem(results / "presets_v2" / row["case"] / row["problem"])
-        rows.append(_capped_row(f"search_longer/{row['case']}", problem,
-                                planner.load_plan(longer / f"{row['case']}-plan.json.gz")))
+    for run in LONGER_RUNS:
+        longer = results / run
+        for row in read_rows(longer / "rows.jsonl"):
+            problem = planner.load_problem(results / "presets_v2" / row["case"] / row["problem"])
+            rows.append(_capped_row(f"{run}/{row['case']}", problem,
+                                    planner.load_plan(longer / f"{row['case']}-plan.json.gz")))
     published = results / "published_rates"
     for row in read_rows(published / "rows.jsonl"):  # on problems re-priced under `published`
         stem = f"{row['workload']}--{row['preset']}"

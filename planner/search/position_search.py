@@ -14,6 +14,9 @@ The search (first improvement, random order, then kicks, as ``planner.search.pol
   its members' data allow, just before the previous same-key bucket's wait (prefetch) or just
   after the next one's start (defer), or a few pinned nodes earlier or later;
 - membership moves: merge with the next same-key bucket, split in two, move the boundary member;
+- at a local optimum (before a kick), and on every seed: re-splits of gathers as one pipeline
+  (``planner.search.pipeline.best_split``): each chain issued at one time, each prefix of it in
+  the order due, and each phase's gathers of one key lifted to where its first is issued;
 - a candidate counts when it is faster, within the budget and accepted by the independent
   verifier under the positioned policy (rules 4, 7 and 8 off: the step prices lost overlap).
 Seeds: a per-block plan built from the problem itself (``Collective.module`` / ``phase``, one
