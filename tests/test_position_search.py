@@ -59,6 +59,22 @@ def test_on_fsdp_the_per_block_seed_groups_by_block_and_the_search_beats_torch_w
     assert result.objective < planner.simulate(problem, s.greedy).step_ms
 
 
+def test_the_time_limit_holds_while_seeding(get_scheduled):
+    """Fitting a seed into the budget is a walk of one peak per step (2,000 steps, 86 s, on
+    llama3-70b-fsdp-80's per-block seed), and the search has about 20 seeds: the limit must hold
+    there too. With the deadline already past, only the unbucketed schedule is judged (the one
+    seed that needs no walk where it fits), and the answer is still verified; where even that is
+    over the budget the error says the time ran out."""
+    problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
+    budget = peak_bytes(problem, None)
+    result = position_search(problem, [], peak_memory_bytes=budget, deadline=time.perf_counter())
+    assert result.stats["evaluations"] == 1 and result.stats["seeds_skipped"] >= 2
+    assert list(result.stats["seeds_ms"]) == ["unbucketed"]
+    assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
+    with pytest.raises(ValueError, match="before the time limit"):
+        position_search(problem, [], peak_memory_bytes=budget - 1, deadline=time.perf_counter())
+
+
 def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path, get_scheduled):
     """--deterministic reaches the positioned search: a number of evaluations instead of seconds,
     and no creation time in the plan, so two runs (on a loaded machine or not) write one file."""

@@ -223,7 +223,8 @@ class _Search:
         with the most bytes is issued just past that segment instead (its output is then allocated
         after it; back at its anchor when even that is too late for its wait); with none, the largest
         merged bucket is split. This can take a plan below the unbucketed schedule's peak (a gather
-        torch issued early is delayed). None if no such walk gets within the budget."""
+        torch issued early is delayed). None if no such walk gets within the budget, or the search's
+        time runs out first (each step is a peak: at 80 layers a walk took 2,000 steps, 86 s)."""
         if self.budget is None:
             return buckets
         buckets = list(buckets)
@@ -233,6 +234,8 @@ class _Search:
             peak, j = peak_and_segment(self.problem, plan)  # segment j: from node j - 1 up to node j
             if peak <= self.budget:
                 return buckets
+            if self.out_of_budget():
+                return None
             # all_gathers issued at or before segment j and waited after it: their outputs are alive in j
             early = [k for k, b in enumerate(buckets) if ix.key_of[b.start][0] == "all_gather"
                      and ix.start_index(b) - (b.issue_before is not None) < j and ix.wait_index(b) > j + 1]
@@ -487,6 +490,11 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     judged_seeds = []
     try:
         for name, buckets in seeds:
+            if search.out_of_budget() and (judged_seeds or name != "unbucketed"):
+                # the time limit holds while seeding too; with no seed judged, the unbucketed one is
+                # still tried (no walk, when it fits the budget), so a limit too short still answers
+                search.stats["seeds_skipped"] = search.stats.get("seeds_skipped", 0) + 1
+                continue
             fitted = search.fit_budget(search.legal(buckets))
             if fitted is None:
                 continue
@@ -499,6 +507,9 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
             raise
         search.stats["interrupted"] = True
     if not judged_seeds:
+        if search.out_of_budget():
+            raise ValueError(f"no plan within a peak of {peak_memory_bytes} bytes was found before the time "
+                             f"limit (the unbucketed schedule peaks at {peak_bytes(problem, None)}): give it more time")
         raise ValueError(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes "
                          f"(the unbucketed schedule peaks at {peak_bytes(problem, None)})")
     judged_seeds.sort(key=lambda s: s[0])
