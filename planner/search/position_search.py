@@ -56,6 +56,9 @@ FREE_POSITIONS_CP_SAT_SHARE = 0.2
 # evaluation: the per-block seed of llama3-8b-fsdp-8 offers about 230, which took half of the 500
 # evaluations `bucketplan compare` gives the search at 5 s)
 RESPLITS = 16
+# the seed that is the unbucketed schedule (no walk into the budget where it fits: judged even past
+# the deadline when no other seed was)
+UNBUCKETED = "unbucketed"
 # rounds of dropping the positions of buckets the verifier names, when a seed is made legal
 LEGALIZE_ROUNDS = 50
 # evaluations per second of time limit in a deterministic search (``max_evaluations``): each
@@ -283,19 +286,20 @@ class _Search:
             if ix.key_of[b.start][0] == "all_gather":
                 chains.setdefault((ix.key_of[b.start], ahead[ix.start_index(b)]), []).append(k)
                 phases.setdefault((ix.key_of[b.start], ix.colls[b.start].phase), []).append(k)
+
+        def first_place_and_due_order(ks: list[int]) -> tuple[str, list[int]]:
+            return (ix.names[min(ix.start_index(buckets[k]) for k in ks)],
+                    sorted(ks, key=lambda k: min(due[m] for m in buckets[k].members)))
+
         parts = []  # (place, the chain's first buckets)
-        for ks in chains.values():
-            place = ix.names[min(ix.start_index(buckets[k]) for k in ks)]
-            ks = sorted(ks, key=lambda k: min(due[m] for m in buckets[k].members))
+        for place, ks in map(first_place_and_due_order, chains.values()):
             parts += [(place, ks[:n]) for n in range(2 if len(ks) > 1 else 1, len(ks) + 1)]
         # a phase's gathers issued at more than one time, all lifted to where its first is issued:
         # the forward's gathers prefetched a block ahead become one pipeline from the top (a move
         # at a time never gets there: llama3-8b-fsdp-32 within torch manual's peak, 586.5 -> 547.4
         # ms in this one move); a lift beyond the budget is rejected by the judge, one evaluation
-        for ks in phases.values():
-            if len({ahead[ix.start_index(buckets[k])] for k in ks}) > 1:
-                parts.append((ix.names[min(ix.start_index(buckets[k]) for k in ks)],
-                              sorted(ks, key=lambda k: min(due[m] for m in buckets[k].members))))
+        parts += [first_place_and_due_order(ks) for ks in phases.values()
+                  if len({ahead[ix.start_index(buckets[k])] for k in ks}) > 1]
         # the most collectives first (stable): each candidate costs an evaluation, so only the first
         # RESPLITS that change something are split at all
         parts.sort(key=lambda pp: -sum(len(buckets[k].members) for k in pp[1]))
@@ -486,11 +490,11 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     seeds += [(p.planner or f"start {i}", _all_buckets(ix, p)) for i, p in enumerate(starts)]
     seeds += [(f"{name}, gathers issued before {place} split again ({n})", trial) for name, buckets in seeds
               for n, (place, trial) in enumerate(search.resplits(buckets))]
-    seeds.append(("unbucketed", _all_buckets(ix, template)))
+    seeds.append((UNBUCKETED, _all_buckets(ix, template)))
     judged_seeds = []
     try:
         for name, buckets in seeds:
-            if search.out_of_budget() and (judged_seeds or name != "unbucketed"):
+            if search.out_of_budget() and (judged_seeds or name != UNBUCKETED):
                 # the time limit holds while seeding too; with no seed judged, the unbucketed one is
                 # still tried (no walk, when it fits the budget), so a limit too short still answers
                 search.stats["seeds_skipped"] = search.stats.get("seeds_skipped", 0) + 1
