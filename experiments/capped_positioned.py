@@ -72,10 +72,11 @@ def _graph_order(workload: str):
 
 
 def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path,
-             start: Path | None = None, within: str = "own") -> dict:
+             start: Path | None = None, within: str = "own", seed: int = 0) -> dict:
     """One row; ``start``: a plan file of the same problem the search also starts from (an earlier
     run's, to search on from it). ``within``: "own" caps each order as the module says; "torch-default"
-    caps the graph's own order at torch's greedy (default pipeline) peak too."""
+    caps the graph's own order at torch's greedy (default pipeline) peak too. ``seed``: the search's
+    (``PositionSearchOptions.seed``); a case searched with another than 0 gets its own folder."""
     t0 = time.perf_counter()
     problem, greedy, torch_peak = _torch_order(workload) if order == "torch" else _graph_order(workload)
     if greedy is not None:
@@ -90,17 +91,19 @@ def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Pa
     if start is not None:
         starts.append(planner.load_plan(start))
     t1 = time.perf_counter()
-    searched = position_search(problem, starts, peak_memory_bytes=cap, deadline=time.perf_counter() + search_s)
+    searched = position_search(problem, starts, planner.PositionSearchOptions(seed=seed), peak_memory_bytes=cap,
+                               deadline=time.perf_counter() + search_s)
     t2 = time.perf_counter()
     floor = free_position_floor(problem, peak_memory_bytes=cap)  # any positions, within the cap
     capped = solve_capped(problem, [searched.plan], peak_memory_bytes=cap, time_limit_s=cpsat_s,
                           floor_ms=floor.floor_ms)
     t3 = time.perf_counter()
-    tag = out / f"{workload}--{order}-order"
+    tag = out / (f"{workload}--{order}-order" + (f"--seed-{seed}" if seed else ""))
     tag.mkdir(parents=True, exist_ok=True)
     save_gz(problem, tag / "problem.json.gz")
     save_gz(capped.plan, tag / "capped-plan.json.gz")
-    return {"workload": workload, "preset": PRESET, "order": order, "within": within, "cap_gb": round(cap / 1e9, 3),
+    return {"workload": workload, "preset": PRESET, "order": order, "within": within, "seed": seed,
+            "cap_gb": round(cap / 1e9, 3),
             "search_ms": round(searched.objective, 2), "capped_ms": round(capped.objective, 2),
             "status": capped.status, "candidate_bound_ms": round(capped.bound, 2),
             "any_position_floor_ms": round(floor.floor_ms, 2),
@@ -121,22 +124,25 @@ def main(argv=None) -> None:
     ap.add_argument("--within", default="own", choices=["own", "torch-default"],
                     help="the cap of the graph's own order: its unbucketed peak (torch manual's), "
                          "or torch default's peak")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="the positioned search's seeds, a row each")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workload in args.workloads:
         for order in args.orders:
-            row = run_case(workload, order, args.search, args.cpsat, args.out, args.start, args.within)
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+            for seed in args.seeds:
+                row = run_case(workload, order, args.search, args.cpsat, args.out, args.start, args.within, seed)
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cols = ["workload", "order", "within", "cap_gb", "search_ms", "capped_ms", "status", "candidate_bound_ms",
+    cols = ["workload", "order", "within", "seed", "cap_gb", "search_ms", "capped_ms", "status", "candidate_bound_ms",
             "any_position_floor_ms", "gap_to_floor", "peak_gb", "torch_peak_gb", "search_s", "cpsat_s"]
     lines = [f"# The capped positioned CP-SAT after the positioned search ({PRESET})", "",
              f"`python -m experiments.capped_positioned --workloads {' '.join(args.workloads)} "
              f"--orders {' '.join(args.orders)} --search {args.search:g} --cpsat {args.cpsat:g} --out {args.out}"
              + (f" --start {args.start}" if args.start else "")
-             + (f" --within {args.within}" if args.within != "own" else "") + "`; "
+             + (f" --within {args.within}" if args.within != "own" else "")
+             + (f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0] else "") + "`; "
              f"git {git_revision()}; {machine()}.", "",
              *markdown_table(cols, rows), ""]
     (args.out / "table.md").write_text("\n".join(lines))

@@ -8,17 +8,20 @@ FSDP at depth. With named positions (``planner.core.positions``) those plans are
 memory is what stops a search from gathering everything ahead (unbudgeted searches drift to
 gigabytes extra), so every candidate's peak (``planner.cost.memory``) must stay within the budget.
 
-The search (first improvement, random order, then kicks, as ``planner.search.polish``):
+The search (simulated annealing over the time or evaluation budget from the fastest seed; with
+neither, first improvement in random order and then kicks, as ``planner.search.polish``):
 - state: every collective in one bucket (singletons included, which may be positioned too);
 - position moves: a bucket's start or wait to its anchor, to the earliest start / latest wait
   its members' data allow, just before the previous same-key bucket's wait (prefetch) or just
   after the next one's start (defer), or a few pinned nodes earlier or later;
 - membership moves: merge with the next same-key bucket, split in two, move the boundary member;
-- at a local optimum (before a kick), and on every seed: re-splits of gathers as one pipeline
-  (``planner.search.pipeline.best_split``): each chain issued at one time, each prefix of it in
-  the order due, and each phase's gathers of one key lifted to where its first is issued;
-- a candidate counts when it is faster, within the budget and accepted by the independent
-  verifier under the positioned policy (rules 4, 7 and 8 off: the step prices lost overlap).
+- at a local optimum (before a kick; annealing: every ``RESPLIT_EVERY`` evaluations), and on
+  every seed: re-splits of gathers as one pipeline (``planner.search.pipeline.best_split``): each
+  chain issued at one time, each prefix of it in the order due, and each phase's gathers of one
+  key lifted to where its first is issued;
+- a candidate counts when it is within the budget and accepted by the independent verifier under
+  the positioned policy (rules 4, 7 and 8 off: the step prices lost overlap); it is taken when
+  faster, or (annealing) slower with a probability that falls over the budget.
 Seeds: a per-block plan built from the problem itself (``Collective.module`` / ``phase``, one
 bucket per block, phase and key, the next block's gather issued before the current one's wait,
 reduce_scatter waits deferred past the next bucket's start), fitted to the budget, and any plans
@@ -48,6 +51,17 @@ SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # random moves per kick, and fruitless kicks in a row that end a search without a deadline
 KICK_MOVES = 3
 KICKS_WITHOUT_GAIN = 200
+# the annealing's temperature, as a share of the best seed's step: from ANNEAL_START down to
+# ANNEAL_END, geometrically over the budget (a move slower by d ms is taken with probability
+# exp(-d / temperature)). Measured on llama3-8b-fsdp-8 @ h100-8nodes within torch default's peak,
+# 300 s from nothing (seed 222.4 ms, so 2.2 ms down to 0.022 ms): seeds 0-3 of the search gave
+# 176.34, 181.77, 176.30 and 179.67 ms, where first improvement with kicks levelled off at
+# 183.28-188.83 (its best plan after ~15 s, kicks around it finding little in the remaining time);
+# starting hotter (4%) gave 183.25 on seed 1, and a descent first then 1% gave 184.88
+ANNEAL_START = 0.01
+ANNEAL_END = 1e-4
+# evaluations between re-splits of the annealing's current plan (each costs up to RESPLITS)
+RESPLIT_EVERY = 3000
 # the share of a free-positions solve's time limit that CP-SAT's anchored step search gets; its plan
 # seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
 # on llama3-8b-fsdp-8 @ h100-8nodes the positioned search found its best from the per-block seed)
@@ -436,6 +450,61 @@ class _Search:
         return buckets, plan, ms
 
 
+    def budget_used(self, since_evaluations: int, since_s: float) -> float | None:
+        """The share of the search's budget used since ``since_evaluations`` evaluations and
+        ``since_s`` (``time.perf_counter``): evaluations against ``max_evaluations`` when that is
+        set (the reproducible limit), else the clock against the deadline; None with neither (no
+        schedule to anneal over)."""
+        if self.max_evaluations is not None:
+            left = self.max_evaluations - since_evaluations
+            return (self.stats["evaluations"] - since_evaluations) / left if left > 0 else 1.0
+        if math.isfinite(self.deadline):
+            left = self.deadline - since_s
+            return (time.perf_counter() - since_s) / left if left > 0 else 1.0
+        return None
+
+    def anneal(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
+        """Random moves until the budget ends, each taken when legal and faster, or slower by d
+        ms with probability exp(-d / T), T falling from ``ANNEAL_START`` to ``ANNEAL_END`` of
+        ``best``'s step over the budget (``budget_used``); every ``RESPLIT_EVERY`` evaluations,
+        the current plan's best re-split when faster. The fastest plan seen is the answer.
+
+        Why not first improvement and kicks (``descend``): at a local optimum a kick of three
+        random moves from the best plan rarely leaves its basin, so the search levels off within
+        seconds and the rest of the budget finds little (module constants: measured)."""
+        plan, ms = best
+        current, current_ms = buckets, ms
+        hot, cold = max(ANNEAL_START * ms, 1e-9), max(ANNEAL_END * ms, 1e-9)  # a step of 0 ms: no division by 0
+        since_evaluations, since_s = self.stats["evaluations"], time.perf_counter()
+        next_resplit = since_evaluations + RESPLIT_EVERY
+        while not self.out_of_budget():
+            if self.stats["evaluations"] >= next_resplit:
+                next_resplit = self.stats["evaluations"] + RESPLIT_EVERY
+                resplit = self.best_resplit(current, current_ms)
+                if resplit is not None:
+                    current, _, current_ms = resplit
+                    self.stats["resplits"] += 1
+                    if current_ms < ms - MIN_GAIN_MS:
+                        buckets, plan, ms = resplit
+                continue
+            temperature = hot * (cold / hot) ** min(self.budget_used(since_evaluations, since_s), 1.0)
+            trial = self.move(current)
+            judged = self.judge(trial) if trial is not None else None
+            if judged is None:
+                continue
+            slower = judged[1] - current_ms
+            if slower < -MIN_GAIN_MS:
+                self.stats["accepted"] += 1
+            elif self.rng.random() < math.exp(-max(slower, 0.0) / temperature):
+                self.stats["accepted_slower"] = self.stats.get("accepted_slower", 0) + 1
+            else:
+                continue
+            current, current_ms = trial, judged[1]
+            if current_ms < ms - MIN_GAIN_MS:
+                buckets, plan, ms = current, judged[0], current_ms
+        return buckets, plan, ms
+
+
 def default_peak_budget(problem: Problem, plans=()) -> int:
     """The default budget: the peak of the unbucketed schedule or of any of ``plans`` (torch's
     greedy plan, say), whichever is higher: a positioned plan never holds more than what it
@@ -520,6 +589,9 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     search.stats["seeds_ms"] = {name: round(ms, 3) for ms, name, _, _ in judged_seeds}
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
+        if search.budget_used(0, t0) is not None and not search.stats.get("interrupted"):
+            # a budget to anneal over: all of it from the fastest seed
+            _, plan, ms = search.anneal(buckets, (plan, ms))
         for seed_ms, name, seed_buckets, judged in judged_seeds:
             if search.out_of_budget() or search.stats.get("interrupted"):
                 break
