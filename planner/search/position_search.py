@@ -51,13 +51,16 @@ SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # random moves per kick, and fruitless kicks in a row that end a search without a deadline
 KICK_MOVES = 3
 KICKS_WITHOUT_GAIN = 200
-# the annealing's temperature, as a share of the best seed's step: from ANNEAL_START down to
-# ANNEAL_END, geometrically over the budget (a move slower by d ms is taken with probability
-# exp(-d / temperature)). Measured on llama3-8b-fsdp-8 @ h100-8nodes within torch default's peak,
-# 300 s from nothing (seed 222.4 ms, so 2.2 ms down to 0.022 ms): seeds 0-3 of the search gave
-# 176.34, 181.77, 176.30 and 179.67 ms, where first improvement with kicks levelled off at
-# 183.28-188.83 (its best plan after ~15 s, kicks around it finding little in the remaining time);
-# starting hotter (4%) gave 183.25 on seed 1, and a descent first then 1% gave 184.88
+# the annealing's temperature, as a share of the step it starts from (the fastest seed's first
+# local optimum): from ANNEAL_START down to ANNEAL_END, geometrically over the rest of the budget
+# (a move slower by d ms is taken with probability exp(-d / temperature)). Measured on
+# llama3-8b-fsdp-8 @ h100-8nodes within torch default's peak, 300 s from nothing: annealing the
+# whole budget from the seed (222.4 ms: 2.2 ms down to 0.022) gave 176.34, 181.77, 176.30 and
+# 179.67 ms on seeds 0-3 of the search, where first improvement with kicks levelled off at
+# 183.28-188.83 (its best plan after ~15 s, kicks around it finding little in the rest); starting
+# at 2% gave 184.16 and 208.01 on seeds 0 and 2. Over a short budget (2,400 evaluations, the
+# deterministic 30 s) annealing from the seed did worse than the descent (seeds 0-2: 191.77,
+# 202.94, 185.22 against 184.32, 194.51, 186.27): hence the descent first
 ANNEAL_START = 0.01
 ANNEAL_END = 1e-4
 # evaluations between re-splits of the annealing's current plan (each costs up to RESPLITS)
@@ -409,13 +412,14 @@ class _Search:
             out[nxt] = _bucket(ix, other.members + b.members[-1:], other.issue_before, other.wait_before)
         return out
 
-    def descend(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
-        """Random moves, each kept when faster and legal, until the budget ends or
-        KICKS_WITHOUT_GAIN kicks in a row found nothing."""
+    def descend(self, buckets: list[Bucket], best: tuple[Plan, float],
+                kicks: int = KICKS_WITHOUT_GAIN) -> tuple[list[Bucket], Plan, float]:
+        """Random moves, each kept when faster and legal, until the budget ends or ``kicks`` kicks
+        in a row found nothing (0: the first local optimum no re-split improves)."""
         plan, ms = best
         fruitless, since_gain = 0, 0
         current, current_ms = buckets, ms
-        while not self.out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
+        while not self.out_of_budget():
             trial = self.move(current)
             judged = self.judge(trial) if trial is not None else None
             if judged is not None and judged[1] < current_ms - MIN_GAIN_MS:
@@ -435,6 +439,8 @@ class _Search:
                     self.stats["resplits"] += 1
                     fruitless, since_gain = 0, 0
                     continue
+                if fruitless >= kicks:
+                    break
                 self.stats["kicks"] += 1
                 fruitless += 1
                 since_gain = 0
@@ -590,7 +596,9 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
         if search.budget_used(0, t0) is not None and not search.stats.get("interrupted"):
-            # a budget to anneal over: all of it from the fastest seed
+            # a budget to anneal over: from the fastest seed's first local optimum, the rest of it
+            # (a short budget ends in that descent, as before annealing; ANNEAL_START says why)
+            buckets, plan, ms = search.descend(buckets, (plan, ms), kicks=0)
             _, plan, ms = search.anneal(buckets, (plan, ms))
         for seed_ms, name, seed_buckets, judged in judged_seeds:
             if search.out_of_budget() or search.stats.get("interrupted"):
