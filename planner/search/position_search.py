@@ -8,8 +8,9 @@ FSDP at depth. With named positions (``planner.core.positions``) those plans are
 memory is what stops a search from gathering everything ahead (unbudgeted searches drift to
 gigabytes extra), so every candidate's peak (``planner.cost.memory``) must stay within the budget.
 
-The search (simulated annealing over the time or evaluation budget from the fastest seed; with
-neither, first improvement in random order and then kicks, as ``planner.search.polish``):
+The search: from the fastest seed, first improvement in random order to a local optimum, then
+simulated annealing over the rest of the time or evaluation budget; with neither, first
+improvement and then kicks, as ``planner.search.polish``:
 - state: every collective in one bucket (singletons included, which may be positioned too);
 - position moves: a bucket's start or wait to its anchor, to the earliest start / latest wait
   its members' data allow, just before the previous same-key bucket's wait (prefetch) or just
@@ -51,20 +52,26 @@ SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # random moves per kick, and fruitless kicks in a row that end a search without a deadline
 KICK_MOVES = 3
 KICKS_WITHOUT_GAIN = 200
-# the annealing's temperature, as a share of the step it starts from (the fastest seed's first
-# local optimum): from ANNEAL_START down to ANNEAL_END, geometrically over the rest of the budget
-# (a move slower by d ms is taken with probability exp(-d / temperature)). Measured on
-# llama3-8b-fsdp-8 @ h100-8nodes within torch default's peak, 300 s from nothing: annealing the
-# whole budget from the seed (222.4 ms: 2.2 ms down to 0.022) gave 176.34, 181.77, 176.30 and
-# 179.67 ms on seeds 0-3 of the search, where first improvement with kicks levelled off at
-# 183.28-188.83 (its best plan after ~15 s, kicks around it finding little in the rest); starting
-# at 2% gave 184.16 and 208.01 on seeds 0 and 2. Over a short budget (2,400 evaluations, the
-# deterministic 30 s) annealing from the seed did worse than the descent (seeds 0-2: 191.77,
-# 202.94, 185.22 against 184.32, 194.51, 186.27): hence the descent first
+# the annealing's temperature, as a share of the step it starts from: from ANNEAL_START down to
+# ANNEAL_END, geometrically over the rest of the budget (a move slower by d ms is taken with
+# probability exp(-d / temperature)). Measured on llama3-8b-fsdp-8 @ h100-8nodes within torch
+# default's peak (14.527 GB), 300 s from nothing, where first improvement with kicks levelled off
+# at 183.28-188.83 ms (its best plan after ~15 s, kicks around it finding little in the rest):
+# annealing the whole budget from the seed (222.4 ms: 2.2 ms down to 0.022) gave 176.34, 181.77,
+# 176.30 and 179.67 ms on seeds 0-3 of the search (177.83 and 181.25 in experiments.capped_positioned
+# on seeds 0-1); from the first descent's local optimum instead, 180.04 and 184.12 (seeds 0-1);
+# starting at 2% from the seed, 184.16 and 208.01 (seeds 0 and 2). Over a short budget (2,400
+# evaluations, the deterministic 30 s) annealing from the seed did worse than the descent (seeds
+# 0-2: 191.77, 202.94, 185.22 against 184.32, 194.51, 186.27): hence the descent first, and
+# ANNEAL_FROM_SEED
 ANNEAL_START = 0.01
 ANNEAL_END = 1e-4
 # evaluations between re-splits of the annealing's current plan (each costs up to RESPLITS)
 RESPLIT_EVERY = 3000
+# the annealing starts from the seed again when the budget left after the first descent is this
+# many times what the descent used, or more (a long budget: the 300 s runs above anneal for ~285 s
+# after a ~15 s descent); else from the descent's local optimum
+ANNEAL_FROM_SEED = 10
 # the share of a free-positions solve's time limit that CP-SAT's anchored step search gets; its plan
 # seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
 # on llama3-8b-fsdp-8 @ h100-8nodes the positioned search found its best from the per-block seed)
@@ -455,7 +462,6 @@ class _Search:
                     current, current_ms = buckets, ms
         return buckets, plan, ms
 
-
     def budget_used(self, since_evaluations: int, since_s: float) -> float | None:
         """The share of the search's budget used since ``since_evaluations`` evaluations and
         ``since_s`` (``time.perf_counter``): evaluations against ``max_evaluations`` when that is
@@ -596,10 +602,21 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
         if search.budget_used(0, t0) is not None and not search.stats.get("interrupted"):
-            # a budget to anneal over: from the fastest seed's first local optimum, the rest of it
-            # (a short budget ends in that descent, as before annealing; ANNEAL_START says why)
+            # a budget to anneal over: first the fastest seed's first local optimum by descent (a
+            # short budget ends there, as before annealing), then the rest of it annealed, from the
+            # seed again when what is left is ANNEAL_FROM_SEED times the descent's share or more,
+            # else from that local optimum (ANNEAL_START says why)
+            seed_state = (buckets, (plan, ms))
+            descent_from = search.stats["evaluations"], time.perf_counter()
             buckets, plan, ms = search.descend(buckets, (plan, ms), kicks=0)
-            _, plan, ms = search.anneal(buckets, (plan, ms))
+            used = search.budget_used(*descent_from)
+            if used is not None and used <= 1.0 / (1.0 + ANNEAL_FROM_SEED):
+                _, (plan_seed, ms_seed) = seed_state
+                _, annealed, annealed_ms = search.anneal(seed_state[0], (plan_seed, ms_seed))
+            else:
+                _, annealed, annealed_ms = search.anneal(buckets, (plan, ms))
+            if annealed_ms < ms - MIN_GAIN_MS:
+                plan, ms = annealed, annealed_ms
         for seed_ms, name, seed_buckets, judged in judged_seeds:
             if search.out_of_budget() or search.stats.get("interrupted"):
                 break
