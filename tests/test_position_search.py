@@ -96,13 +96,18 @@ def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path, 
 
 
 def test_the_annealing_takes_slower_plans_and_returns_the_fastest_it_saw(get_scheduled, monkeypatch):
-    """Under an evaluation budget the search anneals (``_Search.anneal``): it moves to slower
-    plans too, so what it ends on need not be its best; the answer must be the fastest legal plan
-    it judged, seeds included."""
+    """With a budget left after the first descent (``ANNEAL_MIN_EVALUATIONS``, lowered here) the
+    search anneals (``_Search.anneal``): it moves to slower plans too, so what it ends on need not
+    be its best; the answer must be the fastest legal plan it judged, seeds included. A budget
+    below that ends as before annealing: no slower plan is ever taken."""
     from planner.search import position_search as module
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     budget = peak_bytes(problem, None)
+    short = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=1500),
+                            peak_memory_bytes=budget, deadline=time.perf_counter() + 120)
+    assert "accepted_slower" not in short.stats
+    monkeypatch.setattr(module, "ANNEAL_MIN_EVALUATIONS", 100)
     seen = []
     judge = module._Search.judge
 

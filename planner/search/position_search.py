@@ -63,15 +63,16 @@ KICKS_WITHOUT_GAIN = 200
 # starting at 2% from the seed, 184.16 and 208.01 (seeds 0 and 2). Over a short budget (2,400
 # evaluations, the deterministic 30 s) annealing from the seed did worse than the descent (seeds
 # 0-2: 191.77, 202.94, 185.22 against 184.32, 194.51, 186.27): hence the descent first, and
-# ANNEAL_FROM_SEED
+# ANNEAL_MIN_EVALUATIONS
 ANNEAL_START = 0.01
 ANNEAL_END = 1e-4
 # evaluations between re-splits of the annealing's current plan (each costs up to RESPLITS)
 RESPLIT_EVERY = 3000
-# the annealing starts from the seed again when the budget left after the first descent is this
-# many times what the descent used, or more (a long budget: the 300 s runs above anneal for ~285 s
-# after a ~15 s descent); else from the descent's local optimum
-ANNEAL_FROM_SEED = 10
+# the least budget left after the first descent, in evaluations, that is annealed (from the seed
+# again); less goes on with first improvement and kicks. On llama3-8b-fsdp-8 (~160 evaluations a
+# second) a 300 s search has ~40,000 left, a 60 s one ~5,000, where annealing from the seed and
+# the kicks gave alike (seeds 0-2: 181.18, 186.68, 182.98 against 184.24, 184.10, 180.54 ms)
+ANNEAL_MIN_EVALUATIONS = 20_000
 # the share of a free-positions solve's time limit that CP-SAT's anchored step search gets; its plan
 # seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
 # on llama3-8b-fsdp-8 @ h100-8nodes the positioned search found its best from the per-block seed)
@@ -475,6 +476,17 @@ class _Search:
             return (time.perf_counter() - since_s) / left if left > 0 else 1.0
         return None
 
+    def evaluations_left(self, since_evaluations: int, since_s: float) -> float:
+        """The evaluations the budget has left: counted under ``max_evaluations``, else the time
+        left at the rate since ``since_evaluations`` and ``since_s``; inf with neither limit."""
+        if self.max_evaluations is not None:
+            return self.max_evaluations - self.stats["evaluations"]
+        if not math.isfinite(self.deadline):
+            return math.inf
+        spent = time.perf_counter() - since_s
+        rate = (self.stats["evaluations"] - since_evaluations) / spent if spent > 0 else 0.0
+        return rate * max(self.deadline - time.perf_counter(), 0.0)
+
     def anneal(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
         """Random moves until the budget ends, each taken when legal and faster, or slower by d
         ms with probability exp(-d / T), T falling from ``ANNEAL_START`` to ``ANNEAL_END`` of
@@ -602,21 +614,18 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
         if search.budget_used(0, t0) is not None and not search.stats.get("interrupted"):
-            # a budget to anneal over: first the fastest seed's first local optimum by descent (a
-            # short budget ends there, as before annealing), then the rest of it annealed, from the
-            # seed again when what is left is ANNEAL_FROM_SEED times the descent's share or more,
-            # else from that local optimum (ANNEAL_START says why)
-            seed_state = (buckets, (plan, ms))
-            descent_from = search.stats["evaluations"], time.perf_counter()
+            # first the fastest seed's first local optimum by descent, as before annealing; then,
+            # when the budget left is ANNEAL_MIN_EVALUATIONS or more (at the descent's rate, under
+            # a clock), all of it annealed from the seed again (ANNEAL_START says why); a shorter
+            # budget goes on with the kicks below
+            seed_buckets, seed_best = buckets, (plan, ms)
+            from_evaluations, from_s = search.stats["evaluations"], time.perf_counter()
             buckets, plan, ms = search.descend(buckets, (plan, ms), kicks=0)
-            used = search.budget_used(*descent_from)
-            if used is not None and used <= 1.0 / (1.0 + ANNEAL_FROM_SEED):
-                _, (plan_seed, ms_seed) = seed_state
-                _, annealed, annealed_ms = search.anneal(seed_state[0], (plan_seed, ms_seed))
-            else:
-                _, annealed, annealed_ms = search.anneal(buckets, (plan, ms))
-            if annealed_ms < ms - MIN_GAIN_MS:
-                plan, ms = annealed, annealed_ms
+            if search.evaluations_left(from_evaluations, from_s) >= ANNEAL_MIN_EVALUATIONS:
+                annealed = search.anneal(seed_buckets, seed_best)
+                if annealed[2] < ms - MIN_GAIN_MS:
+                    buckets, plan, ms = annealed
+            judged_seeds[0] = (ms, best_name, buckets, (plan, ms))  # kicks (if time is left) from here
         for seed_ms, name, seed_buckets, judged in judged_seeds:
             if search.out_of_budget() or search.stats.get("interrupted"):
                 break
