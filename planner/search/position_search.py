@@ -476,6 +476,19 @@ class _Search:
             return (time.perf_counter() - since_s) / left if left > 0 else 1.0
         return None
 
+    def descend_then_anneal(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
+        """From a seed, its first local optimum by descent, as before annealing; then, when the
+        budget left is ``ANNEAL_MIN_EVALUATIONS`` or more (at the descent's rate, under a clock),
+        all of it annealed from the seed again (``ANNEAL_START`` says why). The faster of the two;
+        a shorter budget is left to the caller (``descend``'s kicks)."""
+        from_evaluations, from_s = self.stats["evaluations"], time.perf_counter()
+        found = self.descend(buckets, best, kicks=0)
+        if self.evaluations_left(from_evaluations, from_s) >= ANNEAL_MIN_EVALUATIONS:
+            annealed = self.anneal(buckets, best)
+            if annealed[2] < found[2] - MIN_GAIN_MS:
+                return annealed
+        return found
+
     def evaluations_left(self, since_evaluations: int, since_s: float) -> float:
         """The evaluations the budget has left: counted under ``max_evaluations``, else the time
         left at the rate since ``since_evaluations`` and ``since_s``; inf with neither limit."""
@@ -614,17 +627,7 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
         if search.budget_used(0, t0) is not None and not search.stats.get("interrupted"):
-            # first the fastest seed's first local optimum by descent, as before annealing; then,
-            # when the budget left is ANNEAL_MIN_EVALUATIONS or more (at the descent's rate, under
-            # a clock), all of it annealed from the seed again (ANNEAL_START says why); a shorter
-            # budget goes on with the kicks below
-            seed_buckets, seed_best = buckets, (plan, ms)
-            from_evaluations, from_s = search.stats["evaluations"], time.perf_counter()
-            buckets, plan, ms = search.descend(buckets, (plan, ms), kicks=0)
-            if search.evaluations_left(from_evaluations, from_s) >= ANNEAL_MIN_EVALUATIONS:
-                annealed = search.anneal(seed_buckets, seed_best)
-                if annealed[2] < ms - MIN_GAIN_MS:
-                    buckets, plan, ms = annealed
+            buckets, plan, ms = search.descend_then_anneal(buckets, (plan, ms))
             judged_seeds[0] = (ms, best_name, buckets, (plan, ms))  # kicks (if time is left) from here
         for seed_ms, name, seed_buckets, judged in judged_seeds:
             if search.out_of_budget() or search.stats.get("interrupted"):
