@@ -626,7 +626,7 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     search.stats["seeds_ms"] = {name: round(ms, 3) for ms, name, _, _ in judged_seeds}
     _, best_name, buckets, (plan, ms) = judged_seeds[0]
     try:
-        if search.budget_used(0, t0) is not None and not search.stats.get("interrupted"):
+        if (options.max_evaluations is not None or math.isfinite(deadline)) and not search.stats.get("interrupted"):
             buckets, plan, ms = search.descend_then_anneal(buckets, (plan, ms))
             judged_seeds[0] = (ms, best_name, buckets, (plan, ms))  # kicks (if time is left) from here
         for seed_ms, name, seed_buckets, judged in judged_seeds:
