@@ -36,12 +36,12 @@ import random
 import time
 
 import planner.core.arguments as arguments
-from planner.cost.memory import peak_and_segment, peak_bytes
+from planner.cost.memory import MemoryCounter, peak_bytes
 from planner.core.options import PositionSearchOptions
 from planner.core.policy import Policy
 from planner.core.problem import Bucket, Plan, Problem, with_buckets
 from planner.cost.simulator import replay_index, step_ms
-from planner.rules.verifier import verify
+from planner.rules.verifier import Verifier, verify
 from planner.search.pipeline import ChainCosts, best_split
 from planner.search.result import SolveResult
 
@@ -200,6 +200,8 @@ class _Search:
         self.rules = positioned_policy(None, options.keep_overlap).as_params()  # the hot loop's rules, the budget apart
         self.stats = {"evaluations": 0, "accepted": 0, "rejected": 0, "kicks": 0, "resplits": 0}
         self.chain_costs = ChainCosts(problem, self.ix.replay)
+        # every candidate's peak and rules, each one or two buckets from the last
+        self.memory, self.verifier = MemoryCounter(problem), Verifier(problem)
 
     def out_of_budget(self) -> bool:
         return time.perf_counter() >= self.deadline or (
@@ -214,10 +216,10 @@ class _Search:
             return None
         # the budget by planner.cost.memory directly (the verifier's rule 11 counts the same, and
         # certifies the plan returned), then every other rule
-        if self.budget is not None and peak_bytes(self.problem, plan) > self.budget:
+        if self.budget is not None and self.memory.peak_and_segment(plan)[0] > self.budget:
             self.stats["rejected"] += 1
             return None
-        if verify(self.problem, plan, **self.rules):
+        if self.verifier.verify(plan, **self.rules):
             self.stats["rejected"] += 1
             return None
         return plan, step_ms(self.problem, plan, self.ix.replay)
@@ -227,7 +229,7 @@ class _Search:
         until it accepts them (a seed built from the problem's structure may break a rule)."""
         for _ in range(LEGALIZE_ROUNDS):
             plan = _as_plan(self.template, buckets)
-            violations = verify(self.problem, plan, **self.rules)
+            violations = self.verifier.verify(plan, **self.rules)
             if not violations:
                 return buckets
             bad = {v.bucket for v in violations if v.bucket is not None}
@@ -259,7 +261,7 @@ class _Search:
         ix = self.ix
         for _ in range(8 * len(buckets) + 1):
             plan = _as_plan(self.template, buckets)
-            peak, j = peak_and_segment(self.problem, plan)  # segment j: from node j - 1 up to node j
+            peak, j = self.memory.peak_and_segment(plan)  # segment j: from node j - 1 up to node j
             if peak <= self.budget:
                 return buckets
             if self.out_of_budget():
