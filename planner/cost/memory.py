@@ -276,8 +276,9 @@ class MemoryCounter:
         return found
 
     def own(self, keys: np.ndarray) -> np.ndarray:
-        """``own_memory`` at every instant of ``keys``: just before a pinned node what the graph
-        holds there, anywhere else the peak of the run holding it."""
+        """``own_memory`` at every instant of ``keys`` at once: just before a pinned node what the
+        graph holds there, anywhere else the peak of the run holding it (``memory_at`` reads
+        ``own_memory`` itself, and tests hold the two counts against each other at every instant)."""
         at = np.ceil(keys)
         k = np.minimum(np.searchsorted(self.pinned_pos, at), len(self.pinned_pos) - 1)
         before_pinned = (keys != at) & (self.pinned_pos[k] == at)
@@ -286,7 +287,8 @@ class MemoryCounter:
 
     def profile(self, plan: Plan | None) -> tuple[np.ndarray, np.ndarray]:
         """``memory_profile`` as two arrays: the instants in order and the bytes held at each."""
-        parts, placed = [], set()
+        parts = [(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))]  # a problem may have no collective
+        placed: set[str] = set()
         for b in plan.buckets if plan is not None else ():
             parts.append(self._buffers(b.members, *bucket_positions(b, self.colls, self.node_pos)))
             placed.update(b.members)
