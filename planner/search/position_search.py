@@ -75,9 +75,13 @@ RESPLIT_EVERY = 3000
 # the kicks gave alike (seeds 0-2: 181.18, 186.68, 182.98 against 184.24, 184.10, 180.54 ms)
 ANNEAL_MIN_EVALUATIONS = 20_000
 # the evaluations per annealing run: a budget of several is annealed from the seed in as many runs,
-# the fastest plan of all the answer. Two runs of one budget end far apart, so the best of several
-# beats one longer run: on llama3-8b-fsdp-8 within torch default's peak, 300 s at ~850 evaluations
-# a second, one run gave 178.57 and 181.86 ms (seeds 0-1), two runs ... (measured below)
+# the fastest plan of all the answer. Runs of one budget end far apart (near 176.3 or near 181.6 ms
+# below), so the best of several beats one longer run. On llama3-8b-fsdp-8 within torch default's
+# peak (14.527 GB), 300 s from nothing at ~850 evaluations a second (~250,000): one run gave 178.57
+# and 181.86 ms on seeds 0-1 (experiments.capped_positioned); two runs 181.55 then 176.36 (seed 1)
+# and 181.79 then 176.30 (seed 2); runs of ~50,000 (this value) 177.34 and 176.64 (seeds 0-1).
+# Runs of ~40,000 (the whole 300 s at the earlier ~160 a second) had ended at 176.3-181.8 on seeds
+# 0-3, so a run this long loses little
 ANNEAL_RUN_EVALUATIONS = 50_000
 # the share of a free-positions solve's time limit that CP-SAT's anchored step search gets; its plan
 # seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
