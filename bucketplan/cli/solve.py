@@ -136,14 +136,13 @@ def solve_options(args):
 
 
 def position_options(args):
-    """The PositionSearchOptions of the flags (FLAG_FIELDS): with --deterministic, a number of
-    evaluations (EVALUATIONS_PER_S of the positioned share of --time-limit) instead of seconds."""
+    """The PositionSearchOptions of the flags (FLAG_FIELDS). With --deterministic the search is
+    limited by evaluations instead of seconds; how many depends on the problem's size, so
+    ``position_search_and_report`` sets them once the problem is loaded
+    (``deterministic_evaluations`` of the positioned share of --time-limit)."""
     from planner.core.options import PositionSearchOptions
-    from planner.search.position_search import EVALUATIONS_PER_S, FREE_POSITIONS_CP_SAT_SHARE
 
-    evaluations = (max(1, int(EVALUATIONS_PER_S * (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit))
-                   if args.deterministic else None)
-    return PositionSearchOptions(seed=args.seed, max_evaluations=evaluations, keep_overlap=args.keep_overlap)
+    return PositionSearchOptions(seed=args.seed, keep_overlap=args.keep_overlap)
 
 
 def _window(value: str) -> int | str | None:

@@ -3,6 +3,7 @@ hint and the per-block seed, within a peak memory budget; reported as solve repo
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -16,13 +17,17 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     time: two runs write the same bytes."""
     import planner
     from planner.cost.bounds import free_position_floor
-    from planner.search.position_search import default_peak_budget, position_search
+    from planner.search.position_search import (FREE_POSITIONS_CP_SAT_SHARE, default_peak_budget,
+                                                deterministic_evaluations, position_search)
     from planner.search.result import gap_of
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
     # by default a plan never holds more than what it replaces
     budget = peak if peak is not None else default_peak_budget(problem, [hint])
     starts = [p for p in (anchored.plan, hint) if p is not None]
+    if args.deterministic:  # the positioned share of --time-limit, in evaluations of this problem
+        options = dataclasses.replace(options, max_evaluations=deterministic_evaluations(
+            problem, (1 - FREE_POSITIONS_CP_SAT_SHARE) * args.time_limit))
     evaluations = options.max_evaluations
     deadline = t_start + args.time_limit * (DETERMINISTIC_WALL_FACTOR if args.deterministic
                                             else 1.0)

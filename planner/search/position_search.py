@@ -96,9 +96,20 @@ RESPLITS = 16
 UNBUCKETED = "unbucketed"
 # rounds of dropping the positions of buckets the verifier names, when a seed is made legal
 LEGALIZE_ROUNDS = 50
-# evaluations per second of time limit in a deterministic search (``max_evaluations``): each
-# candidate is a replay, a peak and a verification, 3-10 ms at 8 layers on this machine
-EVALUATIONS_PER_S = 100
+# evaluations per second of time limit in a deterministic search (``max_evaluations``), times the
+# problem's pinned nodes: an evaluation (a replay, a peak and a verification) costs about linearly
+# in the graph's size. Measured on this 2-core machine with a second job running, 40 s from
+# nothing within the unbucketed peak (presets_v2 @ h100-8nodes): 2,328 a second at llama3-8b-fsdp-2
+# (293 nodes: 682,000 node-evaluations a second), 725 at fsdp-8 (1,043: 756,000), 252 at fsdp-32
+# (4,043: 1,020,000). A third of the least, so a loaded machine still ends within the time limit
+# or near it (the wall-clock guard is solver.DETERMINISTIC_WALL_FACTOR times it)
+EVALUATION_NODES_PER_S = 225_000
+
+
+def deterministic_evaluations(problem: Problem, seconds: float) -> int:
+    """The evaluations a deterministic search of ``problem`` gets for ``seconds`` of time limit
+    (``EVALUATION_NODES_PER_S``)."""
+    return max(1, int(EVALUATION_NODES_PER_S * seconds / max(1, len(problem.nodes))))
 
 
 def positioned_policy(peak_memory_bytes: int | None, keep_overlap: bool = False) -> Policy:
