@@ -30,9 +30,10 @@ CAPPED_RUNS = ("capped_positioned", "capped_positioned_300", "capped_positioned_
                "capped_positioned_default_cap_split", "capped_positioned_default_cap_resplit",
                "capped_positioned_fresh300", "capped_positioned_fresh300_default", "capped_positioned_anneal",
                "capped_positioned_anneal_default", "capped_positioned_anneal_seed1",
-               "capped_positioned_anneal_default_seed1")
+               "capped_positioned_anneal_default_seed1", "capped_positioned_fast", "capped_positioned_fast_default",
+               "capped_positioned_runs", "capped_positioned_runs_default")
 # folders of experiments.search_longer runs (their plans are of presets_v2 problems)
-LONGER_RUNS = ("search_longer", "search_longer_lift")
+LONGER_RUNS = ("search_longer", "search_longer_lift", "search_longer_runs")
 
 
 def _capped_row(name: str, problem, plan) -> dict:
