@@ -108,22 +108,11 @@ def test_the_annealing_takes_slower_plans_and_returns_the_fastest_it_saw(get_sch
                             peak_memory_bytes=budget, deadline=time.perf_counter() + 120)
     assert "accepted_slower" not in short.stats
     monkeypatch.setattr(module, "ANNEAL_MIN_EVALUATIONS", 100)
-    seen = []
-    judge = module._Search.judge
-
-    def recording(self, buckets):
-        judged = judge(self, buckets)
-        if judged is not None:
-            seen.append(judged[1])
-        return judged
-
-    monkeypatch.setattr(module._Search, "judge", recording)
+    seen = _record_judged_steps(monkeypatch)
     result = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=1500),
                              peak_memory_bytes=budget, deadline=time.perf_counter() + 120)
     assert result.stats["accepted_slower"] > 0 and result.stats["anneals"] == 1
-    assert result.objective == pytest.approx(min(seen), abs=1e-9)
-    assert result.objective == pytest.approx(planner.simulate(problem, result.plan).step_ms)
-    assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
+    _assert_the_fastest_judged_and_verified(problem, result, seen, budget)
 
     # a budget of several runs (ANNEAL_RUN_EVALUATIONS, lowered): as many runs from the seed, and
     # still the fastest plan judged in any of them
@@ -131,9 +120,34 @@ def test_the_annealing_takes_slower_plans_and_returns_the_fastest_it_saw(get_sch
     seen.clear()
     several = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=1500),
                               peak_memory_bytes=budget, deadline=time.perf_counter() + 120)
-    assert several.stats["anneals"] >= 3 and several.objective == pytest.approx(min(seen), abs=1e-9)
-    assert several.objective == pytest.approx(planner.simulate(problem, several.plan).step_ms)
-    assert planner.verify(problem, several.plan, keep_overlap=False, peak_memory_bytes=budget) == []
+    assert several.stats["anneals"] >= 3
+    _assert_the_fastest_judged_and_verified(problem, several, seen, budget)
+
+
+def _record_judged_steps(monkeypatch, interrupt_at: int | None = None) -> list[float]:
+    """The step of every legal plan the positioned search judges from now on, in a list that fills
+    as it runs; with ``interrupt_at``, a Ctrl-C when that many evaluations were made."""
+    from planner.search import position_search as module
+
+    seen: list[float] = []
+    judge = module._Search.judge
+
+    def recording(self, buckets):
+        if self.stats["evaluations"] == interrupt_at:
+            raise KeyboardInterrupt
+        judged = judge(self, buckets)
+        if judged is not None:
+            seen.append(judged[1])
+        return judged
+
+    monkeypatch.setattr(module._Search, "judge", recording)
+    return seen
+
+
+def _assert_the_fastest_judged_and_verified(problem, result, seen: list[float], budget: int) -> None:
+    assert result.objective == pytest.approx(min(seen), abs=1e-9)
+    assert result.objective == pytest.approx(planner.simulate(problem, result.plan).step_ms)
+    assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
 
 
 def test_ctrl_c_while_annealing_returns_the_fastest_plan_judged(get_scheduled, monkeypatch):
@@ -145,26 +159,13 @@ def test_ctrl_c_while_annealing_returns_the_fastest_plan_judged(get_scheduled, m
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     budget = peak_bytes(problem, None)
     monkeypatch.setattr(module, "ANNEAL_MIN_EVALUATIONS", 100)
-    seen = []
-    judge = module._Search.judge
-
-    def interrupted_at_900(self, buckets):
-        if self.stats["evaluations"] == 900:
-            raise KeyboardInterrupt
-        judged = judge(self, buckets)
-        if judged is not None:
-            seen.append(judged[1])
-        return judged
-
-    monkeypatch.setattr(module._Search, "judge", interrupted_at_900)
+    seen = _record_judged_steps(monkeypatch, interrupt_at=900)
     result = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=5000),
                              peak_memory_bytes=budget, deadline=time.perf_counter() + 120)
     assert result.stats["interrupted"] and result.plan.params["interrupted"] is True
     assert result.stats["evaluations"] == 900 and "accepted_slower" in result.stats
-    assert result.objective == pytest.approx(min(seen), abs=1e-9)
     assert result.objective < min(result.stats["seeds_ms"].values()) - 1e-6  # not the seed it started from
-    assert result.objective == pytest.approx(planner.simulate(problem, result.plan).step_ms)
-    assert planner.verify(problem, result.plan, keep_overlap=False, peak_memory_bytes=budget) == []
+    _assert_the_fastest_judged_and_verified(problem, result, seen, budget)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
