@@ -175,11 +175,11 @@ class Verifier:
 
     def verify(self, plan: Plan, **policy) -> list[Violation]:
         """Every rule violation of ``plan`` (``verify``)."""
-        return check(self.problem, plan, **policy, _verifier=self, _quality=False).violations
+        return _checked(self, plan, False, **policy).violations
 
     def check(self, plan: Plan, **policy) -> Report:
         """Violations and quality figures of ``plan`` (``check``)."""
-        return check(self.problem, plan, **policy, _verifier=self)
+        return _checked(self, plan, True, **policy)
 
     def dependent_pairs(self, members: tuple[str, ...]) -> list[tuple[str, str]]:
         """(x, y) for every two members of one bucket where y's start depends on x's wait, in
@@ -203,15 +203,15 @@ def verify(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prot
            memory_budget_bytes: int | None = None, keep_overlap: bool = True,
            peak_memory_bytes: int | None = None) -> list[Violation]:
     """Every rule violation of ``plan`` on ``problem`` (empty list: the plan is feasible)."""
-    return check(problem, plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly,
-                 memory_budget_bytes=memory_budget_bytes, keep_overlap=keep_overlap,
-                 peak_memory_bytes=peak_memory_bytes, _quality=False).violations
+    arguments.problem_and_plan(problem, plan)
+    return Verifier.of(problem).verify(plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly,
+                                       memory_budget_bytes=memory_budget_bytes, keep_overlap=keep_overlap,
+                                       peak_memory_bytes=peak_memory_bytes)
 
 
 def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, protect_partly: bool = False,
           memory_budget_bytes: int | None = None, keep_overlap: bool = True,
-          peak_memory_bytes: int | None = None, _verifier: Verifier | None = None,
-          _quality: bool = True) -> Report:
+          peak_memory_bytes: int | None = None) -> Report:
     """Violations and quality figures of ``plan`` on ``problem``: the rules of planner/README.md,
     one function each, violations in this order (rules 1 and 5, and rules 2 to 4, bucket by bucket).
 
@@ -224,12 +224,23 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
     one ValueError naming it.
     """
     arguments.problem_and_plan(problem, plan)
+    return Verifier.of(problem).check(plan, check_fingerprint=check_fingerprint, protect_partly=protect_partly,
+                                      memory_budget_bytes=memory_budget_bytes, keep_overlap=keep_overlap,
+                                      peak_memory_bytes=peak_memory_bytes)
+
+
+def _checked(verifier: Verifier, plan: Plan, quality: bool, *, check_fingerprint: bool = True,
+             protect_partly: bool = False, memory_budget_bytes: int | None = None, keep_overlap: bool = True,
+             peak_memory_bytes: int | None = None) -> Report:
+    """``check`` with ``verifier``'s problem; without ``quality`` (``verify``) the quality figures
+    are left empty."""
+    arguments.problem_and_plan(verifier.problem, plan)
     arguments.flag(check_fingerprint, "check_fingerprint")
     arguments.flag(protect_partly, "protect_partly")
     arguments.flag(keep_overlap, "keep_overlap")
     arguments.memory_budget_bytes(memory_budget_bytes, "memory_budget_bytes")
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
-    verifier = _verifier if _verifier is not None else Verifier.of(problem)
+    problem = verifier.problem
     ill_formed = _bucket_by_bucket(_rule_1_plan_matches_problem(verifier, plan, check_fingerprint)
                                    + _rule_5_anchors_are_members(plan))
     if ill_formed:  # positions are undefined for an ill-formed plan
@@ -242,14 +253,14 @@ def check(problem: Problem, plan: Plan, *, check_fingerprint: bool = True, prote
     out += _rule_7_hiding_kept(s) if overlap else []
     # rule 8's situations are looked for when the rule applies or the quality figures count them:
     # with neither (``verify`` of a positioned plan), not at all (1 s of a 1.1 s check at 80 layers)
-    stream, broken = _rule_8_stream_fifo(s) if overlap or _quality else ([], set())
+    stream, broken = _rule_8_stream_fifo(s) if overlap or quality else ([], set())
     out += stream if overlap else []
     out += _rule_9_schedule_acyclic(s)
     if memory_budget_bytes is not None:
         out += _rule_10_memory_budget(s, memory_budget_bytes)
     if peak_memory_bytes is not None:
         out += _rule_11_peak_memory(s, peak_memory_bytes)
-    return Report(violations=out, quality=_quality_of(s, broken) if _quality else Quality())
+    return Report(violations=out, quality=_quality_of(s, broken) if quality else Quality())
 
 
 def _bucket_by_bucket(violations: list[Violation]) -> list[Violation]:
