@@ -194,7 +194,9 @@ def test_a_counter_and_a_verifier_kept_across_plans_answer_as_fresh_ones(data):
     problem = problem.model_copy(update={"memory": m.model_copy(update={"before_bytes": before})})
     counter, verifier = MemoryCounter(problem), Verifier(problem)
     rules = positioned_policy(None).as_params()
-    grid = [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION, (problem.n_scheduled + 1) * INSTANTS_PER_POSITION)]
+    # every instant a start, wait or buffer can take: after -1, where the graph's inputs are allocated
+    # (``in_alloc`` -1: alive from before the first node, no instant of the schedule)
+    grid = [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION + 1, (problem.n_scheduled + 1) * INSTANTS_PER_POSITION)]
     for n, plan in enumerate(positioned_plans(problem)):
         if n % 7 == 0:  # every plan is verified; every seventh also counted at every instant
             held = max(memory_at(problem, plan, t) for t in grid)
