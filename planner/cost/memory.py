@@ -70,14 +70,9 @@ def buffers_of(problem: Problem, c: Collective) -> CollectiveBuffers:
 
 
 def _groups(problem: Problem, plan: Plan | None) -> list[tuple[list[Collective], float, float]]:
-    colls = {c.name: c for c in problem.collectives}
-    node_pos = {n.name: n.pos for n in problem.nodes}
-    out, placed = [], set()
-    for b in plan.buckets if plan is not None else ():
-        out.append(([colls[m] for m in b.members], *bucket_positions(b, colls, node_pos)))
-        placed.update(b.members)
-    out += [([c], c.start_pos, c.wait_pos) for c in problem.collectives if c.name not in placed]
-    return out
+    """``MemoryCounter.groups`` with the members as collectives."""
+    counter = MemoryCounter.of(problem)
+    return [([counter.colls[m] for m in members], start, wait) for members, start, wait in counter.groups(plan)]
 
 
 class _Spans:
@@ -275,6 +270,16 @@ class MemoryCounter:
             self.memo[key] = found
         return found
 
+    def groups(self, plan: Plan | None) -> list[tuple[tuple[str, ...], float, float]]:
+        """(members, merged start, merged wait) of every bucket of ``plan``'s final schedule, each
+        collective in no bucket a bucket of its own."""
+        out, placed = [], set()
+        for b in plan.buckets if plan is not None else ():
+            out.append((b.members, *bucket_positions(b, self.colls, self.node_pos)))
+            placed.update(b.members)
+        out += [((c.name,), c.start_pos, c.wait_pos) for c in self.problem.collectives if c.name not in placed]
+        return out
+
     def own(self, keys: np.ndarray) -> np.ndarray:
         """``own_memory`` at every instant of ``keys`` at once: just before a pinned node what the
         graph holds there, anywhere else the peak of the run holding it (``memory_at`` reads
@@ -288,12 +293,7 @@ class MemoryCounter:
     def profile(self, plan: Plan | None) -> tuple[np.ndarray, np.ndarray]:
         """``memory_profile`` as two arrays: the instants in order and the bytes held at each."""
         parts = [(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64))]  # a problem may have no collective
-        placed: set[str] = set()
-        for b in plan.buckets if plan is not None else ():
-            parts.append(self._buffers(b.members, *bucket_positions(b, self.colls, self.node_pos)))
-            placed.update(b.members)
-        parts += [self._buffers((c.name,), c.start_pos, c.wait_pos)
-                  for c in self.problem.collectives if c.name not in placed]
+        parts += [self._buffers(*group) for group in self.groups(plan)]
         lo = np.concatenate([p[0] for p in parts])
         hi = np.concatenate([p[1] for p in parts])
         nbytes = np.concatenate([p[2] for p in parts])
