@@ -36,7 +36,12 @@ MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_fresh300", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_fresh300_default", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_anneal", "llama3-8b-fsdp-8", "graph", None, None),
-        ("capped_positioned_anneal_default", "llama3-8b-fsdp-8", "graph", None, None))
+        ("capped_positioned_anneal_default", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_fast", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_fast_default", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_runs", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_runs_default", "llama3-8b-fsdp-8", "graph", None, None),
+        ("search_longer_runs", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"))
 
 
 def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan_file: str | None) -> dict:
