@@ -145,6 +145,10 @@ class _Index:
     def wait_index(self, b: Bucket) -> int:
         return self.at[b.wait_before] if b.wait_before is not None else self.at[self.colls[b.wait].wait]
 
+    def first_use(self, members) -> int:
+        """The node index of the members' first pinned consumer (the end: none)."""
+        return min(self.before[m] for m in members)
+
     def anchors(self, members: tuple[str, ...]) -> tuple[str, str]:
         """Torch's merge anchors: an all_gather at its first start and first wait, a reduce_scatter
         or all_reduce at its last start and last wait."""
@@ -177,17 +181,28 @@ def _all_buckets(ix: _Index, plan: Plan) -> list[Bucket]:
     return list(plan.buckets) + [_bucket(ix, (c.name,)) for c in ix.problem.collectives if c.name not in placed]
 
 
-def per_block_seed(problem: Problem, prefetch: bool = True, defer: bool = True) -> list[Bucket]:
+def per_block_seed(problem: Problem, prefetch: bool = True, defer: bool = True,
+                   wait_at_first_use: bool = False) -> list[Bucket]:
     """One bucket per (block, phase, key) from ``Collective.module`` / ``phase``; with ``prefetch``
     each gather bucket but the first of its phase and key is issued just before the previous
     one's wait, with ``defer`` each reduce_scatter / all_reduce bucket but the last is waited
-    just after the next one's start. Not verified (``legal`` makes it so)."""
+    just after the next one's start. ``wait_at_first_use``: each merged gather bucket is waited
+    just before the first node that uses any member (its merged wait is otherwise its first
+    member's wait, which torch may have scheduled a whole backward early for a block's smallest
+    weight, holding the block's gathered bytes from there), and prefetched only where that is
+    before its own start. Not verified (``legal`` makes it so)."""
     ix = _Index(problem)
     groups: dict[tuple, list[str]] = {}
     for c in problem.collectives:
         label = (c.module, c.phase, ix.key_of[c.name]) if c.module is not None else ("alone", c.name)
         groups.setdefault(label, []).append(c.name)
     buckets = [_bucket(ix, ms) for ms in groups.values()]
+    if wait_at_first_use:
+        for k, b in enumerate(buckets):
+            first_use = ix.first_use(b.members)
+            if ix.key_of[b.start][0] == "all_gather" and len(b.members) > 1 \
+                    and ix.wait_index(b) + 1 < first_use < len(ix.names):
+                buckets[k] = b.model_copy(update={"wait_before": ix.names[first_use]})
     by_key: dict[tuple, list[int]] = {}
     for k, b in enumerate(buckets):
         c = ix.colls[b.start]
@@ -197,6 +212,8 @@ def per_block_seed(problem: Problem, prefetch: bool = True, defer: bool = True) 
         if key[0] == "all_gather" and prefetch:
             ks.sort(key=lambda k: ix.wait_index(buckets[k]))
             for prev, k in zip(ks, ks[1:]):
+                if wait_at_first_use and ix.wait_index(buckets[prev]) >= ix.start_index(buckets[k]):
+                    continue
                 buckets[k] = buckets[k].model_copy(update={"issue_before": ix.names[ix.wait_index(buckets[prev])]})
         elif key[0] != "all_gather" and defer:
             ks.sort(key=lambda k: ix.start_index(buckets[k]))
@@ -374,7 +391,7 @@ class _Search:
 
     def _latest_wait(self, members) -> str | None:
         """Just before the members' first pinned consumer (``pipeline.best_split`` waits there)."""
-        latest = min(self.ix.before[m] for m in members)
+        latest = self.ix.first_use(members)
         return self.ix.names[latest] if latest < len(self.ix.names) else None
 
     def best_resplit(self, buckets: list[Bucket], than_ms: float) -> tuple[list[Bucket], Plan, float] | None:
@@ -635,6 +652,7 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     seeds: list[tuple[str, list[Bucket]]] = []
     if options.per_block and any(c.module is not None for c in problem.collectives):
         seeds.append(("per-block", per_block_seed(problem)))
+        seeds.append(("per-block, gathers waited at first use", per_block_seed(problem, wait_at_first_use=True)))
     seeds += [(p.planner or f"start {i}", _all_buckets(search.ix, p)) for i, p in enumerate(starts)]
     seeds += [(f"{name}, gathers issued before {place} split again ({n})", trial) for name, buckets in seeds
               for n, (place, trial) in enumerate(search.resplits(buckets))]
