@@ -26,7 +26,8 @@ simulated annealing from the seed over the rest of the time or evaluation budget
   faster, or (annealing) slower with a probability that falls over the budget.
 Seeds: a per-block plan built from the problem itself (``Collective.module`` / ``phase``, one
 bucket per block, phase and key, the next block's gather issued before the current one's wait,
-reduce_scatter waits deferred past the next bucket's start), fitted to the budget, and any plans
+reduce_scatter waits deferred past the next bucket's start; and the same with each merged gather
+bucket waited just before its first reader), fitted to the budget, and any plans
 the caller gives (torch's greedy, the count or step plan). Every plan returned is verified.
 """
 
