@@ -146,9 +146,11 @@ class _Index:
     def wait_index(self, b: Bucket) -> int:
         return self.at[b.wait_before] if b.wait_before is not None else self.at[self.colls[b.wait].wait]
 
-    def first_use(self, members) -> int:
-        """The node index of the members' first pinned consumer (the end: none)."""
-        return min(self.before[m] for m in members)
+    def latest_wait(self, members) -> str | None:
+        """The node a bucket of ``members`` waits just before at the latest: the members' first
+        pinned consumer (None: no member's wait has one)."""
+        first = min(self.before[m] for m in members)
+        return self.names[first] if first < len(self.names) else None
 
     def anchors(self, members: tuple[str, ...]) -> tuple[str, str]:
         """Torch's merge anchors: an all_gather at its first start and first wait, a reduce_scatter
@@ -200,10 +202,10 @@ def per_block_seed(problem: Problem, prefetch: bool = True, defer: bool = True,
     buckets = [_bucket(ix, ms) for ms in groups.values()]
     if wait_at_first_use:
         for k, b in enumerate(buckets):
-            first_use = ix.first_use(b.members)
+            latest = ix.latest_wait(b.members)
             if ix.key_of[b.start][0] == "all_gather" and len(b.members) > 1 \
-                    and ix.wait_index(b) + 1 < first_use < len(ix.names):
-                buckets[k] = b.model_copy(update={"wait_before": ix.names[first_use]})
+                    and latest is not None and ix.at[latest] > ix.wait_index(b) + 1:
+                buckets[k] = b.model_copy(update={"wait_before": latest})
     by_key: dict[tuple, list[int]] = {}
     for k, b in enumerate(buckets):
         c = ix.colls[b.start]
@@ -378,8 +380,9 @@ class _Search:
         out = []
         for place, part in parts:
             split = best_split(self.chain_costs, [m for k in part for m in buckets[k].members])
-            for latest in (False, True):  # the simulator decides which wait pays
-                new = [_bucket(ix, members, place, self._latest_wait(members) if latest else None)
+            # the simulator decides which wait pays: the anchor's, or the latest (best_split's)
+            for latest in (False, True):
+                new = [_bucket(ix, members, place, ix.latest_wait(members) if latest else None)
                        for members in split]
                 if sorted(map(_shape, new)) != sorted(_shape(buckets[k]) for k in part):
                     # where the first of them was: buckets issued at one place go in the plan's order
@@ -389,11 +392,6 @@ class _Search:
                     if len(out) == RESPLITS:
                         return out
         return out
-
-    def _latest_wait(self, members) -> str | None:
-        """Just before the members' first pinned consumer (``pipeline.best_split`` waits there)."""
-        latest = self.ix.first_use(members)
-        return self.ix.names[latest] if latest < len(self.ix.names) else None
 
     def best_resplit(self, buckets: list[Bucket], than_ms: float) -> tuple[list[Bucket], Plan, float] | None:
         """The fastest of ``resplits(buckets)`` that is legal, within the budget and faster than
@@ -437,7 +435,7 @@ class _Search:
             options.append(names[min(max(here + d, 0), n - 1)])
             out[k] = b.model_copy(update={"issue_before": rng.choice(options)})
         elif what == "wait":
-            latest = self._latest_wait(b.members)
+            latest = self.ix.latest_wait(b.members)
             options = [None] + ([latest] if latest is not None else [])
             if nxt is not None and ix.start_index(buckets[nxt]) + 1 < n:
                 options.append(names[ix.start_index(buckets[nxt]) + 1])
