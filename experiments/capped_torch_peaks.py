@@ -18,6 +18,7 @@ from planner.cost.memory import peak_bytes
 
 ROOT = Path("experiments/results/capped_positioned")
 RESULTS = Path("experiments/results")
+SEED_1 = "llama3-8b-fsdp-8--graph-order--seed-1/capped-plan.json.gz"  # a run's second seed
 # (results folder, workload, order, the plan's problem file when it is not the fresh trace's, its
 # plan file): every positioned plan of 8 layers or more committed since, beside the
 # capped_positioned ones
@@ -41,7 +42,11 @@ MORE = (("capped_positioned_300", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_fast_default", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_runs", "llama3-8b-fsdp-8", "graph", None, None),
         ("capped_positioned_runs_default", "llama3-8b-fsdp-8", "graph", None, None),
-        ("search_longer_runs", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"))
+        ("search_longer_runs", "llama3-8b-fsdp-32", "graph", None, "llama3-8b-fsdp-32--h100-8nodes-plan.json.gz"),
+        ("capped_positioned_first_use", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_first_use_default", "llama3-8b-fsdp-8", "graph", None, None),
+        ("capped_positioned_first_use_default", "llama3-8b-fsdp-8", "graph", None, SEED_1),
+        ("capped_positioned_first_use_default/again", "llama3-8b-fsdp-8", "graph", None, SEED_1))
 
 
 def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan_file: str | None) -> dict:
@@ -62,7 +67,8 @@ def _row(folder: Path, workload: str, order: str, problem_file: str | None, plan
     else:
         assert plan.problem_fingerprint == problem.fingerprint, (folder, workload)
     ours, torch = peak_bytes(problem, plan), torch_peak(plan)
-    return {"plan": f"{folder.name}: {workload}", "order": order, "buckets": len(plan.buckets),
+    return {"plan": f"{folder.relative_to(RESULTS) if folder.is_relative_to(RESULTS) else folder.name}: {workload}"
+                    + (" (seed 1)" if plan_file == SEED_1 else ""), "order": order, "buckets": len(plan.buckets),
             "positioned_buckets": sum(1 for b in plan.buckets if b.issue_before or b.wait_before),
             "planner_memory_gb": round(ours / 1e9, 3), "torch_estimator_gb": round(torch / 1e9, 3),
             "difference_bytes": torch - ours, "on_its_committed_problem_gb": committed_gb}
