@@ -27,6 +27,7 @@ from experiments.common import git_revision, machine, markdown_table, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.search.position_search import default_peak_budget, position_search
+from planner.search.positioned import WINDOW
 from planner.search.positioned_solve import solve_capped
 
 PRESET = "h100-8nodes"
@@ -72,11 +73,12 @@ def _graph_order(workload: str):
 
 
 def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path,
-             start: Path | None = None, within: str = "own", seed: int = 0) -> dict:
+             start: Path | None = None, within: str = "own", seed: int = 0, window: int = WINDOW) -> dict:
     """One row; ``start``: a plan file of the same problem the search also starts from (an earlier
     run's, to search on from it). ``within``: "own" caps each order as the module says; "torch-default"
     caps the graph's own order at torch's greedy (default pipeline) peak too. ``seed``: the search's
-    (``PositionSearchOptions.seed``); a case searched with another than 0 gets its own folder."""
+    (``PositionSearchOptions.seed``); a case searched with another than 0 gets its own folder.
+    ``window``: the CP-SAT candidate space's (``solve_capped``)."""
     t0 = time.perf_counter()
     problem, greedy, torch_peak = _torch_order(workload) if order == "torch" else _graph_order(workload)
     if greedy is not None:
@@ -96,7 +98,7 @@ def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Pa
     t2 = time.perf_counter()
     floor = free_position_floor(problem, peak_memory_bytes=cap)  # any positions, within the cap
     capped = solve_capped(problem, [searched.plan], peak_memory_bytes=cap, time_limit_s=cpsat_s,
-                          floor_ms=floor.floor_ms)
+                          floor_ms=floor.floor_ms, window=window)
     t3 = time.perf_counter()
     tag = out / (f"{workload}--{order}-order" + (f"--seed-{seed}" if seed else ""))
     tag.mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,7 @@ def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Pa
     return {"workload": workload, "preset": PRESET, "order": order, "within": within, "seed": seed,
             "cap_gb": round(cap / 1e9, 3),
             "search_ms": round(searched.objective, 2), "capped_ms": round(capped.objective, 2),
-            "status": capped.status, "candidate_bound_ms": round(capped.bound, 2),
+            "status": capped.status, "window": window, "candidate_bound_ms": round(capped.bound, 2),
             "any_position_floor_ms": round(floor.floor_ms, 2),
             "gap_to_floor": round((capped.objective - floor.floor_ms) / capped.objective, 4),
             "peak_gb": round(capped.peak_bytes / 1e9, 3), "torch_peak_gb": round(torch_peak(capped.plan) / 1e9, 3),
@@ -125,24 +127,30 @@ def main(argv=None) -> None:
                     help="the cap of the graph's own order: its unbucketed peak (torch manual's), "
                          "or torch default's peak")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="the positioned search's seeds, a row each")
+    ap.add_argument("--window", type=int, default=WINDOW,
+                    help="CP-SAT's candidate space: the same-key neighbours a bucket may take members from besides "
+                         "those of the searched plan's bucket (0: that plan's buckets, any member alone)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workload in args.workloads:
         for order in args.orders:
             for seed in args.seeds:
-                row = run_case(workload, order, args.search, args.cpsat, args.out, args.start, args.within, seed)
+                row = run_case(workload, order, args.search, args.cpsat, args.out, args.start, args.within, seed,
+                               args.window)
                 print(json.dumps(row), flush=True)
                 rows.append(row)
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cols = ["workload", "order", "within", "seed", "cap_gb", "search_ms", "capped_ms", "status", "candidate_bound_ms",
+    cols = ["workload", "order", "within", "seed", "cap_gb", "search_ms", "capped_ms", "status", "window",
+            "candidate_bound_ms",
             "any_position_floor_ms", "gap_to_floor", "peak_gb", "torch_peak_gb", "search_s", "cpsat_s"]
     lines = [f"# The capped positioned CP-SAT after the positioned search ({PRESET})", "",
              f"`python -m experiments.capped_positioned --workloads {' '.join(args.workloads)} "
              f"--orders {' '.join(args.orders)} --search {args.search:g} --cpsat {args.cpsat:g} --out {args.out}"
              + (f" --start {args.start}" if args.start else "")
              + (f" --within {args.within}" if args.within != "own" else "")
-             + (f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0] else "") + "`; "
+             + (f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0] else "")
+             + (f" --window {args.window}" if args.window != WINDOW else "") + "`; "
              f"git {git_revision()}; {machine()}.", "",
              *markdown_table(cols, rows), ""]
     (args.out / "table.md").write_text("\n".join(lines))

@@ -4,10 +4,12 @@ optimum of the plans in that space, and its bound is never above it."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 import planner
@@ -15,7 +17,7 @@ from planner.search.position_search import position_search, positioned_policy
 from planner.search.positioned import (add_positioned_step, build_positioned_model, candidates, hint_fully,
                                 model_step_ms)
 from tests.brute import positioned_plans
-from tests.strategies import problems, two_gathers
+from tests.strategies import gathers_before_use, problems, two_gathers
 
 RULES = positioned_policy(None).as_params()
 
@@ -291,3 +293,87 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
     assert result.objective == planner.simulate(problem, result.plan).step_ms <= start.objective
     assert floor - 1e-6 <= result.bound <= result.objective
     assert result.stats["instants"] > 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 1 << 20), st.floats(0.0, 5.0)), min_size=1, max_size=6),
+       st.floats(0.0, 0.2), st.integers(1, 2 << 20), st.integers(1, 4))
+def test_the_most_time_of_early_buckets_is_never_below_a_split_of_their_bytes(points, at_zero, budget, k):
+    """most_time_ms, the time the phase cuts allow buckets started early: never below the time of
+    any split of ``budget`` bytes into at most ``k`` buckets (a brute force over a grid of splits),
+    on a table link whose curve may rise and fall."""
+    from planner.search.positioned_cuts import most_time_ms
+
+    table = {"all_gather": [(0, at_zero), *sorted({b: t for b, t in points}.items())]}
+    link = planner.Link(pg="0", group_size=2, table=table)
+    grid = 40
+    times = [link.time_ms("all_gather", budget * u // grid) for u in range(grid + 1)]
+    best = [0.0] + [-math.inf] * grid  # best[u]: the most time of splits of u grid units so far
+    most = 0.0
+    for _ in range(k):
+        best = [max(best[u - v] + times[v] for v in range(u + 1)) for u in range(grid + 1)]
+        most = max(most, max(best))
+    assert most_time_ms(link, "all_gather", budget, k) >= most - 1e-9
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(gathers_before_use(), st.integers(0, 100))
+def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(problem, pick):
+    """With a memory cap (one of the legal plans' peaks) exact at every instant where any plan's
+    memory changes, and so every cut the cap brings (places over it, the phase cuts): the model's
+    optimum is the best simulated step of the legal plans within the cap, and its bound is never
+    above it."""
+    from planner.cost.memory import memory_profile, peak_bytes
+    from planner.search.positioned import MemoryCap
+
+    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
+    legal = [p for p in plans if not planner.verify(problem, p, **RULES)]
+    peaks = sorted({peak_bytes(problem, p) for p in legal})
+    cap = peaks[pick % len(peaks)]
+    within = [p for p in legal if peak_bytes(problem, p) <= cap]
+    best = min(planner.simulate(problem, p).step_ms for p in within)
+    h = build_positioned_model(problem, candidates(problem, legal), window=64)
+    add_positioned_step(h)
+    MemoryCap(h, cap).add({t for p in [None, *legal] for t, _ in memory_profile(problem, p)})
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = 60
+    assert solver.solve(h.model) == cp_model.OPTIMAL
+    found = h.extract(solver, params=RULES)
+    assert not planner.verify(problem, found, **RULES) and peak_bytes(problem, found) <= cap
+    assert planner.simulate(problem, found).step_ms == pytest.approx(best, abs=h.slack_ns / 1e6 + 1e-6)
+    assert (solver.best_objective_bound - h.slack_ns) / 1e6 <= best + 1e-9
+
+
+def test_the_cuts_keep_every_plan_within_the_cap_and_price_it_as_the_simulator(get_scheduled):
+    """On llama3-8b-fsdp-2 within its unbucketed schedule's peak: every plan of _fsdp2_plans and of
+    the per-block seeds that is within the cap stays a solution of the capped model once fixed (no
+    cut of planner.search.positioned_cuts removes it), priced as planner.simulate prices it."""
+    from planner.cost.memory import peak_bytes
+    from planner.search.position_search import per_block_seed
+    from planner.search.positioned import MemoryCap
+
+    problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
+    cap = peak_bytes(problem)
+    seeds = [planner.Plan(problem_fingerprint=problem.fingerprint, planner="seed", created="t",
+                          buckets=tuple(per_block_seed(problem, wait_at_first_use=w))) for w in (False, True)]
+    searched = [position_search(problem, [], planner.PositionSearchOptions(seed=seed, max_evaluations=150),
+                                peak_memory_bytes=cap, deadline=time.perf_counter() + 60).plan for seed in (2, 3)]
+    kept = [p for p in [*_fsdp2_plans(problem), *seeds, *searched]
+            if not planner.verify(problem, p, **positioned_policy(cap).as_params())]
+    assert len(kept) >= 3
+    for plan in map(lambda p: _in_plan_order(problem, p), kept):
+        h = build_positioned_model(problem, candidates(problem, kept))
+        add_positioned_step(h)
+        cap_model = MemoryCap(h, cap)
+        assert cap_model.stats["phase_cuts"] > 0
+        assert h.add_hint(plan) == len(plan.buckets)
+        proto = h.model.proto
+        for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values):
+            h.model.add(h.model.get_int_var_from_proto_index(var) == value)
+        solver = cp_model.CpSolver()
+        solver.parameters.num_workers = 1
+        solver.parameters.max_time_in_seconds = 60
+        assert solver.solve(h.model) == cp_model.OPTIMAL, plan.planner
+        assert model_step_ms(h, solver) == pytest.approx(planner.simulate(problem, plan).step_ms,
+                                                         abs=h.slack_ns / 1e6 + 1e-6)

@@ -24,7 +24,9 @@ started there is issued at ``T`` after its launch and copy-in, and
 holds its group's FIFO stream from ``max(issue, the stream's frontier)`` for its duration (the
 frontier is a running maximum of the ends of the buckets started before, per group); a wait
 there stalls ``T`` until its bucket ends, then its copy-out runs. Durations, launches and copies
-are ``planner.search.step``'s terms (exact for α-β links, within ns for tables).
+are ``planner.search.step``'s terms (exact for α-β links, within ns for tables). Inequalities every
+plan of the space meets (``planner.search.positioned_cuts``: tails, places over the cap, phases)
+give CP-SAT's bound what the relaxation of this chain misses.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from planner.cost.bounds import BucketReach
+from planner.search.positioned_cuts import (RoomProfile, StepTerms, add_phase_cuts, add_tail_cuts,
+                                            exclude_places_over_cap, folded_conversions)
 from planner.search.cpsat import ModelHandle, _prepare, build_tick
 from planner.core.problem import Bucket, Plan, Problem
 from planner.search.step import NS_PER_MS, _bucket_terms, _compute_prefix, _horizon_ns, _ns, _pieces_by_key
@@ -121,6 +125,7 @@ class PositionedHandle:
     stats: dict = field(default_factory=dict)
     final: cp_model.LinearExprT = 0
     slack_ns: int = 0
+    step: StepTerms | None = None  # what add_positioned_step built (planner.search.positioned_cuts reads it)
 
     def extract(self, solver: cp_model.CpSolver, *, params: dict, created: str = "") -> Plan:
         h = self.membership
@@ -370,6 +375,8 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
     m.minimize(final)
     h.final = final
     h.stats.update(step_events=n_events, step_anchors=len(anchors))
+    h.step = StepTerms(final, terms, end, frontier, compute_before, total, folded_conversions(problem), SCALE)
+    add_tail_cuts(h)
 
 
 def _full_reach(problem: Problem, reach: BucketReach) -> BucketReach:
@@ -449,6 +456,11 @@ class MemoryCap:
         from planner.cost.memory import member_buffers
 
         problem = h.problem
+        # what holds for every plan within the cap, whatever the instants added later
+        if h.step is not None:
+            room = RoomProfile(h.problem, self.own, cap_bytes)
+            excluded = exclude_places_over_cap(h, room)
+            self.stats.update(places_excluded=len(excluded), phase_cuts=add_phase_cuts(h, room, excluded))
         self.buffers = {(c.idx, merged): [buf for buf in member_buffers(problem, problem.collectives[c.idx], merged)
                                           if buf[2]]
                         for c in mh.colls for merged in (False, True)}

@@ -24,6 +24,7 @@ from ortools.sat.python import cp_model
 from planner.cost.bounds import within_peak
 from planner.cost.memory import memory_profile, peak_bytes
 from planner.search.position_search import positioned_policy
+from planner.search.positioned_cuts import add_phase_cuts
 from planner.search.positioned import (WINDOW, MemoryCap, PositionedHandle, add_positioned_step,
                                 build_positioned_model, candidates, hint_fully, model_step_ms)
 from planner.core.problem import Plan, Problem
@@ -45,8 +46,10 @@ def _model(problem: Problem, found, cap_bytes: int | None, instants: list[float]
     add_positioned_step(h, floor_ms=floor_ms)
     cap = None
     if cap_bytes is not None:
-        cap = MemoryCap(h, cap_bytes)
+        cap = MemoryCap(h, cap_bytes)  # with the phase cuts the cap sharpens
         cap.add(instants)
+    else:
+        add_phase_cuts(h, None, set())
     return h, cap
 
 
@@ -57,14 +60,15 @@ def _fullest(problem: Problem, plan: Plan | None, most: int, over: int | None = 
 
 
 def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int | None, time_limit_s: float,
-                 workers: int = 2, seed: int = 0, floor_ms: float = 0.0,
+                 workers: int = 2, window: int = WINDOW, floor_ms: float = 0.0,
                  say=None) -> SolveResult:
     """The fastest plan of the candidate space of ``plans`` within ``peak_memory_bytes``
     (module docstring), from the fastest of ``plans`` within it, which must exist: a start the
     search keeps if it finds nothing better. The result: the plan's simulated step (``objective``,
     ms), its peak (``peak_bytes``), CP-SAT's status and bound over the capped candidate space
     ("OPTIMAL" or "FEASIBLE"; a bound of that space, not of every plan with any positions: its
-    ``bound_scope`` says so)."""
+    ``bound_scope`` says so). ``window``: the same-key neighbours a bucket may take members from
+    besides those the plans given put in it (0: the plans' buckets, any member alone)."""
     from planner.search.solver import _configured_solver, _Progress, _run_search
 
     t0 = time.perf_counter()
@@ -78,7 +82,8 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
     instants: list[float] = []
     if peak_memory_bytes is not None:
         instants = sorted(set(_fullest(problem, best, FIRST_INSTANTS) + _fullest(problem, None, FIRST_INSTANTS // 2)))
-    stats: dict = {"rounds": 0, "instants": 0, "candidates_start": sum(map(len, found.starts.values())),
+    stats: dict = {"rounds": 0, "instants": 0, "window": window,
+                   "candidates_start": sum(map(len, found.starts.values())),
                    "candidates_wait": sum(map(len, found.waits.values()))}
     status, bound_ms = "FEASIBLE", floor_ms
     while True:
@@ -87,15 +92,15 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
             break
         stats["rounds"] += 1
         t_build = time.perf_counter()
-        h, cap = _model(problem, found, peak_memory_bytes, instants, WINDOW, floor_ms)
-        twin, _ = _model(problem, found, peak_memory_bytes, instants, WINDOW, floor_ms)
+        h, cap = _model(problem, found, peak_memory_bytes, instants, window, floor_ms)
+        twin, _ = _model(problem, found, peak_memory_bytes, instants, window, floor_ms)
         t_hint = time.perf_counter()
         hinted = hint_fully(h, twin, best, time_limit_s=min(10.0, left / 4))
         stats.setdefault("rounds_s", []).append({"build": round(t_hint - t_build, 2),
                                                 "hint": round(time.perf_counter() - t_hint, 2),
                                                 "hinted": hinted})
         stats["instants"] = len(instants)
-        solver = _configured_solver(workers, seed, wall_s=time_limit_s - (time.perf_counter() - t0),
+        solver = _configured_solver(workers, 0, wall_s=time_limit_s - (time.perf_counter() - t0),
                                     deterministic_s=time_limit_s)
         cb = _Progress(say, t0, objective="step")
         code = _run_search(solver, h.model, cb)
@@ -104,7 +109,7 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
                 raise AssertionError("the capped model refused the plan it was started from")
             break
         bound_ms = max(bound_ms, (solver.best_objective_bound - h.slack_ns) / 1e6)
-        plan = h.extract(solver, params={**policy, "window": WINDOW})
+        plan = h.extract(solver, params={**policy, "window": window})
         wrong = verify(problem, plan, **{**policy, "peak_memory_bytes": None})
         if wrong:
             raise AssertionError(f"the positioned model returned a plan the verifier refuses: {wrong[0]}")
@@ -121,7 +126,7 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
         if cb.interrupted:
             break
     stats["seconds"] = round(time.perf_counter() - t0, 2)
-    stats["bound_scope"] = within_peak("every plan of the candidate space", peak_memory_bytes)
+    stats["bound_scope"] = within_peak(f"every plan of the candidate space (window {window})", peak_memory_bytes)
     bound = min(bound_ms, best_ms)
     return SolveResult(plan=best, status=status, objective=best_ms, bound=bound, gap=gap_of(best_ms, bound),
                        wall_s=time.perf_counter() - t0, stats=stats, peak_bytes=peak_bytes(problem, best))
