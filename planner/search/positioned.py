@@ -375,7 +375,7 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
     m.minimize(final)
     h.final = final
     h.stats.update(step_events=n_events, step_anchors=len(anchors))
-    h.step = StepTerms(final, terms, end, frontier, compute_before, total, folded_conversions(problem), SCALE)
+    h.step = StepTerms(final, terms, end, compute_before, total, folded_conversions(problem), SCALE)
     add_tail_cuts(h)
 
 

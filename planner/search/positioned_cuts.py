@@ -7,7 +7,7 @@ beyond the compute (43.8 ms on llama3-8b-fsdp-2 graph order against 104.7 ms pla
 optimality had to enumerate. Three families close most of that:
 
 - tails: a bucket ends before its latest wait place, and the compute after that place still
-  runs; the last bucket of each stream likewise;
+  runs;
 - exclusions: a start or wait place at which a bucket's own output alone, over the graph's own
   bytes, is above the cap at an instant it must be alive is no place of any plan within the cap
   (fixed false);
@@ -39,7 +39,7 @@ from planner.search.step import NS_PER_MS, _ns
 @dataclass
 class StepTerms:
     """What ``add_positioned_step`` built that the cuts read: the step (``final``), each anchor's
-    (launch, copy-in, copy-out, duration) and end, each stream's last frontier, and the compute
+    (launch, copy-in, copy-out, duration) and end, and the compute
     clock's static part (``compute_before(place)`` ns, ``total`` ns, the folded conversions'
     (position, ns), which may move into a bucket's copy-in), on the model's grid of ``scale``
     places per position."""
@@ -47,7 +47,6 @@ class StepTerms:
     final: cp_model.LinearExprT
     terms: dict
     end: dict
-    frontier: dict
     compute_before: Callable[[int], int]
     total: int
     folded: list[tuple[int, int]]
@@ -70,17 +69,13 @@ def folded_conversions(problem) -> list[tuple[int, int]]:
 
 
 def add_tail_cuts(h) -> None:
-    """final >= a bucket's end + its copy-out + the compute after its latest wait place; and per
-    stream, final >= its last frontier + the least such compute of its anchors."""
+    """final >= a bucket's end + its copy-out + the compute after its latest wait place. (The
+    same over each stream's last frontier is valid too, but on a tiny problem of tests/
+    test_positioned.py it kept CP-SAT from finding a 2-collective optimum in 20 s.)"""
     st, m, x = h.step, h.model, h.membership.x
-    least: dict[str, int] = {}
     for a, end in st.end.items():
         tail = st.compute_between(max(place for place, _, _ in h.waits[a]), None)
-        pg = h.membership.colls[a].pg
-        least[pg] = min(least.get(pg, tail), tail)
         m.add(st.final >= end + st.terms[a][2] + tail).only_enforce_if(x[a, a])
-    for pg, frontier in st.frontier.items():
-        m.add(st.final >= frontier + least.get(pg, 0))
 
 
 def _alive_to(problem, c) -> float | None:
