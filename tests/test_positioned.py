@@ -34,6 +34,13 @@ def _priced(problem: planner.Problem, plan: planner.Plan) -> float:
     found = candidates(problem, [plan])
     h = build_positioned_model(problem, found, window=64)
     add_positioned_step(h)
+    solver = _solved_with_plan_fixed(h, plan)
+    return model_step_ms(h, solver), h.slack_ns / 1e6
+
+
+def _solved_with_plan_fixed(h, plan: planner.Plan) -> cp_model.CpSolver:
+    """The solver of ``h``'s model with every choice of ``plan`` fixed, which must be optimal:
+    the plan fits the candidate space and no constraint removes it."""
     assert h.add_hint(plan) == len(plan.buckets)
     proto = h.model.proto
     for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values):
@@ -41,8 +48,8 @@ def _priced(problem: planner.Problem, plan: planner.Plan) -> float:
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = 60
-    assert solver.solve(h.model) == cp_model.OPTIMAL
-    return model_step_ms(h, solver), h.slack_ns / 1e6
+    assert solver.solve(h.model) == cp_model.OPTIMAL, plan.planner
+    return solver
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -371,13 +378,6 @@ def test_the_cuts_keep_every_plan_within_the_cap_and_price_it_as_the_simulator(g
         add_positioned_step(h)
         cap_model = MemoryCap(h, cap)
         assert cap_model.stats["phase_cuts"] > 0
-        assert h.add_hint(plan) == len(plan.buckets)
-        proto = h.model.proto
-        for var, value in zip(proto.solution_hint.vars, proto.solution_hint.values):
-            h.model.add(h.model.get_int_var_from_proto_index(var) == value)
-        solver = cp_model.CpSolver()
-        solver.parameters.num_workers = 1
-        solver.parameters.max_time_in_seconds = 60
-        assert solver.solve(h.model) == cp_model.OPTIMAL, plan.planner
+        solver = _solved_with_plan_fixed(h, plan)
         assert model_step_ms(h, solver) == pytest.approx(planner.simulate(problem, plan).step_ms,
                                                          abs=h.slack_ns / 1e6 + 1e-6)
