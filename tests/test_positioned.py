@@ -107,11 +107,16 @@ def _check_the_optimum(problem: planner.Problem) -> None:
     assert (solver.best_objective_bound - h.slack_ns) / 1e6 <= best + 1e-9
 
 
-def _solved_to_optimality(problem: planner.Problem, found_places) -> tuple:
-    """(handle, solver, plan) of the model over ``found_places`` solved to optimality: the plan
-    verifies and the model's objective is its simulated step, within the model's ns of rounding."""
+def _solved_to_optimality(problem: planner.Problem, found_places, cap: int | None = None, instants=()) -> tuple:
+    """(handle, solver, plan) of the model over ``found_places`` (within ``cap`` at ``instants``,
+    if given) solved to optimality: the plan verifies and the model's objective is its simulated
+    step, within the model's ns of rounding."""
+    from planner.search.positioned import MemoryCap
+
     h = build_positioned_model(problem, found_places, window=64)
     add_positioned_step(h)
+    if cap is not None:
+        MemoryCap(h, cap).add(instants)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = 60
@@ -333,7 +338,6 @@ def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(pro
     strategy's own bytes just before a node may exceed its run's peak, which memory_profile's
     instants assume they do not."""
     from planner.cost.memory import INSTANTS_PER_POSITION, memory_at
-    from planner.search.positioned import MemoryCap
 
     grid = [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION,
                                                      (problem.n_scheduled + 1) * INSTANTS_PER_POSITION)]
@@ -342,15 +346,7 @@ def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(pro
     peak = {id(p): max(memory_at(problem, p, t) for t in grid) for p in legal}
     cap = sorted(set(peak.values()))[pick % len(set(peak.values()))]
     best = min(planner.simulate(problem, p).step_ms for p in legal if peak[id(p)] <= cap)
-    h = build_positioned_model(problem, candidates(problem, legal), window=64)
-    add_positioned_step(h)
-    MemoryCap(h, cap).add(grid)
-    solver = cp_model.CpSolver()
-    solver.parameters.num_workers = 1
-    solver.parameters.max_time_in_seconds = 60
-    assert solver.solve(h.model) == cp_model.OPTIMAL
-    found = h.extract(solver, params=RULES)
-    assert not planner.verify(problem, found, **RULES)
+    h, solver, found = _solved_to_optimality(problem, candidates(problem, legal), cap, grid)
     assert max(memory_at(problem, found, t) for t in grid) <= cap
     assert planner.simulate(problem, found).step_ms == pytest.approx(best, abs=h.slack_ns / 1e6 + 1e-6)
     assert (solver.best_objective_bound - h.slack_ns) / 1e6 <= best + 1e-9
