@@ -17,7 +17,7 @@ from planner.search.position_search import position_search, positioned_policy
 from planner.search.positioned import (add_positioned_step, build_positioned_model, candidates, hint_fully,
                                 model_step_ms)
 from tests.brute import positioned_plans
-from tests.strategies import gathers_before_use, problems, two_gathers
+from tests.strategies import exact_memory, gathers_before_use, problems, two_gathers
 
 RULES = positioned_policy(None).as_params()
 
@@ -329,9 +329,11 @@ def test_the_most_time_of_early_buckets_is_never_below_a_split_of_their_bytes(po
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(gathers_before_use(), st.integers(0, 100))
+@given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
+                                       costs=True).flatmap(exact_memory), st.integers(0, 100))
 def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(problem, pick):
-    """With a memory cap (one of the legal plans' peaks) exact at every instant of a 1/32-position
+    """On FSDP-like gathers and on random gathers and reduce_scatters, with exact memory profiles:
+    with a memory cap (one of the legal plans' peaks) exact at every instant of a 1/32-position
     grid, and so every cut the cap brings (places over it, the phase cuts): the model's optimum is
     the best simulated step of the legal plans within the cap, and its bound is never above it.
     The peaks are memory_at's, summed from the buffers at every instant of the grid: this
