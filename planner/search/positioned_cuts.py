@@ -114,10 +114,12 @@ class RoomProfile:
 
 
 def exclude_places_over_cap(h, room: RoomProfile) -> set[int]:
-    """Fix false every start or wait place at which the anchor's own output buffer (alone or
-    merged, ``member_buffers``) would be alive, with the graph's own bytes, above the cap at some
-    instant; a gather's bytes also stay alive to its last use. Returns the literals' indices."""
-    m, problem, scale = h.model, h.problem, h.step.scale
+    """Forbid an anchor's bucket every start or wait place at which the anchor's own output
+    buffer (alone or merged, ``member_buffers``) would be alive, with the graph's own bytes, above
+    the cap at some instant; a gather's bytes also stay alive to its last use. Only where it
+    anchors: a collective that joins another bucket keeps its own start and wait literals set,
+    and they mean nothing there. Returns the literals' indices."""
+    m, problem, scale, x = h.model, h.problem, h.step.scale, h.membership.x
     per = INSTANTS_PER_POSITION
     excluded: set[int] = set()
 
@@ -134,11 +136,11 @@ def exclude_places_over_cap(h, room: RoomProfile) -> set[int]:
         for place, lit, _ in h.starts[a]:
             s = place / scale
             if over(s, w_min, out_bytes) or (alive_to is not None and over(s, alive_to, _least_alive_bytes(problem, coll))):
-                m.add(lit == 0)
+                m.add_implication(x[a, a], lit.Not())
                 excluded.add(lit.index)
         for place, lit, _ in h.waits[a]:
             if over(s_max, place / scale, out_bytes):
-                m.add(lit == 0)
+                m.add_implication(x[a, a], lit.Not())
                 excluded.add(lit.index)
     return excluded
 
@@ -188,6 +190,11 @@ def _phase_cuts_of_stream(h, anchors: list[int], members: dict, room: RoomProfil
                           excluded: set[int]) -> int:
     st, m, problem = h.step, h.model, h.problem
     link = problem.link(h.membership.colls[anchors[0]].pg)
+    # a collective with no place left cannot anchor (exclude_places_over_cap): it adds nothing
+    anchors = [a for a in anchors if any(lit.index not in excluded for _, lit, _ in h.waits[a])
+               and any(lit.index not in excluded for _, lit, _ in h.starts[a])]
+    if not anchors:
+        return 0
     latest_wait = {a: max(p for p, lit, _ in h.waits[a] if lit.index not in excluded) for a in anchors}
     start_places = {a: sorted(p for p, lit, _ in h.starts[a] if lit.index not in excluded) for a in anchors}
     every_start = sorted({p for ps in start_places.values() for p in ps})
