@@ -339,6 +339,12 @@ def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(pro
     The peaks are memory_at's, summed from the buffers at every instant of the grid: this
     strategy's own bytes just before a node may exceed its run's peak, which memory_profile's
     instants assume they do not."""
+    _check_the_optimum_within(problem, lambda peaks: peaks[pick % len(peaks)])
+
+
+def _check_the_optimum_within(problem: planner.Problem, choose_cap) -> planner.Plan:
+    """The capped model's optimum against brute force (the test above): ``choose_cap`` picks the
+    cap from the legal plans' distinct peaks, in order. Returns the model's plan."""
     from planner.cost.memory import INSTANTS_PER_POSITION, memory_at
 
     grid = [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION,
@@ -346,12 +352,33 @@ def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(pro
     plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
     legal = [p for p in plans if not planner.verify(problem, p, **RULES)]
     peak = {id(p): max(memory_at(problem, p, t) for t in grid) for p in legal}
-    cap = sorted(set(peak.values()))[pick % len(set(peak.values()))]
+    cap = choose_cap(sorted(set(peak.values())))
     best = min(planner.simulate(problem, p).step_ms for p in legal if peak[id(p)] <= cap)
     h, solver, found = _solved_to_optimality(problem, candidates(problem, legal), cap, grid)
     assert max(memory_at(problem, found, t) for t in grid) <= cap
     assert planner.simulate(problem, found).step_ms == pytest.approx(best, abs=h.slack_ns / 1e6 + 1e-6)
     assert (solver.best_objective_bound - h.slack_ns) / 1e6 <= best + 1e-9
+    return found
+
+
+def test_a_gather_whose_own_places_are_over_the_cap_may_still_join_a_bucket():
+    """Two gathers whose merge pays, and a spike of the graph's own bytes from the first start to
+    past the second: neither may start at its own place within the cap, so the best plan merges
+    them issued after the spike. The cut that forbids a place over the cap binds a collective only
+    where it anchors: a joiner keeps its own start literal set (without that, no merge is left)."""
+    nodes = [("ag1", "start", ()), ("mm_0", "compute", ()), ("ag2", "start", ()), ("mm_1", "compute", ()),
+             ("mm_x", "compute", ()), ("w1", "wait", ("ag1",)), ("w2", "wait", ("ag2",)),
+             ("mm_2", "compute", ("w1", "w2"))]
+    problem = _one_key_gathers(nodes, [("ag1", "w1", ()), ("ag2", "w2", ())])
+    mib, spike = 1 << 20, 64 << 20
+    peaks = tuple(spike if 1 <= k <= 3 else 0 for k in range(len(nodes)))
+    buffers = {c.name: planner.CollectiveBuffers(out_bytes=mib, out_last_use=c.wait_pos, wait_bytes=mib,
+                                                 wait_last_use=7) for c in problem.collectives}
+    memory = planner.MemoryProfile(segment_peak_bytes=(spike,) * (len(nodes) + 1), buffers=buffers,
+                                   run_starts=tuple(range(len(nodes))), run_peak_bytes=peaks, before_bytes=peaks)
+    problem = problem.model_copy(update={"memory": memory}).with_fingerprint()
+    found = _check_the_optimum_within(problem, lambda peaks: max(p for p in peaks if p < spike + mib))
+    assert [len(b.members) for b in found.buckets] == [2]
 
 
 def test_the_cuts_keep_every_plan_within_the_cap_and_price_it_as_the_simulator(get_scheduled):
