@@ -9,8 +9,8 @@ optimality had to enumerate. Three families close most of that:
 - tails: a bucket ends before its latest wait place, and the compute after that place still
   runs;
 - exclusions: a start or wait place at which a bucket's own output alone, over the graph's own
-  bytes, is above the cap at an instant it must be alive is no place of any plan within the cap
-  (fixed false);
+  bytes, is above the cap at an instant it must be alive is no place of its anchor's bucket in
+  any plan within the cap;
 - phases: per place p, the buckets that must be waited before p run before the compute clock
   reaches p, with at least the compute from their latest wait place to p after them; the
   others run after it, except gather buckets started before p, whose members are alive at an
