@@ -458,7 +458,7 @@ class MemoryCap:
         problem = h.problem
         # what holds for every plan within the cap, whatever the instants added later
         if h.step is not None:
-            room = RoomProfile(h.problem, self.own, cap_bytes)
+            room = RoomProfile(h.problem, cap_bytes)
             excluded = exclude_places_over_cap(h, room)
             self.stats.update(places_excluded=len(excluded), phase_cuts=add_phase_cuts(h, room, excluded))
         self.buffers = {(c.idx, merged): [buf for buf in member_buffers(problem, problem.collectives[c.idx], merged)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
-from planner.cost.memory import INSTANTS_PER_POSITION, buffers_of
+from planner.cost.memory import INSTANTS_PER_POSITION, MemoryCounter, buffers_of
 from planner.core.problem import Link
 from planner.search.step import NS_PER_MS, _ns
 
@@ -98,11 +98,12 @@ class RoomProfile:
     """The room the cap leaves over the graph's own bytes at every instant (positions' scale),
     counted once: a plan's collectives must fit in it wherever they are alive."""
 
-    def __init__(self, problem, own, cap_bytes: int):
+    def __init__(self, problem, cap_bytes: int):
         per = INSTANTS_PER_POSITION
         self.lo = -per  # a named place before the first node lies below 0
         hi = (max((n.pos for n in problem.nodes), default=0) + 2) * per
-        self.room = np.array([cap_bytes - own(t / per) for t in range(self.lo, hi + 1)], dtype=np.int64)
+        instants = np.arange(self.lo, hi + 1, dtype=np.float64) / per
+        self.room = cap_bytes - MemoryCounter.of(problem).own(instants).astype(np.int64)
 
     def least(self, lo_tick: int, hi_tick: int) -> tuple[int, int] | None:
         """(tick, room) of the least room in [lo_tick, hi_tick] (the earliest such), None if empty."""
@@ -208,7 +209,7 @@ def _phase_cuts_of_stream(h, anchors: list[int], members: dict, room: RoomProfil
             continue
         gap = min(st.compute_between(latest_wait[a], p) for a in before)
         head = first_issue + sum(st.terms[a][3] for a in before) + gap
-        for counted, early_ns in [(after, 0), *_early_variant(h, anchors, members, p, room, latest_wait,
+        for counted, early_ns in [(after, 0), *_early_variant(h, after, anchors, members, p, room, latest_wait,
                                                               start_places, every_start, link)]:
             tail = min(st.compute_between(latest_wait[a], None) for a in counted)
             m.add(st.final >= head + sum(st.terms[a][3] for a in counted) - early_ns + tail)
@@ -216,7 +217,7 @@ def _phase_cuts_of_stream(h, anchors: list[int], members: dict, room: RoomProfil
     return added
 
 
-def _early_variant(h, anchors, members, p: int, room: RoomProfile | None, latest_wait, start_places,
+def _early_variant(h, after, anchors, members, p: int, room: RoomProfile | None, latest_wait, start_places,
                    every_start, link) -> list[tuple[list[int], int]]:
     """The buckets not waited before p, those that may start before it too when they are
     gather buckets: what those early ones can take of the stream is at most the time of the
@@ -224,20 +225,17 @@ def _early_variant(h, anchors, members, p: int, room: RoomProfile | None, latest
     there), plus the bytes of members that need not be."""
     if room is None:
         return []
-    earlier = [q for q in every_start if q < p]
-    if not earlier:
+    before_p = bisect.bisect_left(every_start, p)  # the start places before p
+    if not before_p:
         return []
     per, scale, problem, colls = INSTANTS_PER_POSITION, h.step.scale, h.problem, h.membership.colls
-    least = room.least(math.ceil(earlier[-1] / scale * per), math.floor(p / scale * per))
+    least = room.least(math.ceil(every_start[before_p - 1] / scale * per), math.floor(p / scale * per))
     if least is None or least[1] < 0:
         return []
     tick, space = least
-    counted, eligible, free = [], set(), {}
+    counted, eligible, free = list(after), set(), {}
     for a in anchors:
-        if latest_wait[a] < p:
-            continue
-        if start_places[a][0] >= p:
-            counted.append(a)
+        if latest_wait[a] < p or start_places[a][0] >= p:
             continue
         if not all(colls[j].key[0] == "all_gather" for j in members[a]):
             continue
@@ -250,7 +248,7 @@ def _early_variant(h, anchors, members, p: int, room: RoomProfile | None, latest
                     eligible.add(j)
             else:
                 free[j] = c.wire_bytes
-    if len(counted) == len([a for a in anchors if latest_wait[a] >= p and start_places[a][0] >= p]):
+    if len(counted) == len(after):
         return []
     k = len(eligible) + len(free)
     early_ms = most_time_ms(link, "all_gather", space + sum(free.values()), k)
