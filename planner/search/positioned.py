@@ -196,6 +196,7 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
     given = {}
     for member, anchor in found.joins:
         given.setdefault(member, []).append(by_name[anchor])
+    named_start_places = {c.idx: _named_start_places(c, found, pos_of) for c in colls}
     for group in by_key.values():
         group.sort(key=lambda c: c.s)
         for r, c in enumerate(group):
@@ -203,7 +204,7 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
             near = [a for a in group[max(0, r - window):r + window + 1] if a.idx != c.idx]
             near += [a for a in given.get(c.name, ()) if a not in near]
             for a in [c] + near:
-                if a.idx != c.idx and c.size + a.size > cap:
+                if a.idx != c.idx and (c.size + a.size > cap or not _may_join(c, a, named_start_places[a.idx])):
                     continue
                 x[c.idx, a.idx] = m.new_bool_var(f"x[{c.name},{a.name}]")
                 if a.idx != c.idx:
@@ -225,20 +226,21 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
         a = c.idx
         own = m.new_bool_var(f"start_own[{c.name}]")
         starts[a] = [(SCALE * c.s, own, None)]
-        for node in sorted(found.starts.get(c.name, ()), key=pos_of.__getitem__):
-            place = SCALE * pos_of[node] - NAMED_START
+        for place, node in named_start_places[a]:
             lit = m.new_bool_var(f"start[{c.name}<{node}]")
             m.add_implication(lit, x[a, a])
             starts[a].append((place, lit, node))
             named_starts.setdefault(place, []).append(lit)
         waits[a] = []
-        for b in [a] + joiners[a]:
+        for b in [a] + [j for j in joiners[a] if colls[j].w < c.w_hi]:  # a bucket waits before a's consumers
             y[a, b] = m.new_bool_var(f"y[{c.name},{colls[b].name}]")
             if b != a:
                 m.add_implication(y[a, b], x[b, a])
             waits[a].append((SCALE * colls[b].w, y[a, b], b))
         for node in sorted(found.waits.get(c.name, ()), key=pos_of.__getitem__):
             place = SCALE * pos_of[node] - NAMED_WAIT
+            if place >= SCALE * c.w_hi:
+                continue  # after one of a's consumers: no place for a's bucket
             lit = m.new_bool_var(f"wait[{c.name}<{node}]")
             m.add_implication(lit, x[a, a])
             waits[a].append((place, lit, node))
@@ -252,6 +254,22 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
     stats = {"x_vars": len(x), "named_starts": sum(len(v) for v in named_starts.values()),
              "named_waits": sum(len(v) for v in named_waits.values())}
     return PositionedHandle(problem, m, membership, starts, waits, stats)
+
+
+
+def _named_start_places(c, found: Candidates, pos_of: dict) -> list[tuple[int, str]]:
+    """(place, node) of the named starts of ``c``'s bucket that ``c``'s own data allow: after its
+    fixed predecessors and before its consumers (rule 9 holds for the anchor as for any member)."""
+    places = ((SCALE * pos_of[node] - NAMED_START, node) for node in found.starts.get(c.name, ()))
+    return sorted((place, node) for place, node in places if SCALE * c.s_lo < place < SCALE * c.w_hi)
+
+
+def _may_join(c, a, named_places: list[tuple[int, str]]) -> bool:
+    """Whether ``c`` can be a member of ``a``'s bucket at all: one of its start places lies after
+    both their fixed predecessors and before both their consumers (every member's start and wait
+    are the bucket's). Pruning what no plan can use tightens the relaxation the cuts read."""
+    lo, hi = SCALE * max(c.s_lo, a.s_lo), SCALE * min(c.w_hi, a.w_hi)
+    return any(lo < place < hi for place in [SCALE * a.s, *(p for p, _ in named_places)])
 
 
 def _alone_keeps_its_conversion(m: cp_model.CpModel, problem: Problem, colls, x, joiners, starts) -> None:
@@ -305,8 +323,8 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
     for (i, a) in x:
         members.setdefault(a, []).append(i)
     anchors = sorted(members, key=lambda a: colls[a].s)
-    reach = BucketReach(member={}, anchored={problem.collectives[colls[a].idx].name: sum(
-        problem.collectives[colls[i].idx].wire_bytes for i in members[a]) for a in anchors})
+    reach = BucketReach(member={}, anchored={problem.collectives[colls[a].idx].name: _anchored_reach(
+        problem, [colls[i].idx for i in members[a]], colls[a].idx) for a in anchors})
     positions, prefix, total = _compute_prefix(problem)
 
     def compute_before(place: int) -> int:
@@ -377,6 +395,20 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
     h.stats.update(step_events=n_events, step_anchors=len(anchors))
     h.step = StepTerms(final, terms, end, compute_before, total, folded_conversions(problem), SCALE)
     add_tail_cuts(h)
+
+
+def _anchored_reach(problem: Problem, members: list[int], anchor: int) -> int:
+    """The most wire bytes the bucket ``anchor`` may anchor can carry: its candidate members' in
+    all, and, once anything joins it, no more than the cap allows (its members' sizes fit
+    ``bucket_cap_bytes``, so its wire bytes are at most the cap times their largest wire/size
+    ratio). The duration's per-byte price is read at this reach: above the cap it would price
+    bytes at a bandwidth no bucket of the space reaches."""
+    cs = problem.collectives
+    wire = sum(cs[i].wire_bytes for i in members)
+    # the largest (cap * wire / size), floored: integers, so no rounding can lift it past the truth
+    capped = max((problem.bucket_cap_bytes * cs[i].wire_bytes // cs[i].size_bytes
+                  for i in members if cs[i].size_bytes > 0), default=wire)
+    return max(cs[anchor].wire_bytes, min(wire, capped))
 
 
 def _full_reach(problem: Problem, reach: BucketReach) -> BucketReach:
