@@ -143,7 +143,27 @@ def exclude_places_over_cap(h, room: RoomProfile) -> set[int]:
             if over(s_max, place / scale, out_bytes):
                 m.add_implication(x[a, a], lit.Not())
                 excluded.add(lit.index)
+    _exclude_joiners_over_cap(h, over)
     return excluded
+
+
+def _exclude_joiners_over_cap(h, over) -> None:
+    """A gather that joins a bucket is alive from the bucket's start to its own last use: a start
+    place from which its bytes alone, over the graph's own bytes, break the cap is no place of a
+    bucket it joins (a clause per member, start place; its anchor's own literals are set apart)."""
+    m, problem, scale, x = h.model, h.problem, h.step.scale, h.membership.x
+    colls = h.membership.colls
+    for (i, a), member in x.items():
+        coll = problem.collectives[colls[i].idx]
+        if i == a or coll.kind != "all_gather":
+            continue
+        alive_to = _alive_to(problem, coll)
+        if alive_to is None:
+            continue
+        least = _least_alive_bytes(problem, coll)
+        for place, lit, _ in h.starts[a]:
+            if over(place / scale, alive_to, least):
+                m.add_bool_or([member.Not(), lit.Not()])
 
 
 def most_time_ms(link: Link, kind: str, budget: int, k: int) -> float:
