@@ -27,7 +27,7 @@ from experiments.common import git_revision, machine, markdown_table, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.search.position_search import default_peak_budget, position_search
-from planner.search.positioned import WINDOW
+from planner.search.positioned_solve import CAPPED_WINDOW
 from planner.search.positioned_solve import solve_capped
 
 PRESET = "h100-8nodes"
@@ -73,7 +73,7 @@ def _graph_order(workload: str):
 
 
 def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path,
-             start: Path | None = None, within: str = "own", seed: int = 0, window: int = WINDOW) -> dict:
+             start: Path | None = None, within: str = "own", seed: int = 0, window: int = CAPPED_WINDOW) -> dict:
     """One row; ``start``: a plan file of the same problem the search also starts from (an earlier
     run's, to search on from it). ``within``: "own" caps each order as the module says; "torch-default"
     caps the graph's own order at torch's greedy (default pipeline) peak too. ``seed``: the search's
@@ -127,7 +127,7 @@ def main(argv=None) -> None:
                     help="the cap of the graph's own order: its unbucketed peak (torch manual's), "
                          "or torch default's peak")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0], help="the positioned search's seeds, a row each")
-    ap.add_argument("--window", type=int, default=WINDOW,
+    ap.add_argument("--window", type=int, default=CAPPED_WINDOW,
                     help="CP-SAT's candidate space: the same-key neighbours a bucket may take members from besides "
                          "those of the searched plan's bucket (0: that plan's buckets, any member alone)")
     args = ap.parse_args(argv)
@@ -150,7 +150,7 @@ def main(argv=None) -> None:
              + (f" --start {args.start}" if args.start else "")
              + (f" --within {args.within}" if args.within != "own" else "")
              + (f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0] else "")
-             + (f" --window {args.window}" if args.window != WINDOW else "") + "`; "
+             + (f" --window {args.window}" if args.window != CAPPED_WINDOW else "") + "`; "
              f"git {git_revision()}; {machine()}.", "",
              *markdown_table(cols, rows), ""]
     (args.out / "table.md").write_text("\n".join(lines))
