@@ -489,6 +489,13 @@ class Problem(_Frozen):
             raise ValueError("memory.run_starts: strictly increasing scheduled positions from 0")
         if any(b.wait_bytes is None for b in m.buffers.values()):
             raise ValueError("memory: an exact profile records every collective's wait storage (wait_bytes)")
+        # what the graph holds just before a node it still holds while the node runs; the exact
+        # accounting's instants (planner.cost.memory.memory_profile) rely on it
+        for k, node in enumerate(self.nodes):
+            run = max(0, bisect.bisect_right(m.run_starts, node.pos) - 1)
+            if m.before_bytes[k] > m.run_peak_bytes[run]:
+                raise ValueError(f"memory.before_bytes[{k}] ({node.name!r}): {m.before_bytes[k]} bytes just before "
+                                 f"the node, above the peak of the run holding it ({m.run_peak_bytes[run]})")
 
     # -- convenience lookups (cheap; the model is frozen so callers may cache them) --
     def collective_index(self) -> dict[str, int]:

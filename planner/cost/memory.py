@@ -202,14 +202,20 @@ def _bucket_buffers(problem: Problem, members: list[Collective], start: float,
             for c in members for lo, hi, nbytes in member_buffers(problem, c, merged) if nbytes]
 
 
+# nothing runs before position 0: every earlier instant holds what the graph holds just before it
+BEFORE_THE_GRAPH = -0.5
+
+
 def own_memory(problem: Problem):
     """The graph's own bytes at an instant (positions.py's scale) of an exactly profiled problem:
-    just before a pinned node, what it holds there; anywhere else, the peak of the run holding it."""
+    just before a pinned node, what it holds there; anywhere else, the peak of the run holding it;
+    before position 0, what it holds just before it."""
     m = problem.memory
     runs = m.run_starts
     pinned = {n.pos: k for k, n in enumerate(problem.nodes)}
 
     def own(key: float) -> int:
+        key = max(key, BEFORE_THE_GRAPH)
         at = math.ceil(key)
         if key != at and at in pinned:  # just before a pinned node
             return m.before_bytes[pinned[at]]
@@ -284,6 +290,7 @@ class MemoryCounter:
         """``own_memory`` at every instant of ``keys`` at once: just before a pinned node what the
         graph holds there, anywhere else the peak of the run holding it (``memory_at`` reads
         ``own_memory`` itself, and tests hold the two counts against each other at every instant)."""
+        keys = np.maximum(keys, BEFORE_THE_GRAPH)
         at = np.ceil(keys)
         k = np.minimum(np.searchsorted(self.pinned_pos, at), len(self.pinned_pos) - 1)
         before_pinned = (keys != at) & (self.pinned_pos[k] == at)
