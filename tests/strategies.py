@@ -237,9 +237,11 @@ def exact_memory(draw, p: planner.Problem) -> planner.Problem:
                 in_alloc=draw(st.integers(-1, c.start_pos - 1)), wait_bytes=draw(wire), wait_last_use=last)
     runs = tuple(range(n))
     peaks = tuple(draw(st.integers(0, 3)) * unit for _ in runs)
+    # what the graph holds just before a node is still held while it runs: never above its run's peak
     memory = planner.MemoryProfile(segment_peak_bytes=(max(peaks, default=0),) * (len(p.nodes) + 1), buffers=buffers,
                                    run_starts=runs, run_peak_bytes=peaks,
-                                   before_bytes=tuple(draw(st.integers(0, 3)) * unit for _ in p.nodes))
+                                   before_bytes=tuple(draw(st.integers(0, peaks[node.pos] // unit)) * unit
+                                                      if unit else 0 for node in p.nodes))
     return p.model_copy(update={"memory": memory}).with_fingerprint()
 
 
