@@ -12,7 +12,9 @@ The exact accounting (problems whose profile has runs, ``Problem.memory.run_star
 - the graph's own storages are a fixed curve over *instants*: runs of scheduled positions (each
   pinned node a run of its own, cut wherever a collective's buffer is allocated or freed at a fixed
   position), and the moments just before a pinned node where a positioned start or wait sits
-  (``planner.core.positions``), which hold what the graph holds just before that node;
+  (``planner.core.positions``), which hold what the graph holds just before that node (never
+  more than while it runs: ``Problem`` refuses a profile that says otherwise), and every
+  instant before position 0, which holds what the graph holds just before it runs;
 - every collective's buffers are intervals of instants placed by its bucket's merged start ``S``
   and merged wait ``W`` (``_bucket_buffers``): a lone collective keeps the buffers of its own graph
   (its start's storage from ``S`` to ``W``, its wait's from ``W`` to its last user, its input until
