@@ -256,7 +256,6 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
     return PositionedHandle(problem, m, membership, starts, waits, stats)
 
 
-
 def _named_start_places(c, found: Candidates, pos_of: dict) -> list[tuple[int, str]]:
     """(place, node) of the named starts of ``c``'s bucket that ``c``'s own data allow: after its
     fixed predecessors and before its consumers (rule 9 holds for the anchor as for any member)."""
