@@ -27,8 +27,7 @@ from experiments.common import git_revision, machine, markdown_table, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.search.position_search import default_peak_budget, position_search
-from planner.search.positioned_solve import CAPPED_WINDOW
-from planner.search.positioned_solve import solve_capped
+from planner.search.positioned_solve import CAPPED_WINDOW, solve_capped
 
 PRESET = "h100-8nodes"
 

@@ -179,6 +179,14 @@ class ModelHandle:
     def anchors(self, i: int) -> list[int]:
         return [a for (j, a) in self.x if j == i]
 
+    def candidate_members(self) -> dict[int, list[int]]:
+        """Per anchor, every collective that may be in its bucket (itself included), in the
+        model's order of ``x``."""
+        members: dict[int, list[int]] = {}
+        for (i, a) in self.x:
+            members.setdefault(a, []).append(i)
+        return members
+
     def joined(self, i: int):
         """``joined_var`` of ``i`` in this model (shared with the rules that made it)."""
         return joined_var(self.model, self.x, [j for (j, a) in self.x if a == i and j != i], self.joined_vars, i,

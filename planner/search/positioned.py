@@ -318,9 +318,7 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
     """Make the model minimize the simulated step (ns) over the places chosen (module docstring)."""
     problem, m, mh = h.problem, h.model, h.membership
     colls, x = mh.colls, mh.x
-    members: dict[int, list[int]] = {}
-    for (i, a) in x:
-        members.setdefault(a, []).append(i)
+    members = mh.candidate_members()
     anchors = sorted(members, key=lambda a: colls[a].s)
     reach = BucketReach(member={}, anchored={problem.collectives[colls[a].idx].name: _anchored_reach(
         problem, [colls[i].idx for i in members[a]], colls[a].idx) for a in anchors})
@@ -467,9 +465,7 @@ class MemoryCap:
         self.own = own_memory(h.problem)
         self.instants: set[int] = set()
         m, mh = h.model, h.membership
-        self.members: dict[int, list[int]] = {}
-        for (i, a) in mh.x:
-            self.members.setdefault(a, []).append(i)
+        self.members = mh.candidate_members()
         # merged[a]: a's bucket has a member besides a (exact both ways: a lone anchor counts its
         # buffers as x[a, a] - merged[a])
         self.merged: dict[int, cp_model.LinearExprT] = {}

@@ -10,7 +10,7 @@ optimality had to enumerate. Three families close most of that:
   runs;
 - exclusions: a start or wait place at which a bucket's own output alone, over the graph's own
   bytes, is above the cap at an instant it must be alive is no place of its anchor's bucket in
-  any plan within the cap;
+  any plan within the cap, nor, for a gather, of a bucket it joins;
 - phases: per place p, the buckets that must be waited before p run before the compute clock
   reaches p, with at least the compute from their latest wait place to p after them; the
   others run after it, except gather buckets started before p, whose members are alive at an
@@ -82,10 +82,7 @@ def _alive_to(problem, c) -> float | None:
     """Up to which position a gather's bytes stay alive from its bucket's start, in one buffer or
     another (``planner.cost.memory.member_buffers``, alone or merged): its result until the wait,
     then the wait's storage until its last use. None where that last use is not known."""
-    b = buffers_of(problem, c)
-    if b.wait_last_use is None:
-        return None
-    return b.wait_last_use
+    return buffers_of(problem, c).wait_last_use
 
 
 def _least_alive_bytes(problem, c) -> int:
@@ -119,7 +116,9 @@ def exclude_places_over_cap(h, room: RoomProfile) -> set[int]:
     buffer (alone or merged, ``member_buffers``) would be alive, with the graph's own bytes, above
     the cap at some instant; a gather's bytes also stay alive to its last use. Only where it
     anchors: a collective that joins another bucket keeps its own start and wait literals set,
-    and they mean nothing there. Returns the literals' indices."""
+    and they mean nothing there; a gather that joins is kept instead from the bucket's start
+    places where its own bytes break the cap before its last use. Returns the anchors'
+    literals' indices."""
     m, problem, scale, x = h.model, h.problem, h.step.scale, h.membership.x
     per = INSTANTS_PER_POSITION
     excluded: set[int] = set()
@@ -128,42 +127,37 @@ def exclude_places_over_cap(h, room: RoomProfile) -> set[int]:
         found = room.least(math.ceil(lo_pos * per), math.floor(hi_pos * per))
         return nbytes > 0 and found is not None and found[1] < nbytes
 
+    # per gather: from a start place s, is it over the cap before its last use (alone, whatever
+    # its bucket)? the same test binds it as an anchor and as a joiner
+    gathers = {}
+    for c in h.membership.colls:
+        coll = problem.collectives[c.idx]
+        alive_to = _alive_to(problem, coll) if coll.kind == "all_gather" else None
+        if alive_to is not None:
+            least = _least_alive_bytes(problem, coll)
+            gathers[c.idx] = lambda s, alive_to=alive_to, least=least: over(s, alive_to, least)
     for c in h.membership.colls:
         a, coll = c.idx, problem.collectives[c.idx]
         out_bytes = buffers_of(problem, coll).out_bytes
         w_min = min(place for place, _, _ in h.waits[a]) / scale
         s_max = max(place for place, _, _ in h.starts[a]) / scale
-        alive_to = _alive_to(problem, coll) if coll.kind == "all_gather" else None
         for place, lit, _ in h.starts[a]:
             s = place / scale
-            if over(s, w_min, out_bytes) or (alive_to is not None and over(s, alive_to, _least_alive_bytes(problem, coll))):
+            if over(s, w_min, out_bytes) or (a in gathers and gathers[a](s)):
                 m.add_implication(x[a, a], lit.Not())
                 excluded.add(lit.index)
         for place, lit, _ in h.waits[a]:
             if over(s_max, place / scale, out_bytes):
                 m.add_implication(x[a, a], lit.Not())
                 excluded.add(lit.index)
-    _exclude_joiners_over_cap(h, over)
-    return excluded
-
-
-def _exclude_joiners_over_cap(h, over) -> None:
-    """A gather that joins a bucket is alive from the bucket's start to its own last use: a start
-    place from which its bytes alone, over the graph's own bytes, break the cap is no place of a
-    bucket it joins (a clause per member, start place; its anchor's own literals are set apart)."""
-    m, problem, scale, x = h.model, h.problem, h.step.scale, h.membership.x
-    colls = h.membership.colls
+    # a gather that joins a bucket is alive from the bucket's start to its own last use too: a
+    # clause per (member, start place); the anchor's own literals are set apart above
     for (i, a), member in x.items():
-        coll = problem.collectives[colls[i].idx]
-        if i == a or coll.kind != "all_gather":
-            continue
-        alive_to = _alive_to(problem, coll)
-        if alive_to is None:
-            continue
-        least = _least_alive_bytes(problem, coll)
-        for place, lit, _ in h.starts[a]:
-            if over(place / scale, alive_to, least):
-                m.add_bool_or([member.Not(), lit.Not()])
+        if i != a and i in gathers:
+            for place, lit, _ in h.starts[a]:
+                if gathers[i](place / scale):
+                    m.add_bool_or([member.Not(), lit.Not()])
+    return excluded
 
 
 def most_time_ms(link: Link, kind: str, budget: int, k: int) -> float:
@@ -195,9 +189,7 @@ def most_time_ms(link: Link, kind: str, budget: int, k: int) -> float:
 def add_phase_cuts(h, room: RoomProfile | None, excluded: set[int]) -> int:
     """The phase inequalities (module docstring), per stream and candidate place; returns how many."""
     st, colls = h.step, h.membership.colls
-    members: dict[int, list[int]] = {}
-    for (i, a) in h.membership.x:
-        members.setdefault(a, []).append(i)
+    members = h.membership.candidate_members()
     by_pg: dict[str, list[int]] = {}
     for a in st.terms:
         by_pg.setdefault(colls[a].pg, []).append(a)

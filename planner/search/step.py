@@ -446,9 +446,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     ``reach``: ``bucket_reach(problem)`` when the caller has it. ``exact``: table curves by
     their ``duration_pieces`` too, else by the concave minorant alone."""
     m, colls, x, y = handle.model, handle.colls, handle.x, handle.y
-    members: dict[int, list[int]] = {}
-    for (i, a) in x:
-        members.setdefault(a, []).append(i)
+    members = handle.candidate_members()
     anchors = sorted((a for a in members if (a, a) in x), key=lambda a: colls[a].s)
     waited_at: dict[int, list[tuple[int, int]]] = {}  # wait position -> (bucket anchor, wait anchor)
     for (a, b) in y:
