@@ -99,8 +99,7 @@ def test_on_one_bucket_key_the_optimum_is_the_brute_force_one(problem):
 
 
 def _check_the_optimum(problem: planner.Problem) -> None:
-    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
-    legal = [p for p in plans if not planner.verify(problem, p, **RULES)]
+    legal = _legal_plans(problem)
     best = min(planner.simulate(problem, p).step_ms for p in legal)
     h, solver, found = _solved_to_optimality(problem, candidates(problem, legal))
     assert planner.simulate(problem, found).step_ms == pytest.approx(best, abs=h.slack_ns / 1e6 + 1e-6)
@@ -247,6 +246,20 @@ def test_no_instant_holds_more_than_the_memory_profile_says(get_scheduled):
             assert memory_at(problem, plan, t) <= max(around), (t, plan and plan.planner)
 
 
+def _memory_grid(problem: planner.Problem) -> list[float]:
+    """Every 1/INSTANTS_PER_POSITION of a position, from one position before the graph to one after."""
+    from planner.cost.memory import INSTANTS_PER_POSITION
+
+    return [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION,
+                                                     (problem.n_scheduled + 1) * INSTANTS_PER_POSITION)]
+
+
+def _legal_plans(problem: planner.Problem) -> list[planner.Plan]:
+    """Every positioned plan of a tiny problem the verifier accepts under the positioned policy."""
+    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
+    return [p for p in plans if not planner.verify(problem, p, **RULES)]
+
+
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
                                        costs=True).flatmap(exact_memory))
@@ -256,12 +269,10 @@ def test_the_profile_peak_is_the_most_any_instant_holds(problem):
     instants only) is the most memory_at, summed from the buffers, holds on a 1/32-position grid
     from one position before the graph. (Instants before position 0 once read the first run's
     peak, not what the graph holds before it runs.)"""
-    from planner.cost.memory import INSTANTS_PER_POSITION, memory_at, peak_bytes
+    from planner.cost.memory import memory_at, peak_bytes
 
-    grid = [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION,
-                                                     (problem.n_scheduled + 1) * INSTANTS_PER_POSITION)]
-    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
-    for plan in [None, *(p for p in plans if not planner.verify(problem, p, **RULES))]:
+    grid = _memory_grid(problem)
+    for plan in [None, *_legal_plans(problem)]:
         assert peak_bytes(problem, plan) == max(memory_at(problem, plan, t) for t in grid)
 
 
@@ -396,12 +407,10 @@ def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(pro
 def _check_the_optimum_within(problem: planner.Problem, choose_cap) -> planner.Plan:
     """The capped model's optimum against brute force (the test above): ``choose_cap`` picks the
     cap from the legal plans' distinct peaks, in order. Returns the model's plan."""
-    from planner.cost.memory import INSTANTS_PER_POSITION, memory_at
+    from planner.cost.memory import memory_at
 
-    grid = [k / INSTANTS_PER_POSITION for k in range(-INSTANTS_PER_POSITION,
-                                                     (problem.n_scheduled + 1) * INSTANTS_PER_POSITION)]
-    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
-    legal = [p for p in plans if not planner.verify(problem, p, **RULES)]
+    grid = _memory_grid(problem)
+    legal = _legal_plans(problem)
     peak = {id(p): max(memory_at(problem, p, t) for t in grid) for p in legal}
     cap = choose_cap(sorted(set(peak.values())))
     best = min(planner.simulate(problem, p).step_ms for p in legal if peak[id(p)] <= cap)
