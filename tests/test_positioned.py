@@ -22,19 +22,29 @@ from tests.strategies import exact_memory, gathers_before_use, problems, two_gat
 RULES = positioned_policy(None).as_params()
 
 
-def _in_plan_order(problem: planner.Problem, plan: planner.Plan) -> planner.Plan:
-    """The plan with its buckets in its anchors' order: several buckets issued before one node go
-    in plan order, and the model's space takes them in its anchors' order (planner.search.positioned)."""
-    at = {c.name: c.start_pos for c in problem.collectives}
-    return plan.model_copy(update={"buckets": tuple(sorted(plan.buckets, key=lambda b: at[b.start]))})
+def _reversed(plan: planner.Plan) -> planner.Plan:
+    """The plan with its buckets listed the other way round: several buckets issued before one node
+    go in plan order, so this is another plan wherever two share a start place."""
+    return plan.model_copy(update={"buckets": tuple(reversed(plan.buckets))})
 
 
-def _priced(problem: planner.Problem, plan: planner.Plan) -> float:
-    """The model's step with every choice of ``plan`` fixed, solved to optimality (ms)."""
+def _shared_start_places(plan: planner.Plan) -> int:
+    """How many nodes two or more of the plan's buckets are issued before."""
+    named = [b.issue_before for b in plan.buckets if b.issue_before is not None]
+    return sum(1 for n in set(named) if named.count(n) > 1)
+
+
+def _priced(problem: planner.Problem, plan: planner.Plan) -> tuple[float, float]:
+    """The model's step with every choice of ``plan`` fixed, solved to optimality (ms), and its
+    rounding slack (ms). The plan the solver's answer is written as (``extract``) must be the same
+    plan, bucket order included: it simulates to the same step."""
     found = candidates(problem, [plan])
     h = build_positioned_model(problem, found, window=64)
     add_positioned_step(h)
     solver = _solved_with_plan_fixed(h, plan)
+    extracted = h.extract(solver, params=RULES)
+    assert planner.simulate(problem, extracted).step_ms == pytest.approx(planner.simulate(problem, plan).step_ms,
+                                                                         abs=1e-9)
     return model_step_ms(h, solver), h.slack_ns / 1e6
 
 
@@ -55,26 +65,30 @@ def _solved_with_plan_fixed(h, plan: planner.Plan) -> cp_model.CpSolver:
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=2, max_compute=3, costs=True))
 def test_a_fixed_plan_is_priced_as_the_simulator_prices_it(problem):
-    """Every verified positioned plan of a tiny problem (a sample): the model's step with the
-    plan fixed equals planner.simulate's within the model's ns of rounding."""
-    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
+    """Every verified positioned plan of a tiny problem (a sample), its buckets in either order:
+    the model's step with the plan fixed equals planner.simulate's within the model's ns of
+    rounding."""
+    plans = list(positioned_plans(problem))
     legal = [p for p in plans[::max(1, len(plans) // 40)] if not planner.verify(problem, p, **RULES)]
-    for plan in legal[:5]:
+    for plan in [q for p in legal[:5] for q in (p, _reversed(p))]:
         model_ms, slack_ms = _priced(problem, plan)
         simulated = planner.simulate(problem, plan).step_ms
         assert abs(model_ms - simulated) <= slack_ms + 1e-9, (plan, model_ms, simulated)  # ns rounding
 
 
 def test_a_positioned_plan_of_fsdp_is_priced_as_the_simulator_prices_it(get_scheduled):
-    """At 2 layers, on a table link with bucketing costs: the positioned search's plans."""
+    """At 2 layers, on a table link with bucketing costs: the positioned search's plans as written,
+    and listed the other way round (several starts before one node in another order: the model
+    once took them in its anchors' order and priced such a plan 6.5 ms above the simulator)."""
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     for seed in (0, 1):
         plan = position_search(problem, [], planner.PositionSearchOptions(seed=seed, max_evaluations=300),
                                peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan
-        plan = _in_plan_order(problem, plan)
-        model_ms, slack_ms = _priced(problem, plan)
-        simulated = planner.simulate(problem, plan).step_ms
-        assert abs(model_ms - simulated) <= slack_ms + 1e-9
+        assert _shared_start_places(plan) > 0  # else the order of starts is not tested here
+        for written in (plan, _reversed(plan)):
+            model_ms, slack_ms = _priced(problem, written)
+            simulated = planner.simulate(problem, written).step_ms
+            assert abs(model_ms - simulated) <= slack_ms + 1e-9, (seed, written is plan, model_ms, simulated)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,8 +204,8 @@ def test_where_two_of_three_fit_the_cap_the_optimum_merges_two():
 def test_a_full_hint_starts_the_search_from_the_plan(get_scheduled):
     """hint_fully: a whole solution, times included, that CP-SAT takes as its first."""
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
-    plan = _in_plan_order(problem, position_search(problem, [], planner.PositionSearchOptions(max_evaluations=200),
-                                                   peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan)
+    plan = position_search(problem, [], planner.PositionSearchOptions(max_evaluations=200),
+                           peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan
     found = candidates(problem, [plan])
     h, twin = build_positioned_model(problem, found), build_positioned_model(problem, found)
     add_positioned_step(h)
@@ -215,8 +229,8 @@ def _fsdp2_plans(problem: planner.Problem) -> list[planner.Plan]:
     plans = [count]
     for seed, budget in ((0, None), (1, planner.cost.memory.peak_bytes(problem))):
         options = planner.PositionSearchOptions(seed=seed, max_evaluations=150)
-        plans.append(_in_plan_order(problem, position_search(problem, [], options, peak_memory_bytes=budget,
-                                                             deadline=time.perf_counter() + 60).plan))
+        plans.append(position_search(problem, [], options, peak_memory_bytes=budget,
+                                     deadline=time.perf_counter() + 60).plan)
     return plans
 
 
@@ -256,8 +270,7 @@ def _memory_grid(problem: planner.Problem) -> list[float]:
 
 def _legal_plans(problem: planner.Problem) -> list[planner.Plan]:
     """Every positioned plan of a tiny problem the verifier accepts under the positioned policy."""
-    plans = [_in_plan_order(problem, p) for p in positioned_plans(problem)]
-    return [p for p in plans if not planner.verify(problem, p, **RULES)]
+    return [p for p in positioned_plans(problem) if not planner.verify(problem, p, **RULES)]
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -458,8 +471,8 @@ def test_the_cuts_keep_every_plan_within_the_cap_and_price_it_as_the_simulator(g
     kept = [p for p in [*_fsdp2_plans(problem), *seeds, *searched]
             if not planner.verify(problem, p, **positioned_policy(cap).as_params())]
     assert len(kept) >= 3
-    for plan in map(lambda p: _in_plan_order(problem, p), kept):
-        h = build_positioned_model(problem, candidates(problem, kept))
+    for plan in kept:  # first: its order of several starts at one place is the model's
+        h = build_positioned_model(problem, candidates(problem, [plan, *kept]))
         add_positioned_step(h)
         cap_model = MemoryCap(h, cap)
         assert cap_model.stats["phase_cuts"] > 0

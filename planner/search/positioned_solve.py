@@ -84,7 +84,8 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
         raise ValueError("no plan given is within the rules and the peak-memory cap: nothing to start from")
     best = min(legal, key=lambda p: step_ms(problem, p))
     best_ms = step_ms(problem, best)
-    found = candidates(problem, legal)
+    # the best plan first: its buckets' order is the model's order of several starts at one place
+    found = candidates(problem, [best] + [p for p in legal if p is not best])
     instants: list[float] = []
     if peak_memory_bytes is not None:
         instants = sorted(set(_fullest(problem, best, FIRST_INSTANTS) + _fullest(problem, None, FIRST_INSTANTS // 2)))
