@@ -72,12 +72,15 @@ def _graph_order(workload: str):
 
 
 def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Path,
-             start: Path | None = None, within: str = "own", seed: int = 0, window: int = CAPPED_WINDOW) -> dict:
+             start: Path | None = None, within: str = "own", seed: int = 0, window: int = CAPPED_WINDOW,
+             evaluations: int | None = None) -> dict:
     """One row; ``start``: a plan file of the same problem the search also starts from (an earlier
     run's, to search on from it). ``within``: "own" caps each order as the module says; "torch-default"
     caps the graph's own order at torch's greedy (default pipeline) peak too. ``seed``: the search's
     (``PositionSearchOptions.seed``); a case searched with another than 0 gets its own folder.
-    ``window``: the CP-SAT candidate space's (``solve_capped``)."""
+    ``window``: the CP-SAT candidate space's (``solve_capped``). ``evaluations``: the search's
+    reproducible limit (``PositionSearchOptions.max_evaluations``; ``search_s`` is then a guard
+    only), for starts that are the same plan on any machine."""
     t0 = time.perf_counter()
     problem, greedy, torch_peak = _torch_order(workload) if order == "torch" else _graph_order(workload)
     if greedy is not None:
@@ -92,19 +95,21 @@ def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Pa
     if start is not None:
         starts.append(planner.load_plan(start))
     t1 = time.perf_counter()
-    searched = position_search(problem, starts, planner.PositionSearchOptions(seed=seed), peak_memory_bytes=cap,
-                               deadline=time.perf_counter() + search_s)
+    searched = position_search(problem, starts, planner.PositionSearchOptions(seed=seed, max_evaluations=evaluations),
+                               peak_memory_bytes=cap, deadline=time.perf_counter() + search_s)
     t2 = time.perf_counter()
     floor = free_position_floor(problem, peak_memory_bytes=cap)  # any positions, within the cap
     capped = solve_capped(problem, [searched.plan], peak_memory_bytes=cap, time_limit_s=cpsat_s,
                           floor_ms=floor.floor_ms, window=window)
     t3 = time.perf_counter()
-    tag = out / (f"{workload}--{order}-order" + (f"--seed-{seed}" if seed else ""))
+    tag = out / (f"{workload}--{order}-order" + (f"--seed-{seed}" if seed else "")
+                 + (f"--evaluations-{evaluations}" if evaluations is not None else ""))
     tag.mkdir(parents=True, exist_ok=True)
     save_gz(problem, tag / "problem.json.gz")
     save_gz(capped.plan, tag / "capped-plan.json.gz")
     return {"workload": workload, "preset": PRESET, "order": order, "within": within, "seed": seed,
             "cap_gb": round(cap / 1e9, 3),
+            "search_evaluations": searched.stats.get("evaluations"),
             "search_ms": round(searched.objective, 2), "capped_ms": round(capped.objective, 2),
             "status": capped.status, "window": window, "candidate_bound_ms": round(capped.bound, 2),
             "any_position_floor_ms": round(floor.floor_ms, 2),
@@ -129,18 +134,22 @@ def main(argv=None) -> None:
     ap.add_argument("--window", type=int, default=CAPPED_WINDOW,
                     help="CP-SAT's candidate space: the same-key neighbours a bucket may take members from besides "
                          "those of the searched plan's bucket (0: that plan's buckets, any member alone)")
+    ap.add_argument("--evaluations", nargs="+", type=int, default=[None],
+                    help="the search's reproducible limits (evaluations), a row each: starts that are the same "
+                         "plan on any machine (--search is then a wall-clock guard only)")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for workload in args.workloads:
         for order in args.orders:
-            for seed in args.seeds:
-                row = run_case(workload, order, args.search, args.cpsat, args.out, args.start, args.within, seed,
-                               args.window)
-                print(json.dumps(row), flush=True)
-                rows.append(row)
+            for evaluations in args.evaluations:
+                for seed in args.seeds:
+                    row = run_case(workload, order, args.search, args.cpsat, args.out, args.start, args.within, seed,
+                                   args.window, evaluations)
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
     (args.out / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cols = ["workload", "order", "within", "seed", "cap_gb", "search_ms", "capped_ms", "status", "window",
+    cols = ["workload", "order", "within", "seed", "search_evaluations", "cap_gb", "search_ms", "capped_ms", "status", "window",
             "candidate_bound_ms",
             "any_position_floor_ms", "gap_to_floor", "peak_gb", "torch_peak_gb", "search_s", "cpsat_s"]
     lines = [f"# The capped positioned CP-SAT after the positioned search ({PRESET})", "",
@@ -149,7 +158,9 @@ def main(argv=None) -> None:
              + (f" --start {args.start}" if args.start else "")
              + (f" --within {args.within}" if args.within != "own" else "")
              + (f" --seeds {' '.join(map(str, args.seeds))}" if args.seeds != [0] else "")
-             + (f" --window {args.window}" if args.window != CAPPED_WINDOW else "") + "`; "
+             + (f" --window {args.window}" if args.window != CAPPED_WINDOW else "")
+             + (f" --evaluations {' '.join(map(str, args.evaluations))}" if args.evaluations != [None] else "")
+             + "`; "
              f"git {git_revision()}; {machine()}.", "",
              *markdown_table(cols, rows), ""]
     (args.out / "table.md").write_text("\n".join(lines))
