@@ -190,6 +190,28 @@ def test_where_the_data_forbid_the_best_merge_the_optimum_is_the_brute_force_one
     _check_the_optimum(_one_key_gathers(nodes, colls))
 
 
+def test_where_the_best_wait_is_a_joiners_own_the_model_reaches_it():
+    """Hand-made: ag2's data come from mm_1, so a bucket of both gathers starts at ag2 (its anchor),
+    and its best wait is ag1's own, right before mm_3, which consumes both: at ag2's own wait the
+    bucket would stall the compute. Over the places of ``candidates(problem)`` (gathers get no
+    named waits) only the option of waiting at a joiner's own wait reaches that plan, and it must:
+    ag1's wait is one position before the first consumer, the last place the data allow. The
+    model's optimum is the best legal plan of that space (brute force)."""
+    nodes = [("mm_0", "compute", ()), ("ag1", "start", ()), ("mm_1", "compute", ()), ("ag2", "start", ("mm_1",)),
+             ("w2", "wait", ("ag2",)), ("mm_2", "compute", ()), ("w1", "wait", ("ag1",)),
+             ("mm_3", "compute", ("w1", "w2"))]
+    problem = _one_key_gathers(nodes, [("ag1", "w1", ()), ("ag2", "w2", ())])
+    places = candidates(problem)
+    assert not places.waits
+    in_space = [p for p in _legal_plans(problem)
+                if all(b.wait_before is None and b.issue_before in {None, *places.starts.get(b.start, ())}
+                       for b in p.buckets)]
+    best = min(planner.simulate(problem, p).step_ms for p in in_space)
+    h, _, found = _solved_to_optimality(problem, places)
+    assert planner.simulate(problem, found).step_ms == pytest.approx(best, abs=h.slack_ns / 1e6 + 1e-6)
+    assert [(b.members, b.start, b.wait) for b in found.buckets] == [(("ag1", "ag2"), "ag2", "ag1")]
+
+
 def test_where_two_of_three_fit_the_cap_the_optimum_merges_two():
     """Three gathers, any two within the bucket cap and three not: the model's optimum is a plan
     (the cap holds over a whole bucket, not only over each pair), priced as the simulator prices
