@@ -17,7 +17,9 @@ positioned policy, the peak by ``planner.cost.memory``) and simulated.
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
@@ -25,8 +27,8 @@ from planner.cost.bounds import within_peak
 from planner.cost.memory import memory_profile, peak_bytes
 from planner.search.position_search import positioned_policy
 from planner.search.positioned_cuts import add_phase_cuts
-from planner.search.positioned import (MemoryCap, PositionedHandle, add_positioned_step,
-                                build_positioned_model, candidates, hint_fully, model_step_ms)
+from planner.search.positioned import (Candidates, MemoryCap, PositionedHandle, add_positioned_step,
+                                       build_positioned_model, candidates, hint_fully, model_step_ms)
 from planner.core.problem import Plan, Problem
 from planner.cost.simulator import step_ms
 from planner.rules.verifier import verify
@@ -64,77 +66,136 @@ def _fullest(problem: Problem, plan: Plan | None, most: int, over: int | None = 
     return [t for t, held in profile[:most] if over is None or held > over]
 
 
+@dataclass(frozen=True)
+class CappedSearch:
+    """How ``solve_capped`` searches: CP-SAT's ``workers``; the candidate space's ``window`` (the
+    same-key neighbours a bucket may take members from besides those of the plans given);
+    ``deterministic``: the time limit counts CP-SAT's deterministic time, the wall clock only
+    guards (``DETERMINISTIC_WALL_FACTOR`` times it), so the same plans, workers and limit give the
+    same answer on any machine."""
+
+    workers: int = 2
+    window: int = CAPPED_WINDOW
+    deterministic: bool = False
+
+
 def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int | None, time_limit_s: float,
-                 workers: int = 2, window: int = CAPPED_WINDOW, floor_ms: float = 0.0,
-                 say=None) -> SolveResult:
+                 floor_ms: float = 0.0, say=None, search: CappedSearch = CappedSearch()) -> SolveResult:
     """The fastest plan of the candidate space of ``plans`` within ``peak_memory_bytes``
     (module docstring), from the fastest of ``plans`` within it, which must exist: a start the
     search keeps if it finds nothing better. The result: the plan's simulated step (``objective``,
     ms), its peak (``peak_bytes``), CP-SAT's status and bound over the capped candidate space
     ("OPTIMAL" or "FEASIBLE"; a bound of that space, not of every plan with any positions: its
     ``bound_scope`` says so). The candidate space's buckets are those of ``plans``, any member
-    free to leave its bucket or join another of them; ``window``: the same-key neighbours a bucket
-    may take members from besides those (``CAPPED_WINDOW`` by default)."""
-    from planner.search.solver import _configured_solver, _Progress, _run_search
-
+    free to leave its bucket or join another of them, and members from ``search.window``
+    neighbours. A Ctrl-C stops the search and keeps the best plan within the cap
+    (``stats['interrupted']``); ``stats['wall_limit_hit']``: a deterministic search that the wall
+    clock stopped first (another run may differ)."""
     t0 = time.perf_counter()
     policy = positioned_policy(peak_memory_bytes).as_params()
     legal = [p for p in plans if not verify(problem, p, **policy)]
     if not legal:
         raise ValueError("no plan given is within the rules and the peak-memory cap: nothing to start from")
     best = min(legal, key=lambda p: step_ms(problem, p))
-    best_ms = step_ms(problem, best)
     # the best plan first: its buckets' order is the model's order of several starts at one place
-    found = candidates(problem, [best] + [p for p in legal if p is not best])
-    instants: list[float] = []
+    # its plans say what they are as the best plan given does (a positioned search's: objective,
+    # positions, seed), with the positioned policy they were verified under and the window
+    params = {**{k: v for k, v in best.params.items() if k != "bound"}, **policy, "window": search.window}
+    run = _CappedRun(problem, candidates(problem, [best] + [p for p in legal if p is not best]), peak_memory_bytes,
+                     floor_ms, search, policy, params)
+    run.best, run.best_ms = best, step_ms(problem, best)
+    run.stats.update(window=search.window, candidates_start=sum(map(len, run.found.starts.values())),
+                     candidates_wait=sum(map(len, run.found.waits.values())))
     if peak_memory_bytes is not None:
-        instants = sorted(set(_fullest(problem, best, FIRST_INSTANTS) + _fullest(problem, None, FIRST_INSTANTS // 2)))
-    stats: dict = {"rounds": 0, "instants": 0, "window": window,
-                   "candidates_start": sum(map(len, found.starts.values())),
-                   "candidates_wait": sum(map(len, found.waits.values()))}
-    status, bound_ms = "FEASIBLE", floor_ms
-    while True:
-        left = time_limit_s - (time.perf_counter() - t0)
-        if left <= 0.05:
-            break
-        stats["rounds"] += 1
+        run.instants = sorted(set(_fullest(problem, best, FIRST_INSTANTS) + _fullest(problem, None, FIRST_INSTANTS // 2)))
+    run.search_all(t0, time_limit_s, say)
+    run.stats["seconds"] = round(time.perf_counter() - t0, 2)
+    space = f"every plan of the candidate space (the plans' buckets, window {search.window})"
+    run.stats["bound_scope"] = within_peak(space, peak_memory_bytes)
+    bound = min(run.bound_ms, run.best_ms)
+    plan = run.best.model_copy(update={"params": {**run.best.params, "interrupted": run.stats["interrupted"]}})
+    return SolveResult(plan=plan, status=run.status, objective=run.best_ms, bound=bound,
+                       gap=gap_of(run.best_ms, bound), wall_s=time.perf_counter() - t0, stats=run.stats,
+                       peak_bytes=peak_bytes(problem, run.best))
+
+
+@dataclass
+class _CappedRun:
+    """One ``solve_capped``: the rounds of CP-SAT over the capped model, the instants it
+    constrains, and the best plan within the cap so far."""
+
+    problem: Problem
+    found: Candidates
+    cap: int | None
+    floor_ms: float
+    search: CappedSearch
+    policy: dict  # the positioned policy's verify arguments
+    params: dict  # the params of the plans the model writes
+    best: Plan | None = None
+    best_ms: float = math.inf
+    instants: list[float] = field(default_factory=list)
+    status: str = "FEASIBLE"
+    bound_ms: float = 0.0
+    stats: dict = field(default_factory=lambda: {"rounds": 0, "instants": 0, "interrupted": False,
+                                                 "wall_limit_hit": False})
+
+    def search_all(self, t0: float, time_limit_s: float, say) -> None:
+        """Rounds until one finds a plan within the cap (or the time is out): each adds the
+        instants where the last solution was over it."""
+        from planner.search.solver import DETERMINISTIC_WALL_FACTOR
+
+        self.bound_ms = self.floor_ms
+        wall_s = time_limit_s * (DETERMINISTIC_WALL_FACTOR if self.search.deterministic else 1.0)
+        det_left = time_limit_s
+        while True:
+            wall_left = wall_s - (time.perf_counter() - t0)
+            left = min(wall_left, det_left) if self.search.deterministic else wall_left
+            if left <= 0.05:
+                return
+            used, done = self._round(t0, wall_left, left, say)
+            det_left -= used
+            if done:
+                return
+
+    def _round(self, t0: float, wall_left: float, left: float, say) -> tuple[float, bool]:
+        """One CP-SAT solve; (its deterministic time, whether the search is over)."""
+        from planner.search.solver import _configured_solver, _Progress, _run_search
+
+        problem, cap = self.problem, self.cap
+        self.stats["rounds"] += 1
         t_build = time.perf_counter()
-        h, cap = _model(problem, found, peak_memory_bytes, instants, window, floor_ms)
-        twin, _ = _model(problem, found, peak_memory_bytes, instants, window, floor_ms)
+        h, _ = _model(problem, self.found, cap, self.instants, self.search.window, self.floor_ms)
+        twin, _ = _model(problem, self.found, cap, self.instants, self.search.window, self.floor_ms)
         t_hint = time.perf_counter()
-        hinted = hint_fully(h, twin, best, time_limit_s=min(10.0, left / 4))
-        stats.setdefault("rounds_s", []).append({"build": round(t_hint - t_build, 2),
-                                                "hint": round(time.perf_counter() - t_hint, 2),
-                                                "hinted": hinted})
-        stats["instants"] = len(instants)
-        solver = _configured_solver(workers, 0, wall_s=time_limit_s - (time.perf_counter() - t0),
-                                    deterministic_s=time_limit_s)
+        hinted = hint_fully(h, twin, self.best, time_limit_s=min(10.0, max(1.0, left / 4)))
+        self.stats.setdefault("rounds_s", []).append({"build": round(t_hint - t_build, 2),
+                                                     "hint": round(time.perf_counter() - t_hint, 2), "hinted": hinted})
+        self.stats["instants"] = len(self.instants)
+        wall = wall_left - (time.perf_counter() - t_hint)
+        solver = _configured_solver(self.search.workers, 0, wall_s=wall,
+                                    deterministic_s=left if self.search.deterministic else left + 1e6)
         cb = _Progress(say, t0, objective="step")
         code = _run_search(solver, h.model, cb)
+        self.stats["interrupted"] = cb.interrupted
+        if self.search.deterministic and code != cp_model.OPTIMAL and solver.wall_time >= wall * 0.99:
+            self.stats["wall_limit_hit"] = True
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             if code == cp_model.INFEASIBLE:
                 raise AssertionError("the capped model refused the plan it was started from")
-            break
-        bound_ms = max(bound_ms, (solver.best_objective_bound - h.slack_ns) / 1e6)
-        plan = h.extract(solver, params={**policy, "window": window})
-        wrong = verify(problem, plan, **{**policy, "peak_memory_bytes": None})
+            return solver.deterministic_time, True
+        self.bound_ms = max(self.bound_ms, (solver.best_objective_bound - h.slack_ns) / 1e6)
+        plan = h.extract(solver, params=self.params)
+        wrong = verify(problem, plan, **{**self.policy, "peak_memory_bytes": None})
         if wrong:
             raise AssertionError(f"the positioned model returned a plan the verifier refuses: {wrong[0]}")
-        over = _fullest(problem, plan, INSTANTS_PER_ROUND, peak_memory_bytes) if peak_memory_bytes is not None else []
+        over = _fullest(problem, plan, INSTANTS_PER_ROUND, cap) if cap is not None else []
         plan_ms = step_ms(problem, plan)
-        stats.setdefault("model_vs_simulated_ns", []).append(round((model_step_ms(h, solver) - plan_ms) * 1e6))
+        self.stats.setdefault("model_vs_simulated_ns", []).append(round((model_step_ms(h, solver) - plan_ms) * 1e6))
         if not over:
-            if plan_ms < best_ms:
-                best, best_ms = plan, plan_ms
-            status = "OPTIMAL" if code == cp_model.OPTIMAL else "FEASIBLE"
-            break
+            if plan_ms < self.best_ms:
+                self.best, self.best_ms = plan, plan_ms
+            self.status = "OPTIMAL" if code == cp_model.OPTIMAL and not cb.interrupted else "FEASIBLE"
+            return solver.deterministic_time, True
         # over the cap somewhere the model did not look yet: look there too, and search again
-        instants = sorted(set(instants) | set(over))
-        if cb.interrupted:
-            break
-    stats["seconds"] = round(time.perf_counter() - t0, 2)
-    space = f"every plan of the candidate space (the plans' buckets, window {window})"
-    stats["bound_scope"] = within_peak(space, peak_memory_bytes)
-    bound = min(bound_ms, best_ms)
-    return SolveResult(plan=best, status=status, objective=best_ms, bound=bound, gap=gap_of(best_ms, bound),
-                       wall_s=time.perf_counter() - t0, stats=stats, peak_bytes=peak_bytes(problem, best))
+        self.instants = sorted(set(self.instants) | set(over))
+        return solver.deterministic_time, cb.interrupted
