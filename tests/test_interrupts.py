@@ -1,5 +1,5 @@
 """Interrupt means interrupted, everywhere: Ctrl-C in ``compare``, ``solve --positions free``,
-``solve --robust``, ``solve-dir`` (every planner), ``extract`` and while the command line starts
+``solve --positions free --prove``, ``solve --robust``, ``solve-dir`` (every planner), ``extract`` and while the command line starts
 stops within seconds, exits 130 without a traceback, keeps the best verified result marked
 ``interrupted``, never replaces a finished output with a cut-short one, and the next
 ``solve-dir`` solves it again. ``solve-dir --jobs`` survives a solve whose process dies.
@@ -102,6 +102,24 @@ def test_ctrl_c_in_the_positioned_search_writes_its_plan_marked_interrupted(fsdp
     from planner.rules.verifier import recorded_policy
 
     assert not planner.verify(problem, plan, **recorded_policy(plan))
+
+
+def test_ctrl_c_while_prove_searches_keeps_its_best_plan_marked_interrupted(tmp_path):
+    """--prove's CP-SAT (from a weak 3 s deterministic search, whose space it does not close in
+    120 s) stops at a Ctrl-C: the best plan within the budget, verified, marked interrupted."""
+    plan_path = tmp_path / "plan.json"
+    run = Interrupted("solve", PROBLEMS / "llama3-8b-fsdp-2--h100-8nodes-graph-order.json.gz", "-o", plan_path,
+                      "--positions", "free", "--time-limit", "3", "--deterministic", "--prove", "120",
+                      marker="CP-SAT over the search plan's candidate space", delay_s=4.0)
+    run.assert_interrupted()
+    plan = planner.load_plan(plan_path)
+    assert plan.params["interrupted"] is True and plan.params["candidate_bound"]["status"] == "FEASIBLE"
+    problem = planner.load_problem(PROBLEMS / "llama3-8b-fsdp-2--h100-8nodes-graph-order.json.gz")
+    from planner.rules.verifier import recorded_policy
+
+    assert not planner.verify(problem, plan, **recorded_policy(plan))
+    assert planner.cost.memory.peak_bytes(problem, plan) <= planner.cost.memory.peak_bytes(problem)
+    assert "interrupted" in run.out
 
 
 def test_ctrl_c_in_a_robust_solve_stops_and_marks_its_plan(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import time
 
 from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, built, gigabytes, memory_line, with_bound,
-                                   output_file, progress, stamped)
+                                   output_file, positive, progress, stamped)
 
 OBJECTIVES = ["count", "exposure", "step"]
 OBJECTIVE_HELP = ("step: the simulated step time in ms; count: the number of collectives; "
@@ -36,6 +36,7 @@ NOT_OPTIONS = {
     "--hint": "a plan: solve's hint and a start of the positioned search",
     "--positions": "which searches run: solve alone, or position_search after it",
     "--peak-memory-gb": "position_search's peak_memory_bytes, the budget it searches within",
+    "--prove": "solve_capped's time_limit_s, after the positioned search",
     "--robust": "the scenarios of planner.search.scenarios.robust_plan, which runs instead of solve",
     "--quiet": "solve's progress (none)",
 }
@@ -87,6 +88,12 @@ def add_parser(sub) -> None:
                    help="with --positions free: the planned schedule's peak memory (GB = 10^9 "
                         "bytes) stays within this (default: the --hint plan's peak, or the unbucketed "
                         "schedule's)")
+    s.add_argument("--prove", type=float, default=None, metavar="SECONDS",
+                   help="with --positions free: after the search, up to SECONDS more of CP-SAT over "
+                        "the candidate space of the search's plan within the same peak "
+                        "(planner.search.positioned_solve): a faster plan of that space, or the proof "
+                        "that none is (OPTIMAL). Practical at a few layers (llama3-8b-fsdp-2: seconds); "
+                        "with --deterministic, SECONDS of CP-SAT's deterministic time (default: none)")
     s.add_argument("--robust", metavar="A,B,...",
                    help="the plan with the least worst-case regret across these cost scenarios "
                         f"({SCENARIOS_HELP}), within --time-limit")
@@ -106,6 +113,13 @@ def run(args) -> int:
     if args.keep_overlap and args.positions != "free":
         raise CLIError("--keep-overlap needs --positions free (anchored plans always keep torch's "
                        "overlap)")
+    if args.prove is not None:
+        if args.positions != "free":
+            raise CLIError("--prove needs --positions free (an anchored solve proves its bound itself)")
+        if args.keep_overlap:
+            raise CLIError("--prove does not keep torch's overlap (its model prices lost overlap): "
+                           "drop --keep-overlap or --prove")
+        positive(args.prove, "--prove")
     peak = gigabytes(args.peak_memory_gb, "--peak-memory-gb")
     positioned = position_options(args) if args.positions == "free" else None
     output_file(args.output, "-o")

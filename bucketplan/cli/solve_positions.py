@@ -47,12 +47,61 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
               f"to {args.output}", file=sys.stderr)
         return 130
     floor = free_position_floor(problem, peak_memory_bytes=budget)
+    searched = result
+    proof = None
+    if args.prove is not None and not result.stats.get("interrupted"):
+        proof = _prove(args, problem, result, floor.floor_ms, budget)
+        if proof is not None:
+            result = dataclasses.replace(proof, stats={**result.stats, "interrupted": proof.stats["interrupted"]})
+        else:  # a Ctrl-C while the model was built: the search's plan is the best verified one
+            result = dataclasses.replace(result, stats={**result.stats, "interrupted": True})
+            result = dataclasses.replace(result, plan=result.plan.model_copy(
+                update={"params": {**result.plan.params, "interrupted": True}}))
     gap = gap_of(result.objective, floor.floor_ms)
-    planner.save(stamped(with_bound(result.plan, floor.floor_ms, floor.scope, gap), args), args.output)
+    plan = with_bound(result.plan, floor.floor_ms, floor.scope, gap)
+    if proof is not None:  # the second number: the candidate space's bound, named as such
+        plan = plan.model_copy(update={"params": {**plan.params, "candidate_bound": {
+            "status": proof.status, "bound_ms": round(proof.bound, 6), "scope": proof.bound_scope,
+            "gap": round(proof.gap, 6)}}})
+    planner.save(stamped(plan, args), args.output)
     _report(args, problem, anchored, result, floor, gap, budget)
-    _print_wall(result, evaluations, t_start)
+    if proof is not None:
+        _report_proof(proof, searched)
+    print(memory_line(problem, result.plan) + f"; budget {budget / GB:.3f} GB")
+    _print_wall(searched, evaluations, t_start)
     print(f"wrote               {args.output}")
     return 130 if result.stats.get("interrupted") else 0
+
+
+def _prove(args, problem, searched, floor_ms: float, budget: int):
+    """CP-SAT over the candidate space of the search's plan within ``budget`` for --prove seconds
+    (``solve_capped``); None when a Ctrl-C came before it searched."""
+    from planner.search.positioned_solve import CappedSearch, solve_capped
+
+    say = progress(args.quiet)
+    say(f"CP-SAT over the search plan's candidate space within {budget / GB:.3f} GB, "
+        + (f"{args.prove:g} s of deterministic time" if args.deterministic else f"{args.prove:g} s"))
+    try:
+        return solve_capped(problem, [searched.plan], peak_memory_bytes=budget, time_limit_s=args.prove,
+                            floor_ms=floor_ms, say=None if args.quiet else say,
+                            search=CappedSearch(workers=args.workers, deterministic=args.deterministic))
+    except KeyboardInterrupt:
+        print("interrupted while CP-SAT's positioned model was built: wrote the positioned search's plan",
+              file=sys.stderr)
+        return None
+
+
+def _report_proof(proof, searched) -> None:
+    """The candidate space's status and bound, beside the floor over every plan."""
+    stopped = ("; interrupted" if proof.stats.get("interrupted") else
+               "; stopped by the wall-clock guard: another run may differ" if proof.stats.get("wall_limit_hit")
+               else "" if proof.status == "OPTIMAL" else "; stopped by its time limit")
+    what = ("none is faster" if proof.status == "OPTIMAL"
+            else f"none is below {proof.bound:.3f} ms, gap {proof.gap:.1%}")
+    print(f"candidate space     {proof.bound_scope}")
+    print(f"CP-SAT over it      {proof.status}: {what} ({proof.wall_s:.1f}s{stopped})")
+    if proof.objective < searched.objective - 1e-9:
+        print(f"CP-SAT improved     {searched.objective:.3f} -> {proof.objective:.3f} ms")
 
 
 def _report(args, problem, anchored, result, floor, gap: float, budget: int) -> None:
@@ -73,7 +122,6 @@ def _report(args, problem, anchored, result, floor, gap: float, budget: int) -> 
               f"peak {over / GB:.3f} GB"
               + (" (over the budget: fitted before the search)" if over > budget else ""))
     print(f"gap                 {gap:.1%}")
-    print(memory_line(problem, result.plan) + f"; budget {budget / GB:.3f} GB")
 
 
 def _print_wall(result, evaluations: int | None, t_start: float) -> None:
