@@ -52,7 +52,10 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     if args.prove is not None and not result.stats.get("interrupted"):
         proof = _prove(args, problem, result, floor.floor_ms, budget)
         if proof is not None:
-            result = dataclasses.replace(proof, stats={**result.stats, "interrupted": proof.stats["interrupted"]})
+            improved = proof.objective < result.objective - 1e-9
+            result = dataclasses.replace(proof, stats={
+                **result.stats, "interrupted": proof.stats["interrupted"],
+                "best_from": result.stats["best_from"] + ("; then CP-SAT's, over its candidate space" if improved else "")})
         else:  # a Ctrl-C while the model was built: the search's plan is the best verified one
             result = dataclasses.replace(result, stats={**result.stats, "interrupted": True})
             result = dataclasses.replace(result, plan=result.plan.model_copy(

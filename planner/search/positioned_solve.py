@@ -110,7 +110,8 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
         run.instants = sorted(set(_fullest(problem, best, FIRST_INSTANTS) + _fullest(problem, None, FIRST_INSTANTS // 2)))
     run.search_all(t0, time_limit_s, say)
     run.stats["seconds"] = round(time.perf_counter() - t0, 2)
-    space = f"every plan of the candidate space (the plans' buckets, window {search.window})"
+    space = (f"every plan of the candidate space (the plans' buckets, window {search.window}; several starts at "
+             f"one place in the best plan's order)")
     run.stats["bound_scope"] = within_peak(space, peak_memory_bytes)
     bound = min(run.bound_ms, run.best_ms)
     plan = run.best.model_copy(update={"params": {**run.best.params, "interrupted": run.stats["interrupted"]}})
@@ -141,24 +142,26 @@ class _CappedRun:
 
     def search_all(self, t0: float, time_limit_s: float, say) -> None:
         """Rounds until one finds a plan within the cap (or the time is out): each adds the
-        instants where the last solution was over it."""
+        instants where the last solution was over it. Deterministic: each round gets the
+        deterministic time left, and the wall clock only guards (a guard that stops the search
+        says so in ``wall_limit_hit``)."""
         from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
         self.bound_ms = self.floor_ms
-        wall_s = time_limit_s * (DETERMINISTIC_WALL_FACTOR if self.search.deterministic else 1.0)
-        det_left = time_limit_s
-        while True:
-            wall_left = wall_s - (time.perf_counter() - t0)
-            left = min(wall_left, det_left) if self.search.deterministic else wall_left
-            if left <= 0.05:
+        deadline = t0 + time_limit_s * (DETERMINISTIC_WALL_FACTOR if self.search.deterministic else 1.0)
+        det_left = time_limit_s if self.search.deterministic else math.inf
+        while det_left > 0.05:
+            if deadline - time.perf_counter() <= 0.05:
+                self.stats["wall_limit_hit"] = self.search.deterministic
                 return
-            used, done = self._round(t0, wall_left, left, say)
+            used, done = self._round(t0, deadline, det_left, say)
             det_left -= used
             if done:
                 return
 
-    def _round(self, t0: float, wall_left: float, left: float, say) -> tuple[float, bool]:
-        """One CP-SAT solve; (its deterministic time, whether the search is over)."""
+    def _round(self, t0: float, deadline: float, det_left: float, say) -> tuple[float, bool]:
+        """One CP-SAT solve until ``deadline`` (wall) or ``det_left`` (deterministic time);
+        (its deterministic time, whether the search is over)."""
         from planner.search.solver import _configured_solver, _Progress, _run_search
 
         problem, cap = self.problem, self.cap
@@ -167,30 +170,43 @@ class _CappedRun:
         h, _ = _model(problem, self.found, cap, self.instants, self.search.window, self.floor_ms)
         twin, _ = _model(problem, self.found, cap, self.instants, self.search.window, self.floor_ms)
         t_hint = time.perf_counter()
-        hinted = hint_fully(h, twin, self.best, time_limit_s=min(10.0, max(1.0, left / 4)))
+        # the plan's choices fixed: solved in well under a second; a cut-short hint changes the
+        # search, which a deterministic run must say (wall_limit_hit)
+        hinted = hint_fully(h, twin, self.best, time_limit_s=min(10.0, max(0.05, (deadline - t_hint) / 4)))
         self.stats.setdefault("rounds_s", []).append({"build": round(t_hint - t_build, 2),
                                                      "hint": round(time.perf_counter() - t_hint, 2), "hinted": hinted})
         self.stats["instants"] = len(self.instants)
-        wall = wall_left - (time.perf_counter() - t_hint)
-        solver = _configured_solver(self.search.workers, 0, wall_s=wall,
-                                    deterministic_s=left if self.search.deterministic else left + 1e6)
+        self.stats["wall_limit_hit"] |= self.search.deterministic and not hinted
+        wall = deadline - time.perf_counter()  # the build and the hint count too
+        if wall <= 0.05:
+            self.stats["wall_limit_hit"] |= self.search.deterministic
+            return 0.0, True
+        solver = _configured_solver(self.search.workers, 0, wall_s=wall, deterministic_s=min(det_left, 1e9))
         cb = _Progress(say, t0, objective="step")
         code = _run_search(solver, h.model, cb)
         self.stats["interrupted"] = cb.interrupted
         if self.search.deterministic and code != cp_model.OPTIMAL and solver.wall_time >= wall * 0.99:
             self.stats["wall_limit_hit"] = True
+        if code == cp_model.INFEASIBLE and hinted or code == cp_model.MODEL_INVALID:
+            raise AssertionError(f"the capped model refused the plan it was started from ({solver.status_name(code)})")
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            if code == cp_model.INFEASIBLE:
-                raise AssertionError("the capped model refused the plan it was started from")
             return solver.deterministic_time, True
         self.bound_ms = max(self.bound_ms, (solver.best_objective_bound - h.slack_ns) / 1e6)
+        if hinted and self.bound_ms > self.best_ms + h.slack_ns / 1e6 + 1e-6:
+            # the start is a plan of the space: a bound above its simulated step is a mispriced model
+            raise AssertionError(f"the capped model's bound {self.bound_ms:.6f} ms lies above the plan it was "
+                                 f"started from ({self.best_ms:.6f} ms simulated)")
         plan = h.extract(solver, params=self.params)
         wrong = verify(problem, plan, **{**self.policy, "peak_memory_bytes": None})
         if wrong:
             raise AssertionError(f"the positioned model returned a plan the verifier refuses: {wrong[0]}")
         over = _fullest(problem, plan, INSTANTS_PER_ROUND, cap) if cap is not None else []
         plan_ms = step_ms(problem, plan)
-        self.stats.setdefault("model_vs_simulated_ns", []).append(round((model_step_ms(h, solver) - plan_ms) * 1e6))
+        off_ns = round((model_step_ms(h, solver) - plan_ms) * 1e6)
+        self.stats.setdefault("model_vs_simulated_ns", []).append(off_ns)
+        if abs(off_ns) > h.slack_ns + 1:
+            raise AssertionError(f"the capped model's step {model_step_ms(h, solver):.6f} ms is not the simulator's "
+                                 f"{plan_ms:.6f} ms for the plan it returned")
         if not over:
             if plan_ms < self.best_ms:
                 self.best, self.best_ms = plan, plan_ms
