@@ -406,6 +406,7 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
     assert result.stats["instants"] > 0
 
 
+@pytest.mark.slow  # a search and two solves of the capped model
 def test_a_deterministic_capped_solve_gives_the_same_answer_twice(get_scheduled):
     """CappedSearch(deterministic=True): the limit is CP-SAT's deterministic time, so two solves
     from the same plan return the same plan, byte for byte, status and bound."""
@@ -416,7 +417,7 @@ def test_a_deterministic_capped_solve_gives_the_same_answer_twice(get_scheduled)
     cap = peak_bytes(problem)
     start = position_search(problem, [], planner.PositionSearchOptions(seed=1, max_evaluations=100),
                             peak_memory_bytes=cap, deadline=time.perf_counter() + 60)
-    runs = [solve_capped(problem, [start.plan], peak_memory_bytes=cap, time_limit_s=1.5,
+    runs = [solve_capped(problem, [start.plan], peak_memory_bytes=cap, time_limit_s=0.5,
                          search=CappedSearch(deterministic=True)) for _ in range(2)]
     assert runs[0].plan.model_dump_json() == runs[1].plan.model_dump_json()
     assert (runs[0].status, runs[0].bound) == (runs[1].status, runs[1].bound)

@@ -23,7 +23,7 @@ GRAPH_ORDER = PROBLEMS / "llama3-8b-fsdp-2--h100-8nodes-graph-order.json.gz"
 def test_prove_writes_a_verified_plan_with_the_candidate_space_bound(tmp_path, capsys):
     out = tmp_path / "plan.json"
     code = cli(["solve", str(GRAPH_ORDER), "-o", str(out), "-q", "--positions", "free", "--time-limit", "8",
-                "--prove", "30", "--workers", "2"])
+                "--prove", "20", "--workers", "2"])
     printed = capsys.readouterr().out
     assert code == 0, printed
     problem, plan = planner.load_problem(GRAPH_ORDER), planner.load_plan(out)
@@ -45,8 +45,8 @@ def test_prove_writes_a_verified_plan_with_the_candidate_space_bound(tmp_path, c
 def test_prove_deterministic_writes_the_same_bytes_twice(tmp_path, capsys):
     outs = [tmp_path / f"plan{k}.json" for k in (1, 2)]
     for out in outs:
-        code = cli(["solve", str(GRAPH_ORDER), "-o", str(out), "-q", "--positions", "free", "--time-limit", "3",
-                    "--prove", "1", "--deterministic", "--workers", "2"])
+        code = cli(["solve", str(GRAPH_ORDER), "-o", str(out), "-q", "--positions", "free", "--time-limit", "2",
+                    "--prove", "0.3", "--deterministic", "--workers", "2"])
         assert code == 0, capsys.readouterr().out
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert "candidate_bound" in planner.load_plan(outs[0]).params
