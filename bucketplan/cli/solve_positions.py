@@ -57,8 +57,7 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
                 **result.stats, "interrupted": proof.stats["interrupted"],
                 "best_from": result.stats["best_from"] + ("; then CP-SAT's, over its candidate space" if improved else "")})
         else:  # a Ctrl-C while the model was built: the search's plan is the best verified one
-            result = dataclasses.replace(result, stats={**result.stats, "interrupted": True})
-            result = dataclasses.replace(result, plan=result.plan.model_copy(
+            result = dataclasses.replace(result, stats={**result.stats, "interrupted": True}, plan=result.plan.model_copy(
                 update={"params": {**result.plan.params, "interrupted": True}}))
     gap = gap_of(result.objective, floor.floor_ms)
     plan = with_bound(result.plan, floor.floor_ms, floor.scope, gap)

@@ -97,13 +97,12 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
     if not legal:
         raise ValueError("no plan given is within the rules and the peak-memory cap: nothing to start from")
     best = min(legal, key=lambda p: step_ms(problem, p))
-    # the best plan first: its buckets' order is the model's order of several starts at one place
     # its plans say what they are as the best plan given does (a positioned search's: objective,
     # positions, seed), with the positioned policy they were verified under and the window
     params = {**{k: v for k, v in best.params.items() if k != "bound"}, **policy, "window": search.window}
-    run = _CappedRun(problem, candidates(problem, [best] + [p for p in legal if p is not best]), peak_memory_bytes,
-                     floor_ms, search, policy, params)
-    run.best, run.best_ms = best, step_ms(problem, best)
+    # the best plan first: its buckets' order is the model's order of several starts at one place
+    found = candidates(problem, [best] + [p for p in legal if p is not best])
+    run = _CappedRun(problem, found, peak_memory_bytes, floor_ms, search, policy, params, best, step_ms(problem, best))
     run.stats.update(window=search.window, candidates_start=sum(map(len, run.found.starts.values())),
                      candidates_wait=sum(map(len, run.found.waits.values())))
     if peak_memory_bytes is not None:
@@ -132,8 +131,8 @@ class _CappedRun:
     search: CappedSearch
     policy: dict  # the positioned policy's verify arguments
     params: dict  # the params of the plans the model writes
-    best: Plan | None = None
-    best_ms: float = math.inf
+    best: Plan  # the fastest plan within the cap so far (at first the fastest given)
+    best_ms: float
     instants: list[float] = field(default_factory=list)
     status: str = "FEASIBLE"
     bound_ms: float = 0.0
