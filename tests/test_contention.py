@@ -42,8 +42,14 @@ def _hand(nodes, collectives, links) -> planner.Problem:
                            ).with_fingerprint()
 
 
-def _runs(sim) -> dict[str, tuple[float, float]]:
-    return {r.name: (r.begin_ms, r.end_ms) for r in sim.compute}
+def _runs(sim) -> dict[tuple[str, str], float]:
+    """Each compute node's begin and end, flat: pytest.approx compares flat mappings only."""
+    return {(r.name, end): t for r in sim.compute for end, t in (("begin", r.begin_ms), ("end", r.end_ms))}
+
+
+def _spans(spans: dict[str, tuple[float, float]]) -> dict[tuple[str, str], float]:
+    """Hand-worked spans, {name: (begin, end)}, in ``_runs``' flat form."""
+    return {(name, end): t for name, (b, e) in spans.items() for end, t in (("begin", b), ("end", e))}
 
 
 def _one_gather(collective_ms: float) -> planner.Problem:
@@ -56,12 +62,12 @@ def test_compute_beside_a_collective_is_slowed_and_the_rest_is_not():
     p = _one_gather(6.0)
     # Without contention: mm_1 0-10, mm_2 10-20, the gather (0-6) is done by its wait, mm_3 20-25.
     free = planner.simulate(p)
-    assert free.step_ms == 25.0 and _runs(free) == {"mm_1": (0, 10), "mm_2": (10, 20), "mm_3": (20, 25)}
+    assert free.step_ms == 25.0 and _runs(free) == _spans({"mm_1": (0, 10), "mm_2": (10, 20), "mm_3": (20, 25)})
     # At 1.5x: from 0 to 6 the gather runs and mm_1 does 6 / 1.5 = 4 ms of its work; its other
     # 6 ms run alone, 6-12. mm_2 12-22 and mm_3 22-27 run alone.
     slow = planner.simulate(p, contention=1.5)
     assert slow.step_ms == pytest.approx(27.0)
-    assert _runs(slow) == pytest.approx({"mm_1": (0, 12), "mm_2": (12, 22), "mm_3": (22, 27)})
+    assert _runs(slow) == pytest.approx(_spans({"mm_1": (0, 12), "mm_2": (12, 22), "mm_3": (22, 27)}))
     assert slow.exposed_ms == 0
 
 
@@ -75,7 +81,7 @@ def test_a_stall_is_not_slowed_and_hides_less_of_the_collective():
     # other 5 ms 30-35. The wait at 35 finds the gather done: nothing exposed; mm_3 35-40.
     slow = planner.simulate(p, contention=2.0)
     assert slow.step_ms == pytest.approx(40.0) and slow.exposed_ms == 0
-    assert _runs(slow) == pytest.approx({"mm_1": (0, 20), "mm_2": (20, 35), "mm_3": (35, 40)})
+    assert _runs(slow) == pytest.approx(_spans({"mm_1": (0, 20), "mm_2": (20, 35), "mm_3": (35, 40)}))
 
 
 def _two_gathers(same_stream: bool) -> planner.Problem:
@@ -92,7 +98,7 @@ def test_two_collectives_in_flight_slow_the_compute_once_not_twice():
     # collective, 8 ms of work; the last 2 ms run alone, 20-22. Both waits at 22 find their
     # gathers done; mm_3 22-27. (Slowed twice over 4-14 it would end later.)
     slow = planner.simulate(_two_gathers(same_stream=False), contention=2.0)
-    assert _runs(slow) == pytest.approx({"mm_1": (0, 4), "mm_2": (4, 22), "mm_3": (22, 27)})
+    assert _runs(slow) == pytest.approx(_spans({"mm_1": (0, 4), "mm_2": (4, 22), "mm_3": (22, 27)}))
     assert slow.step_ms == pytest.approx(27.0)
 
 
@@ -101,7 +107,7 @@ def test_a_queued_collective_slows_the_compute_from_when_it_runs():
     # (the stream's one table: 20 ms). mm_2 from 4: 4-24 covered, 10 ms of work take 20 ms, it
     # ends at 24. w_a at 24 (done at 20); w_b stalls 24-40, not slowed; mm_3 40-45.
     slow = planner.simulate(_two_gathers(same_stream=True), contention=2.0)
-    assert _runs(slow) == pytest.approx({"mm_1": (0, 4), "mm_2": (4, 24), "mm_3": (40, 45)})
+    assert _runs(slow) == pytest.approx(_spans({"mm_1": (0, 4), "mm_2": (4, 24), "mm_3": (40, 45)}))
     assert slow.step_ms == pytest.approx(45.0) and slow.exposed_ms == pytest.approx(16.0)
 
 

@@ -55,18 +55,21 @@ def test_the_readme_is_a_front_door_with_its_details_in_docs():
 def test_the_two_setup_commands_are_the_ones_ci_runs():
     first = bash_blocks(README)[0]
     assert len(first) == 2
-    install, main_job = first[0].split(" && ")
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert install.replace("pip install -e", "pip install -q -e") in ci
+    *install, main_job = first[0].split(" && ")
     assert main_job == "bucketplan compare"
-    assert first[1] in ci
+    ci = (ROOT / ".ci" / "run").read_text()
+    # a fresh venv, the pinned versions (constraints.txt), then the tests, in the README's order
+    assert install[0] == "python3 -m venv .venv" and "python3 -m venv --clear .venv" in ci
+    steps = [step.replace("pip install -c", "pip install -q -c") for step in install[1:]] + [first[1]]
+    places = [ci.find(step) for step in steps]
+    assert -1 not in places and places == sorted(places), (steps, places)
 
 
 @pytest.mark.slow
 def test_the_main_job_runs_verbatim(tmp_path):
     """`bucketplan compare` as the README's first command runs it: defaults, a fresh folder; what it
     leaves is checked as compare's own test checks it (``check_compare_folder``)."""
-    command = bash_blocks(README)[0][0].split(" && ")[1]
+    command = bash_blocks(README)[0][0].split(" && ")[-1]
     result = run(command, tmp_path, flow_env(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     assert len(result.stderr.splitlines()) <= 30, result.stderr
