@@ -16,9 +16,13 @@ How a file is read:
   run), with the permissions of whoever loads it: the file is trusted code, and the command line
   says so before running it. ``_FileCode`` contains what can be contained in-process: the file's
   code -- its import, ``Repro()``, ``get_pg_config()``, ``load_args`` and its forward as traced --
-  runs under a time limit (``LOAD_TIMEOUT_S``), an exit from it (``sys.exit``, ``os._exit``) is a
-  refusal rather than the end of the run, and the working directory, the environment variables
-  and the torch configs it changes are put back afterwards.
+  runs under a time limit (``LOAD_TIMEOUT_S``; kept by a watchdog thread when the file ignores,
+  replaces or cancels its alarm), an exit from it (``sys.exit``, ``os._exit``) or any other
+  exception, BaseExceptions included, is a refusal rather than the end of the run (a
+  KeyboardInterrupt ends the command as a Ctrl-C does), and what it changes is put back: after
+  each piece of its code the signal handlers and mask, the interval timers, the standard streams
+  (which it cannot close meanwhile), ``sys``'s hooks and the builtins; after loading the working
+  directory, the environment variables and the torch configs.
 - ``Repro`` is built with every non-CPU device literal (``.to("cuda:0")``, ``device='cuda:0'``,
   ``.cuda()``: what torch's writer emits for parameters, buffers and constants) sent to the meta
   device, so nothing needs a GPU or memory; its forward is traced by ``torch.fx`` with every op
@@ -45,12 +49,14 @@ How a file is read:
   times (AutoParallel's format, ``planner.cost.measured``; a path relative to the file), read when
   the file is loaded and recorded in the workload's meta (``collectives_table``);
   ``fxglue.pipeline.prepare`` prices the groups it covers by it, under any measurement the
-  caller gave (``--collectives``, ``--profile``).
+  caller gave (``--collectives``, ``--profile``). A table that is not there (a file copied alone)
+  is a warning, recorded as ``collectives_table_missing``: the groups are priced as with none.
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -64,7 +70,7 @@ import sys
 import threading
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +97,9 @@ MAX_GROUP_SIZE = 1 << 20
 # beyond any real step while a stuck file still ends. The variable overrides it (0: no limit).
 LOAD_TIMEOUT_S = 300.0
 LOAD_TIMEOUT_ENV = "BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S"
+# The alarm ends a file's code at the limit; the watchdog (``_Watchdog``) steps in this much later,
+# and then once a second, for a file that defeated the alarm.
+WATCHDOG_GRACE_S = 1.0
 
 
 class GraphFileError(WorkloadError):
@@ -118,7 +127,23 @@ def parse_group(text: str) -> GroupSpec:
     role = m["role"] or "dp"
     if role not in ROLES:
         raise GraphFileError(f"--group {text!r}: role {role!r} is not one of {', '.join(ROLES)}")
-    return GroupSpec(m["name"], int(m["size"]), role, int(m["per_node"]) if m["per_node"] else None)
+    per_node = int(m["per_node"]) if m["per_node"] else None
+    why = _layout_error(int(m["size"]), per_node)
+    if why:
+        raise GraphFileError(f"--group {text!r}: {why}")
+    return GroupSpec(m["name"], int(m["size"]), role, per_node)
+
+
+def _layout_error(size: int, per_node: int | None) -> str | None:
+    """Why ``size`` ranks cannot lie ``per_node`` to a node: the ranks of a group that share a node
+    are at most all of them, and the group fills whole nodes. None: they can (or no layout given)."""
+    if per_node is None:
+        return None
+    if per_node > size:
+        return f"{per_node} ranks per node, more than the group's {size}"
+    if size % per_node:
+        return f"{size} ranks do not fill whole nodes of {per_node} (give ranks per node that divide the size)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -143,7 +168,13 @@ class GraphFile:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).splitlines()[0] if str(e) else ""
+    try:
+        text = str(e)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:  # an exception of the file's whose __str__ fails: its type names it
+        text = ""
+    text = text.splitlines()[0] if text else ""
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
@@ -246,22 +277,182 @@ def _off_cpu(device) -> bool:
     return isinstance(device, torch.device) and device.type not in ("cpu", "meta")
 
 
+_STREAMS = ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__")
+_HOOKS = ("excepthook", "unraisablehook", "displayhook")
+_ITIMERS = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
+_CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
+
+
+def _itimer_clocks() -> dict[int, float]:
+    """What each interval timer counts down: wall time, user CPU time, all CPU time."""
+    return {signal.ITIMER_REAL: time.monotonic(), signal.ITIMER_VIRTUAL: os.times().user,
+            signal.ITIMER_PROF: time.process_time()}
+
+
+class _ProcessState:
+    """What code run in this process changes for everything run after it, as it was when made: the
+    signal handlers (main thread only: only it can set them) and mask, the interval timers, the
+    standard streams, ``sys``'s hooks and the builtins. ``restore`` puts it back, each timer less
+    the time since."""
+
+    def __init__(self):
+        main = threading.current_thread() is threading.main_thread()
+        self.handlers = {s: signal.getsignal(s) for s in _CATCHABLE} if main else {}
+        self.mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+        self.timers = {t: signal.getitimer(t) for t in _ITIMERS}
+        self.clocks = _itimer_clocks()
+        self.sys_names = {n: getattr(sys, n, None) for n in _STREAMS + _HOOKS}
+        self.builtins = dict(vars(builtins))
+
+    def restore(self) -> None:
+        # the alarm and a Ctrl-C wait until all is back: blocked, they arrive when the mask is restored
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGINT})
+        for s, handler in self.handlers.items():
+            if signal.getsignal(s) != handler:  # None: a handler set outside Python, which it cannot set back
+                signal.signal(s, signal.SIG_DFL if handler is None else handler)
+        now = _itimer_clocks()
+        for t, (left, interval) in self.timers.items():
+            signal.setitimer(t, max(left - (now[t] - self.clocks[t]), 1e-3) if left > 0 else 0, interval)
+        for n, value in self.sys_names.items():
+            setattr(sys, n, value)
+        names = vars(builtins)
+        for n in set(names) - set(self.builtins):
+            del names[n]
+        names.update(self.builtins)
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask)
+
+
+class _KeptOpen:
+    """A standard stream as the file's code sees it: closing it only flushes it, so the stream the
+    command prints to afterwards is still open (Python's own ``sys.stdout`` is the very object a
+    file's ``sys.stdout.close()`` would close)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def close(self) -> None:
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def __iter__(self):
+        return iter(self._stream)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _quiet_expiry(previous):
+    """``sys.unraisablehook`` that drops ``_Expired``: the limit can land in a finalizer the
+    garbage collector runs inside the file's code, where Python prints it as "Exception ignored"
+    and goes on; the file's code is interrupted again a second later."""
+    def hook(unraisable) -> None:
+        if not (isinstance(unraisable.exc_type, type) and issubclass(unraisable.exc_type, _Expired)):
+            previous(unraisable)
+    return hook
+
+
+def _keep_streams_open() -> None:
+    for n in _STREAMS:
+        stream = getattr(sys, n, None)
+        if stream is not None:
+            setattr(sys, n, _KeptOpen(stream))
+
+
+def _raise_in_thread(ident: int, exc: type[BaseException] | None) -> None:
+    """CPython's ``PyThreadState_SetAsyncExc``: ``exc`` raised in thread ``ident`` at its next
+    bytecode; None withdraws one not raised yet."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc))
+
+
+class _Watchdog:
+    """The time limit for a file that defeats the alarm (ignores SIGALRM, replaces its handler,
+    cancels the timer): from ``WATCHDOG_GRACE_S`` after the limit, once a second while the file's
+    code runs, a thread raises ``_Expired`` in the main thread as an asynchronous exception.
+
+    Why that: re-arming the alarm from the thread would be undone by the file as before, and a
+    signal (``pthread_kill``, ``_thread.interrupt_main``) reaches only the handler the file left,
+    while an asynchronous exception is raised at the file's next bytecode whatever it did to
+    signals. A call blocked in C runs no bytecode: while our handler is still installed (the file
+    only cancelled the timer) SIGALRM is sent too, which ends the call. Nothing is raised outside
+    the file's code (``enter`` / ``leave``): the process is put back after it, not by it."""
+
+    def __init__(self, code: "_FileCode", first_s: float):
+        self._code = code
+        self._main = threading.main_thread().ident
+        self._lock = threading.Lock()
+        self._inside = False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(first_s,), name="bucketplan-graph-file-limit",
+                                        daemon=True)
+        self._thread.start()
+
+    def enter(self) -> None:
+        with self._lock:
+            self._inside = True
+
+    def leave(self) -> None:
+        with self._lock:
+            self._inside = False
+            _raise_in_thread(self._main, None)
+
+    def stop(self) -> None:
+        self.leave()
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self, first_s: float) -> None:
+        wait = first_s
+        while not self._done.wait(wait):
+            with self._lock:
+                if self._inside:
+                    self._code.expired = True
+                    if signal.getsignal(signal.SIGALRM) == self._code.on_alarm:
+                        signal.pthread_kill(self._main, signal.SIGALRM)
+                    _raise_in_thread(self._main, _Expired)
+            wait = 1.0
+
+
+def _restore_places(cwd: str | None, environ: dict, configs: dict, saved: dict) -> None:
+    """The working directory, the environment variables and torch's configs as they were."""
+    if cwd is not None:
+        try:
+            os.chdir(cwd)
+        except OSError:  # the file removed it
+            pass
+    os.environ.clear()
+    os.environ.update(environ)
+    with warnings.catch_warnings():  # restoring a deprecated key warns; it is only put back
+        warnings.simplefilter("ignore", FutureWarning)
+        for c, m in configs.items():
+            m.load_config(saved[c])
+
+
 class _FileCode:
     """The graph file's own code, run contained (module docstring, *How a file is read*):
-    ``call`` runs one piece of it and turns what it raises -- an error, an exit, the time limit
-    -- into one line naming the file; leaving ``contained()`` puts the process back as it was.
-    KeyboardInterrupt is left to propagate."""
+    ``call`` runs one piece of it, turns what it raises -- an error, an exit, any other
+    BaseException, the time limit -- into one line naming the file, and puts back what it changed
+    in the process (``_ProcessState``); leaving ``contained()`` puts the process back as it was.
+    KeyboardInterrupt is left to propagate: the command ends as at any Ctrl-C."""
 
     def __init__(self, path: Path):
         self.path = path
         self.limit = _load_timeout()
         self.expired = False
         self._timer = False
+        self._watchdog: _Watchdog | None = None
 
     @contextmanager
     def contained(self):
         import importlib
 
+        process = _ProcessState()  # the caller's, before the alarm is ours
         environ = dict(os.environ)
         configs = {c: importlib.import_module(c) for c in _CONFIGS}
         saved = {c: m.save_config() for c, m in configs.items()}
@@ -280,41 +471,52 @@ class _FileCode:
         self._timer = (self.limit > 0 and hasattr(signal, "setitimer")
                        and threading.current_thread() is threading.main_thread())
         if self._timer:
-            def expired(signum, frame):
-                self.expired = True
-                raise _Expired
-
-            previous = signal.signal(signal.SIGALRM, expired)
+            sys.unraisablehook = _quiet_expiry(sys.unraisablehook)
+            signal.signal(signal.SIGALRM, self.on_alarm)
             # repeating each second: a file that swallows one alarm is interrupted again
-            outer = signal.setitimer(signal.ITIMER_REAL, self.limit, 1.0)
-            t0 = time.monotonic()
+            signal.setitimer(signal.ITIMER_REAL, self.limit, 1.0)
+            self._watchdog = _Watchdog(self, self.limit + WATCHDOG_GRACE_S)
         os._exit = exit_refused
         try:
             yield self
         except _Expired:  # it fired between two calls of the file's code
             raise self._expired_error("loading") from None
         finally:
-            self._disarm()
-            if self._timer:
-                signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
-                if outer[0] > 0:  # the caller's own timer goes on, less the time spent here
-                    signal.setitimer(signal.ITIMER_REAL, max(outer[0] - (time.monotonic() - t0), 1e-3), outer[1])
-            os._exit = real_exit
-            if cwd is not None:
-                try:
-                    os.chdir(cwd)
-                except OSError:  # the file removed it
-                    pass
-            os.environ.clear()
-            os.environ.update(environ)
-            with warnings.catch_warnings():  # restoring a deprecated key warns; it is only put back
-                warnings.simplefilter("ignore", FutureWarning)
-                for c, m in configs.items():
-                    m.load_config(saved[c])
+            try:
+                self._put_back(process, stop=True)  # first: no alarm cuts short what follows
+            finally:
+                os._exit = real_exit
+                _restore_places(cwd, environ, configs, saved)
+
+    def on_alarm(self, signum, frame) -> None:
+        self.expired = True
+        raise _Expired
 
     def _disarm(self) -> None:
         if self._timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
+
+    def _put_back(self, state: _ProcessState, *, stop: bool = False) -> None:
+        """``state`` restored and the watchdog told the file's code has ended (``stop``: the watchdog
+        and the alarm stopped), whatever arrives meanwhile: the alarm only marks the limit passed,
+        and a Ctrl-C is raised once all is back."""
+        interrupted = None
+        while True:
+            try:
+                if self._watchdog is not None and stop:
+                    self._watchdog.stop()
+                elif self._watchdog is not None:
+                    self._watchdog.leave()
+                if stop:
+                    self._disarm()
+                state.restore()
+                break
+            except _Expired:
+                self.expired = True
+            except KeyboardInterrupt as e:
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
 
     def _expired_error(self, failed: str) -> GraphFileError:
         self._disarm()
@@ -325,23 +527,32 @@ class _FileCode:
         """``fn(*args)``, the file's code (``devices``: under ``_MetaDevices``); what it raises
         is one line, ``FILE: {failed}: ...``."""
         try:
-            if devices:
-                with _MetaDevices():
-                    result = fn(*args)
-            else:
-                result = fn(*args)
-        except GraphFileError:
+            result = self._run(fn, args, devices)
+        except (GraphFileError, KeyboardInterrupt):
             raise
         except _Expired:
             raise self._expired_error(failed) from None
         except SystemExit as e:
             raise GraphFileError(f"{self.path}: {failed}: its code exited (SystemExit({e.code!r}) or os._exit); "
                                  "a graph file defines Repro and load_args and must not end the run") from None
-        except Exception as e:
+        except BaseException as e:  # an error, GeneratorExit, the file's own BaseException
             raise GraphFileError(f"{self.path}: {failed}: {_first_line(e)}") from None
         if self.expired:  # it caught the alarm and carried on
             raise self._expired_error(failed)
         return result
+
+    def _run(self, fn, args: tuple, devices: bool):
+        """``fn(*args)`` with the standard streams kept open and the watchdog watching while it
+        runs, and the process state it changed put back after it."""
+        state = _ProcessState()
+        try:
+            _keep_streams_open()
+            if self._watchdog is not None:
+                self._watchdog.enter()
+            with _MetaDevices() if devices else nullcontext():
+                return fn(*args)
+        finally:
+            self._put_back(state)
 
 
 # torch-level factories a dumped forward may call with literals only (the repro format calls
@@ -537,6 +748,9 @@ def _config_groups(path: Path, code: _FileCode, module, source: str) -> tuple[li
         if not ranks(size) or role not in ROLES or not (per_node is None or ranks(per_node)):
             raise GraphFileError(f"{path}: {said}: group {name!r}: {info!r} is not {{'size': N[, 'role': 'dp'|'tp', "
                                  f"'ranks_per_node': R]}} with N and R from 1 to {MAX_GROUP_SIZE} ranks")
+        why = _layout_error(size, per_node)
+        if why:
+            raise GraphFileError(f"{path}: {said}: group {name!r}: {why}")
         groups.append(GroupSpec(str(name), size, role, per_node))
     return groups, said
 
@@ -786,7 +1000,7 @@ def load_graph(path: str | os.PathLike, groups: list[GroupSpec] | None = None) -
     return TracedWorkload(name=GraphFile(str(path)).name, gm=traced_gm, fake_mode=fake_mode,
                           groups=groups, trace_s=time.perf_counter() - t0,
                           meta={**_saved_meta(module), "graph_file": str(path), "devices_mapped": mapped,
-                                **({"collectives_table": str(table)} if table is not None else {}),
+                                **_table_meta(path, table),
                                 "groups": {"dp": groups.dp, "tp": groups.tp},  # as built-in workloads record them
                                 "graph_groups": {g.name: {"size": g.size, "role": g.role} for g in in_use},
                                 "group_ranks_per_node": {g.role: g.ranks_per_node for g in in_use
@@ -797,8 +1011,8 @@ def _collectives_table(path: Path, home: Path, code: _FileCode, module) -> Path 
     """The measured collectives table the file names with ``get_colls_estimations_file()``, as
     AutoParallel's overlap-simulator repro files do (``planner.cost.measured``: its format): a path
     relative to the graph file (where AutoParallel keeps them, beside its repro files) or
-    absolute, read here once so a bad table is refused while the file is loaded. None: the file
-    names none."""
+    absolute, read here once so a bad table is refused while the file is loaded; one that is not
+    there is returned unread (``_table_meta``). None: the file names none."""
     from planner.cost.measured import read_series
 
     name_table = getattr(module, "get_colls_estimations_file", None)
@@ -809,11 +1023,26 @@ def _collectives_table(path: Path, home: Path, code: _FileCode, module) -> Path 
         raise GraphFileError(f"{path}: get_colls_estimations_file() returned {name!r}, not the path of a collectives "
                              "table")
     table = home / name  # an absolute name stays as it is
+    if not table.exists():
+        return table
     try:
         read_series(table)
     except (OSError, ValueError) as e:  # MeasuredError names the table and line; BadFileError the table
         raise GraphFileError(f"{path}: get_colls_estimations_file() names {str(name)!r}: {e}") from None
     return table
+
+
+def _table_meta(path: Path, table: Path | None) -> dict:
+    """The workload's meta for the table the file names: where it is; or, when it is not there (a
+    repro file copied alone), where it was looked for, and a warning on stderr: the file's groups
+    are then priced as with no table, so the user need not edit the file to plan it."""
+    if table is None:
+        return {}
+    if table.exists():
+        return {"collectives_table": str(table)}
+    print(f"warning: {path}: get_colls_estimations_file() names {table}, which is not there; its groups are "
+          "priced by --collectives or --profile where given, else by the cluster preset's model", file=sys.stderr)
+    return {"collectives_table_missing": str(table)}
 
 
 def _workload_groups(path: Path, groups: list[GroupSpec]) -> Groups:

@@ -3,8 +3,10 @@ format read back to the very problem a built-in workload or factory gives, forwa
 backward-only graphs as a compile produces them planned from the command line, an external-style
 file (cuda device literals, its own group names and ``get_pg_config``) priced by a measured table
 through public API only, the state torch's writer emits for a GPU graph planned on the CPU, and
-every file that cannot be planned refused in one line -- one that loops, exits or moves the working
-directory included, its code being run contained."""
+every file that cannot be planned refused in one line -- one that loops (even past a defeated
+alarm), exits, raises a BaseException or moves the working directory included, its code being run
+contained -- and what a file changes in the process (signal handlers, timers, standard streams,
+builtins) put back, so the command's output and a later Ctrl-C work as without it."""
 
 from __future__ import annotations
 
@@ -188,6 +190,12 @@ def _file(*, init: str = "", extra: str = "", load: str = "", pg: str = "    ret
     ("sizetrue.py", _file(pg="    return {'mystery': True}\n"), [], "group 'mystery': {'size': True} is not"),
     ("sizehuge.py", _file(pg="    return {'mystery': {'size': 10**12}}\n"), [], "{'size': 1000000000000} is not"),
     ("nogroup.py", None, ["--group", "mystery=99999999999999999999"], "more than 1048576 ranks"),
+    # a layout that cannot be: ranks per node that do not divide the group, or more of them than it has
+    ("nogroup.py", None, ["--group", "mystery=4@3"], "--group 'mystery=4@3': 4 ranks do not fill whole nodes of 3"),
+    ("nogroup.py", None, ["--group", "mystery=4@8"],
+     "--group 'mystery=4@8': 8 ranks per node, more than the group's 4"),
+    ("pernode.py", _file(pg="    return {'mystery': {'size': 4, 'ranks_per_node': 3}}\n"), [],
+     "get_pg_config(): group 'mystery': 4 ranks do not fill whole nodes of 3"),
     # figures beyond what a problem records: named where the graph says them, or where they are priced
     ("huge.py", _file(shapes=("(4, 1 << 30)", "(1 << 30, 1 << 30)")), [], "load_args: input 1: shape "
      "(1073741824, 1073741824) of float32 is 4.61e+18 bytes"),
@@ -274,12 +282,17 @@ def test_the_working_directory_a_graph_file_changes_is_restored(tmp_path, capsys
     ("pg", "    import sys\n    sys.exit(0)\n", "get_pg_config() failed"),
 ], ids=["sys.exit-at-import", "SystemExit-at-import", "in-Repro()", "in-load_args", "in-get_pg_config"])
 def test_a_graph_file_that_exits_is_refused_in_one_line(tmp_path, capsys, where, code, failed):
-    path = tmp_path / "exits.py"
-    path.write_text(_file(**{where: code}))
+    _refused_in_one_line(tmp_path, capsys, _file(**{where: code}), f"{failed}: its code exited")
+
+
+def _refused_in_one_line(tmp_path, capsys, text: str, named: str) -> None:
+    """extract of a graph file with ``text``: exit 2, one line naming the file and ``named``, nothing written."""
+    path = tmp_path / "graph.py"
+    path.write_text(text)
     out = tmp_path / "o"
     status, _, err = run_main(["extract", "--graph", str(path), "-o", str(out), "-q"], capsys)
     assert status == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert f"{path}: {failed}: its code exited" in err and not out.exists()
+    assert f"{path}: {named}" in err and not out.exists(), err
 
 
 @pytest.mark.parametrize("name, text, named", [
@@ -315,6 +328,160 @@ def test_ctrl_c_in_a_graph_file_propagates_and_the_process_is_restored(tmp_path)
         load_graph(path)
     assert (os.getcwd(), os._exit, signal.getsignal(signal.SIGALRM)) == (cwd, exit_, handler)
     assert "BUCKETPLAN_SEEN" not in os.environ and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+
+
+ITIMERS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+
+
+def _process_state() -> tuple:
+    """What a graph file's code can change for the rest of the process: the handlers of SIGINT,
+    SIGTERM and SIGALRM, the signal mask, the interval timers, the standard streams, the builtins."""
+    import builtins
+    import signal
+    import sys
+
+    return ({s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)},
+            signal.pthread_sigmask(signal.SIG_BLOCK, ()),
+            [signal.getitimer(getattr(signal, t)) for t in ITIMERS],
+            (sys.stdin, sys.stdout, sys.stderr), dict(vars(builtins)))
+
+
+@pytest.fixture
+def process_state():
+    """The process state before the test; put back after it whatever the code under test left, so a
+    regression fails its own test and not the rest of the run."""
+    import builtins
+    import signal
+    import sys
+
+    before = _process_state()
+    yield before
+    handlers, mask, timers, streams, names = before
+    for s, h in handlers.items():
+        signal.signal(s, h)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    for t, (value, interval) in zip(ITIMERS, timers):
+        signal.setitimer(getattr(signal, t), value, interval)
+    sys.stdin, sys.stdout, sys.stderr = streams
+    for name in set(vars(builtins)) - set(names):
+        delattr(builtins, name)
+    vars(builtins).update(names)
+
+
+# everything _process_state reads, changed by a graph file's code
+HOSTILE = ("import builtins, io, signal, sys\n"
+           "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+           "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+           "signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+           "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\n"
+           "signal.setitimer(signal.ITIMER_PROF, 1000)\n"
+           "builtins.print = lambda *a, **k: None\n"
+           "builtins.bucketplan_added = 1\n"
+           "del builtins.copyright\n"
+           "sys.stdin, sys.stdout, sys.stderr = io.StringIO(), io.StringIO(), io.StringIO()\n")
+
+
+def _indented(code: str, spaces: int) -> str:
+    return "".join(" " * spaces + line + "\n" for line in code.splitlines())
+
+
+@pytest.mark.parametrize("where, fails", [("top", False), ("load", False), ("init", True)],
+                         ids=["at-import", "in-load_args", "in-Repro()-then-raises"])
+def test_what_a_graph_file_changes_in_the_process_is_put_back(tmp_path, process_state, where, fails):
+    from fxglue.graph_file import GraphFileError, load_graph
+
+    code = HOSTILE + ("raise ValueError('after all that')\n" if fails else "")
+    path = tmp_path / "hostile.py"
+    path.write_text(_file(**{where: _indented(code, {"top": 0, "load": 4, "init": 8}[where])}))
+    if fails:
+        with pytest.raises(GraphFileError, match="Repro\\(\\) failed: ValueError: after all that"):
+            load_graph(path)
+    else:
+        assert load_graph(path).groups.dp == "mystery"
+    assert _process_state() == process_state
+
+
+@pytest.mark.parametrize("top", ["import builtins\nbuiltins.print = lambda *a, **k: None\n",
+                                 "import sys\nsys.stdout.close()\n",
+                                 "import sys\nsys.stdout = None\n"],
+                         ids=["print-replaced", "stdout-closed", "stdout-none"])
+def test_the_commands_output_survives_what_a_graph_file_does_to_it(tmp_path, capsys, process_state, top):
+    path = tmp_path / "g.py"
+    path.write_text(_file(top=top))
+    code, out, err = run_main(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert f"wrote               {tmp_path / 'o' / 'problem.json'}" in out, out
+
+
+@pytest.mark.parametrize("where, code, named", [
+    ("top", "raise GeneratorExit\n", "does not load: GeneratorExit"),
+    ("top", "class Stop(BaseException):\n    pass\nraise Stop('no more')\n", "does not load: Stop: no more"),
+    # an exception that cannot say what it is: its type names it
+    ("top", "class Odd(BaseException):\n    def __str__(self):\n        raise SystemExit\nraise Odd\n",
+     "does not load: Odd"),
+    ("load", "    raise GeneratorExit('closed')\n", "load_args(reader) failed: GeneratorExit: closed"),
+    ("extra", "        raise BaseException('in forward')\n",
+     "the Repro module does not trace: BaseException: in forward"),
+], ids=["GeneratorExit", "own-BaseException", "unprintable", "in-load_args", "in-forward"])
+def test_a_graph_file_raising_a_base_exception_is_refused_in_one_line(tmp_path, capsys, where, code, named):
+    _refused_in_one_line(tmp_path, capsys, _file(**{where: code}), named)
+
+
+# runs for 30 s unless stopped: long past the 1 s limit, and a finite test should the limit fail
+SPIN = "import time\nend = time.monotonic() + 30\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@pytest.mark.parametrize("top, load", [
+    ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\n" + SPIN, ""),
+    ("import signal\nsignal.signal(signal.SIGALRM, lambda *a: None)\n" + SPIN, ""),
+    ("import signal\nsignal.setitimer(signal.ITIMER_REAL, 0)\n" + SPIN, ""),
+    ("import signal, time\nsignal.alarm(0)\ntime.sleep(30)\n", ""),  # blocked in C, not running bytecode
+    ("import signal\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nsignal.alarm(0)\n", _indented(SPIN, 4)),
+], ids=["ignored", "own-handler", "timer-cancelled", "alarm(0)-then-sleeps",
+        "defeated-at-import-spins-in-load_args"])
+def test_a_graph_file_that_defeats_the_alarm_is_stopped_at_the_time_limit(tmp_path, capsys, monkeypatch,
+                                                                           process_state, top, load):
+    import time
+
+    path = tmp_path / "defeats.py"
+    path.write_text(_file(top=top, load=load))
+    monkeypatch.setenv("BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S", "1")
+    before, t0 = _process_state(), time.monotonic()  # the streams as capsys set them for the test's call
+    code, _, err = run_main(["extract", "--graph", str(path), "-o", str(tmp_path / "o"), "-q"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert f"{path}: " in err and "still ran at the time limit of 1 s" in err, err
+    assert time.monotonic() - t0 < 20  # not the 30 s the file would take
+    assert _process_state() == before
+
+
+def test_ctrl_c_after_a_graph_file_ignored_sigint_still_ends_the_command_with_130(tmp_path):
+    """The file sets SIGINT to SIG_IGN as it loads; a Ctrl-C after the load ends the command."""
+    import signal
+    import subprocess
+    import threading
+
+    from tests.support import ROOT, script_argv, sigint_default
+
+    path = tmp_path / "ignores.py"
+    path.write_text(_file(top="import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"))
+    proc = subprocess.Popen(script_argv("ctrl_c_after_graph_load", path, tmp_path / "o"), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_default)
+    watchdog = threading.Timer(180, proc.kill)  # bounded, should the child stop talking
+    watchdog.start()
+    try:
+        seen = []
+        while not seen or seen[-1] and seen[-1].strip() != "loaded":  # the hold after the load begins
+            seen.append(proc.stderr.readline())
+        assert seen[-1].strip() == "loaded", "".join(seen)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)  # ignored, it would hold its 60 s
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert "bucketplan extract: interrupted" in err and not (tmp_path / "o").exists(), err
 
 
 def test_repro_buffers_parameters_and_constants_as_torch_writes_them_are_planned(tmp_path, capsys):

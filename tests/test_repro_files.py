@@ -314,19 +314,65 @@ def test_a_bad_table_is_one_line_naming_file_and_line_exit_2(tmp_path, capsys, n
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("table, named", [
-    ("bad.table", "names 'bad.table': {table}:3: collective 'all_to_all'"),
-    ("missing.table", "names 'missing.table': {table}"),
-])
-def test_a_graph_files_bad_or_missing_table_is_one_line_naming_graph_table_and_line(tmp_path, capsys, table, named):
+def test_a_graph_files_bad_table_is_one_line_naming_graph_table_and_line(tmp_path, capsys):
     graph = tmp_path / "g.py"
-    graph.write_text((DATA / "autoparallel_2d.py").read_text().replace('"autoparallel_2d.table"', f'"{table}"'))
-    if table == "bad.table":
-        (tmp_path / table).write_text("Group  Group Size  Collective  1MB (ms)\n---\n0 8 all_to_all 0.1\n")
+    graph.write_text((DATA / "autoparallel_2d.py").read_text().replace('"autoparallel_2d.table"', '"bad.table"'))
+    (tmp_path / "bad.table").write_text("Group  Group Size  Collective  1MB (ms)\n---\n0 8 all_to_all 0.1\n")
     code, _, err = run_main(["extract", "--graph", str(graph), "-o", str(tmp_path / "o"), "-q"], capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert f"{graph}: get_colls_estimations_file() " in err and named.format(table=tmp_path / table) in err, err
+    assert (f"{graph}: get_colls_estimations_file() names 'bad.table': {tmp_path / 'bad.table'}:3: collective "
+            "'all_to_all'") in err, err
     assert not (tmp_path / "o").exists()
+
+
+def _copied_alone(tmp_path: Path) -> tuple[Path, Path]:
+    """AutoParallel's repro file copied without the table it names; (the copy, where it looks)."""
+    graph = tmp_path / "autoparallel_2d.py"
+    graph.write_text((DATA / "autoparallel_2d.py").read_text())
+    return graph, tmp_path / "autoparallel_2d.table"
+
+
+def _missing_table_warning(err: str, graph: Path, table: Path) -> None:
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: {graph}: get_colls_estimations_file() names {table}, which is not there; its "
+                        "groups are priced by --collectives or --profile where given, else by the cluster preset's "
+                        "model"], err
+
+
+def test_a_graph_whose_table_is_not_beside_it_is_priced_as_one_naming_none_with_a_warning(tmp_path, capsys):
+    """A repro file copied alone plans with no edit: a warning names the table it looked for, the
+    problem records it, and the problem is the one the same graph naming no table gives (same
+    fingerprint: same graph, schedule and costs)."""
+    graph, table = _copied_alone(tmp_path)
+    code, _, err = run_main(["extract", "--graph", str(graph), "-o", str(tmp_path / "out")], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    _missing_table_warning(err, graph, table)
+    assert not re.search(r"^note: group", err, re.M), err  # no measurement priced a group
+    problem = planner.load_problem(tmp_path / "out" / "problem.json")
+    assert problem.meta["collectives_table_missing"] == str(table) and "collectives_table" not in problem.meta
+    plain = tmp_path / "plain" / "autoparallel_2d.py"
+    plain.parent.mkdir()
+    plain.write_text(graph.read_text().split("def get_colls_estimations_file")[0])
+    code, _, err = run_main(["extract", "--graph", str(plain), "-o", str(tmp_path / "plain_out"), "-q"], capsys)
+    assert code == 0 and not err.strip(), err
+    assert planner.load_problem(tmp_path / "plain_out" / "problem.json").fingerprint == problem.fingerprint
+
+
+def test_collectives_prices_a_graph_whose_own_table_is_not_beside_it(tmp_path, capsys):
+    """The table given with --collectives instead: every group and kind it has priced at its own numbers."""
+    graph, table = _copied_alone(tmp_path)
+    given = DATA / "autoparallel_2d.table"
+    code, _, err = run_main(["extract", "--graph", str(graph), "--collectives", str(given), "-o",
+                            str(tmp_path / "out")], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    _missing_table_warning(err, graph, table)
+    problem = planner.load_problem(tmp_path / "out" / "problem.json")
+    for pg in ("0", "1"):
+        for kind, points in _expected_points(given, pg, 8).items():
+            for nbytes, ms in points:
+                assert problem.link(pg).time_ms(kind, nbytes) == pytest.approx(ms, rel=0.01), (pg, kind, nbytes)
+        notes = [line for line in err.splitlines() if line.startswith(f"note: group {pg} priced by ")]
+        assert len(notes) == 1 and str(given) in notes[0], err
 
 
 @pytest.mark.long

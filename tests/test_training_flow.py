@@ -104,14 +104,12 @@ def test_the_readme_training_flow_applies_every_plan_and_keeps_the_loss(flow):
     ("foreign", "", "is for another problem"),
     ("infeasible", "", "fails verification"),
     ("stale", "--layers 3", "no plan in"),  # the model changed: another graph, no plan
-    ("missing directory", "", "no plan directory"),
 ])
 def test_every_fallback_warns_once_and_trains_with_torchs_bucketing(flow, tmp_path, how, args, says):
     flow_dir, env, (recorded, _, _) = flow
     shutil.copytree(flow_dir / "examples", tmp_path / "examples")
-    if how != "missing directory":
-        shutil.copytree(flow_dir / "plans", tmp_path / "plans")
-        _break(tmp_path / "plans", how)
+    shutil.copytree(flow_dir / "plans", tmp_path / "plans")
+    _break(tmp_path / "plans", how)
     r = run(f"python examples/train_compiled.py use plans/ {args}", tmp_path, flow_env(tmp_path))
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
     warnings = [line for line in r.stderr.splitlines() if line.startswith("[rank 0] bucketplan:")]
@@ -119,6 +117,21 @@ def test_every_fallback_warns_once_and_trains_with_torchs_bucketing(flow, tmp_pa
     assert {g[3].split(":")[0] for g in graph_lines(r.stdout)} == {"fallback"}
     if how != "stale":  # torch's greedy on the same graph: the numbers record computed
         assert losses(r.stdout) == losses(recorded.stdout)
+
+
+@pytest.mark.parametrize("how", ["missing", "not a directory"])
+def test_use_without_a_plan_directory_is_one_line_before_anything_compiles(tmp_path, how):
+    """No directory is a mistake named at once, not a run of torch's bucketing that inductor's cache
+    (serving a graph compiled before, with no warning to repeat) could pass off as planned."""
+    plan_dir = tmp_path / "plans"
+    if how == "not a directory":
+        plan_dir.write_text("")
+    r = run(f"python {ROOT / 'examples' / 'train_compiled.py'} use {plan_dir}", tmp_path, flow_env(tmp_path),
+            timeout_s=300)
+    assert r.returncode == 2 and not r.stdout, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert r.stderr.strip() == (f"train_compiled.py: error: no plan directory {plan_dir} ({how}; run record, "
+                                "then bucketplan solve-dir)"), r.stderr[-2000:]
+    assert not [p for p in (tmp_path / "inductor-cache").rglob("*") if p.is_file()]  # nothing compiled
 
 
 def test_use_again_is_served_from_inductors_cache_with_the_same_numbers(flow, tmp_path):

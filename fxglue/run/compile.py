@@ -424,6 +424,15 @@ def _unusable_dir(plan_dir: Path) -> str | None:
     return None
 
 
+def check_plan_dir(plan_dir: str | os.PathLike) -> None:
+    """Refuse a plan directory ``use`` cannot read plans from (missing, not a directory,
+    unlistable), for a front end that names the mistake before anything compiles: ``use`` itself
+    only warns per graph, and inductor's cache, serving a graph compiled earlier, can hide even that."""
+    why = _unusable_dir(Path(plan_dir))
+    if why is not None:
+        raise PlanCacheError(why)
+
+
 def graph_pass(mode: str, plan_dir: str | os.PathLike | None = None, *, preset: str = "h100-8nodes",
                tp_group: str | None = None, tp_size: int = 1, collectives=()) -> PlanPass:
     """The pass of ``record`` / ``use`` / ``unbucketed`` (``mode``) alone, for a compiler that calls
