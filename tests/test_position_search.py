@@ -250,3 +250,51 @@ def test_a_kept_verifier_judges_each_bucket_by_all_its_members():
     broken = [str(v) for v in kept.verify(chained_plan(problem))]
     assert broken == [str(v) for v in Verifier(problem).verify(chained_plan(problem))]
     assert "ag_2 depends on the wait of ag_0" in " ".join(broken)
+
+
+def _overcap_hint(problem: planner.Problem) -> planner.Plan:
+    """Every all_gather of the commonest key in one bucket issued before the first node: over the
+    byte cap (rule 3), and holding gigabytes more than the unbucketed schedule."""
+    by_key: dict[str, list] = {}
+    for c in problem.collectives:
+        if c.kind == "all_gather":
+            by_key.setdefault(c.key, []).append(c.name)
+    members = tuple(max(by_key.values(), key=len))
+    bucket = planner.Bucket(members=members, start=members[0], wait=members[0], issue_before=problem.nodes[0].name)
+    return planner.Plan(problem_fingerprint=problem.fingerprint, planner="overcap", created="", buckets=(bucket,))
+
+
+def test_the_default_budget_comes_only_from_plans_that_verify():
+    """A hint that breaks rule 3 peaks 1.9 GB above the unbucketed schedule: its peak is no budget
+    (the unbucketed schedule's is); a legal plan that peaks higher still sets it."""
+    from planner.search.position_search import default_peak_budget, positioned_policy
+    from tests.support import data_problem
+    from tests.test_memory_floor import _spike
+
+    problem = data_problem("llama3-8b-fsdp-2--h100-8nodes-graph-order")
+    hint = _overcap_hint(problem)
+    assert [v.rule for v in planner.verify(problem, hint, **positioned_policy(None).as_params())] == [3]
+    assert peak_bytes(problem, hint) > peak_bytes(problem) + 10**9
+    assert default_peak_budget(problem, [hint]) == peak_bytes(problem)
+    spike = _spike(unit=1)
+    early = planner.Plan(problem_fingerprint=spike.fingerprint, planner="t", created="", buckets=(
+        planner.Bucket(members=("ag",), start="ag", wait="ag", issue_before="mm0"),))
+    # worked by hand: the gather's 100 beside the graph's 120 at mm0, where the unbucketed peak is 200
+    assert default_peak_budget(spike, [early, None]) == 220 and peak_bytes(spike) == 200
+
+
+@pytest.mark.slow  # a CP-SAT solve and a positioned search of 2 s through the command line
+def test_solve_free_takes_no_budget_from_a_hint_that_breaks_a_rule(tmp_path, capsys):
+    from bucketplan.cli import main
+    from tests.support import PROBLEMS
+
+    problem_path = PROBLEMS / "llama3-8b-fsdp-2--h100-8nodes-graph-order.json.gz"
+    problem = planner.load_problem(problem_path)
+    hint_path, out = tmp_path / "overcap.json", tmp_path / "plan.json"
+    planner.save(_overcap_hint(problem), hint_path)
+    code = main(["solve", str(problem_path), "-o", str(out), "-q", "--time-limit", "2", "--objective", "step",
+                 "--positions", "free", "--hint", str(hint_path), "--workers", "1"])
+    assert code == 0, capsys.readouterr().err
+    plan = planner.load_plan(out)
+    assert plan.params["peak_memory_bytes"] == peak_bytes(problem)  # the unbucketed schedule's, not the hint's
+    assert peak_bytes(problem, plan) <= peak_bytes(problem)

@@ -57,6 +57,35 @@ def positive_integer(value, name: str) -> None:
         raise ArgumentError(name, f"{name} must be a positive number, not {value!r}")
 
 
+def non_negative_integer(value, name: str) -> None:
+    """A count that may be 0 (a window of no neighbours): an integer from 0."""
+    if not _is_integer(value) or value < 0:
+        raise ArgumentError(name, f"{name} must be a non-negative integer, not {value!r}")
+
+
+def deadline(value, name: str = "deadline") -> None:
+    """A ``time.perf_counter()`` value, or inf for none: nan never compares, so a search would
+    never stop on it; -inf and a string are mistakes."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value == -math.inf:
+        raise ArgumentError(name, f"{name} must be a time.perf_counter() value or inf, not {value!r}")
+
+
+def callback(value, name: str) -> None:
+    """None or something to call (a progress callback that is a string fails only at its first line)."""
+    if value is not None and not callable(value):
+        raise ArgumentError(name, f"{name} must be None or callable, not {type(value).__name__}")
+
+
+def plans_of(problem, plans, name: str = "plans") -> None:
+    """A list or tuple of plans of ``problem``: each a Plan (``name[k]`` names the one that is not)
+    that can belong to it (``PlanMismatchError`` otherwise)."""
+    if not isinstance(plans, (list, tuple)):
+        raise ArgumentError(name, f"{name} must be a list of plans, not {type(plans).__name__}")
+    for k, plan in enumerate(plans):
+        problem_and_plan(problem, plan, f"{name}[{k}]")
+        check_plan_matches(problem, plan)
+
+
 def worker_count(value, name: str) -> None:
     """CP-SAT's workers: an integer from 1 to MAX_WORKERS (0 would silently become CP-SAT's
     default, a negative count or one above MAX_WORKERS is MODEL_INVALID)."""

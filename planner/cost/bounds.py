@@ -191,6 +191,9 @@ def _by_key(problem: Problem) -> dict[tuple, list]:
 def key_lower_bounds(problem: Problem, protect_partly: bool = False, deadline: float | None = None) -> dict[tuple, int]:
     """Per bucket key (kind, process group, key): the fewest buckets any feasible plan leaves.
     ``deadline``: as ``bin_packing_bound``'s (the bounds may only be looser for it)."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    arguments.flag(protect_partly, "protect_partly")
+    _check_deadline(deadline)
     intervals = merge_intervals(problem, protect_partly)
     out: dict[tuple, int] = {}
     for group_key, cs in _by_key(problem).items():
@@ -594,6 +597,8 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     ``reach``: ``bucket_reach(problem)``, ``need``: ``key_lower_bounds(problem)`` (without
     protect_partly: the floor holds for either policy) when the caller has them. ``deadline``:
     the chain floor stops there (``chain_floor``); the floor stays valid, only looser."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    _check_deadline(deadline)
     need = need if need is not None else key_lower_bounds(problem)
     reach = reach or bucket_reach(problem)
     price = priced_bytes(problem, reach)
@@ -622,6 +627,9 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     the cap leaves room for: then the floor holds for the plans whose peak is within it).
     ``step_floor`` assumes anchored buckets (a bucket's reach), so it does not hold for positioned
     plans."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    _check_deadline(deadline)
+    arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
     stream: dict[str, float] = {}
     launches = 0
     least = per_byte_floors(problem)
@@ -639,6 +647,12 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     scope = within_peak("every plan with any positions", peak_memory_bytes)
     return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
                      chain_ms=chain, scope=scope)
+
+
+def _check_deadline(deadline) -> None:
+    """None (no deadline) or a ``time.perf_counter()`` value: nan would never stop a search."""
+    if deadline is not None:
+        arguments.deadline(deadline)
 
 
 def within_peak(plans: str, peak_memory_bytes: int | None) -> str:
@@ -721,12 +735,46 @@ def _memory_room(problem: Problem, peak_memory_bytes: int) -> _MemoryRoom | None
     return _MemoryRoom(keys, room, gathers)
 
 
+def peak_memory_floor(problem: Problem) -> int:
+    """The least peak (``planner.cost.memory``'s count) that any plan of ``problem``, with any
+    positions, can have: no plan frees the graph's own storages, and every plan holds each
+    all_gather's least bytes from its first fixed consumer to its wait's last use
+    (``_memory_room``), so the peak is at least their largest sum at one position. Per segment
+    (a problem without the exact profile): the graph's own bytes of the fullest segment; with no
+    profile, 0. Why: a search that finds nothing within a cap may say that no plan fits only
+    when this floor is above it (``position_search``)."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    if problem.memory is None:
+        return 0
+    room = _memory_room(problem, 0)
+    if room is None:  # counted per segment: the collectives' buffers add to the graph's own bytes
+        return max(problem.memory.segment_peak_bytes, default=0)
+    # in integers (the room is in floats, which round byte counts near MAX_BYTES)
+    from planner.cost.memory import own_memory
+
+    own = own_memory(problem)
+    change = [0] * (len(room.keys) + 1)
+    for g in room.gathers:
+        change[bisect.bisect_left(room.keys, g.due)] += g.least
+        change[bisect.bisect_right(room.keys, g.last)] -= g.least
+    held, most = 0, 0
+    for q, d in zip(room.keys, change):
+        held += d
+        most = max(most, own(q) + held)
+    return most
+
+
 def memory_releases(problem: Problem, peak_memory_bytes: int) -> dict[str, float]:
     """Per all_gather: a position its bucket's start comes after in every plan whose peak
     (``planner.cost.memory``) is within ``peak_memory_bytes``: the last position before it is due
     where it alone does not fit in the room the cap leaves (``_memory_room``). An all_gather the
     cap does not hold back is left out, as is every collective of a problem without the exact
     profile."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    if peak_memory_bytes is None:
+        raise arguments.ArgumentError("peak_memory_bytes", "peak_memory_bytes must be an integer from 0 to below "
+                                                           "2**62, not None (no cap holds nothing back)")
+    arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
     room = _memory_room(problem, peak_memory_bytes)
     return _held_back(room) if room is not None else {}
 
@@ -765,6 +813,8 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     (``memory_releases``); and at each position ``s``, the all_gathers due after ``s`` that started
     by ``s`` share the room there (``_memory_room``), so those due by ``Q`` beyond that room start
     after ``s`` too."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
     limits = fixed_limits(problem)
     room = _memory_room(problem, peak_memory_bytes) if peak_memory_bytes is not None else None
     held_back = _held_back(room) if room is not None else {}

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import planner.core.arguments as arguments
 from planner.core.positions import bucket_positions
 from planner.core.problem import Collective, CollectiveBuffers, Plan, Problem, copy_bytes
 
@@ -380,6 +381,7 @@ def memory_timeline(problem: Problem, plan: Plan | None = None,
     """The peak bytes of ``plan``'s final schedule (``None``: unbucketed) and of the unbucketed one.
     ``plan`` must be well-formed (the verifier's rules 1 and 5). ``counter``: this problem's
     ``MemoryCounter``, when the caller keeps one."""
+    _problem_and_plan(problem, plan)
     counter = counter if counter is not None else MemoryCounter.of(problem)
     peak, at = counter.peak_and_segment(plan)
     base, _ = counter.peak_and_segment(None)
@@ -388,7 +390,16 @@ def memory_timeline(problem: Problem, plan: Plan | None = None,
 
 
 def peak_bytes(problem: Problem, plan: Plan | None = None) -> int:
+    _problem_and_plan(problem, plan)
     return peak_and_segment(problem, plan)[0]
+
+
+def _problem_and_plan(problem, plan) -> None:
+    """The public entry points' check: a Problem, and a Plan of it or None (a dict or another
+    problem's plan would fail deep inside, naming neither)."""
+    arguments.problem_and_plan(problem, plan, optional=True)
+    if plan is not None:
+        arguments.check_plan_matches(problem, plan)
 
 
 def rule10_extra(problem: Problem, plan: Plan) -> list[int]:

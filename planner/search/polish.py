@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import planner.core.arguments as arguments
 from planner.cost.bounds import fixed_limits
 from planner.core.policy import Policy
 from planner.core.problem import Bucket, Collective, Plan, Problem
@@ -175,8 +176,7 @@ def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_eva
     is minimized instead of the simulated step (``planner.search.scenarios``: the worst-case
     regret); the result's ``objective`` is then that objective's value, else the step (ms). Local
     search proves nothing: the status is FEASIBLE and there is no bound."""
-    if not starts:
-        raise ValueError("polish: no plan to start from")
+    _validate(problem, starts, deadline, max_evaluations, seed, policy, progress, objective)
     t0 = time.perf_counter()
     plan, *restarts = starts
     search = _LocalSearch(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed,
@@ -198,6 +198,23 @@ def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_eva
     stats["end_ms"] = round(best_ms, 6)
     return SolveResult(plan=plan.model_copy(update={"buckets": best_plan.buckets}), status="FEASIBLE",
                        objective=best_ms, bound=None, gap=None, wall_s=time.perf_counter() - t0, stats=stats)
+
+
+def _validate(problem, starts, deadline, max_evaluations, seed, policy, progress, objective) -> None:
+    """``polish``'s arguments, before any search: one ``ArgumentError`` naming the argument,
+    ``PlanMismatchError`` for a start of another problem."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    arguments.plans_of(problem, starts, "starts")
+    if not starts:
+        raise arguments.ArgumentError("starts", "starts must hold at least one plan (polish: no plan to start from)")
+    arguments.deadline(deadline, "deadline")
+    if max_evaluations is not None:  # 0: the start itself (a deterministic solve's share may round to none)
+        arguments.non_negative_integer(max_evaluations, "max_evaluations")
+    arguments.seed(seed, "seed")
+    if not isinstance(policy, Policy):
+        raise arguments.ArgumentError("policy", f"policy must be a planner.Policy, not {type(policy).__name__}")
+    arguments.callback(progress, "progress")
+    arguments.callback(objective, "objective")
 
 
 class _LocalSearch:

@@ -38,6 +38,7 @@ import random
 import time
 
 import planner.core.arguments as arguments
+from planner.cost.bounds import peak_memory_floor
 from planner.cost.memory import MemoryCounter, peak_bytes
 from planner.core.options import PositionSearchOptions
 from planner.core.policy import Policy
@@ -110,6 +111,8 @@ EVALUATION_NODES_PER_S = 225_000
 def deterministic_evaluations(problem: Problem, seconds: float) -> int:
     """The evaluations a deterministic search of ``problem`` gets for ``seconds`` of time limit
     (``EVALUATION_NODES_PER_S``)."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    arguments.positive_number(seconds, "seconds")
     return max(1, int(EVALUATION_NODES_PER_S * seconds / max(1, len(problem.nodes))))
 
 
@@ -243,6 +246,10 @@ class _Search:
         # the fastest legal plan judged so far, as (plan, step): what an interrupt returns, wherever
         # the search was (an annealing run ends on no particular plan)
         self.fastest: tuple[Plan, float] | None = None
+        # per walk into the budget that failed: its seed's peak (legal: ``legal`` made it so) and
+        # the lowest plan it reached, verified only when nothing fits (``lowest_legal_peak``)
+        self.failed_walks: list[tuple[int, int, Plan]] = []
+        self._walk: list = []  # the walk under way: [seed's peak, lowest peak, its plan]
         self.chain_costs = ChainCosts(problem, self.ix.replay)
         # every candidate's peak and rules, each one or two buckets from the last
         self.memory, self.verifier = MemoryCounter(problem), Verifier(problem)
@@ -270,6 +277,13 @@ class _Search:
         if self.fastest is None or ms < self.fastest[1] - MIN_GAIN_MS:
             self.fastest = (plan, ms)
         return plan, ms
+
+    def lowest_legal_peak(self) -> int | None:
+        """The lowest peak of a legal plan the failed walks met (None: no walk failed)."""
+        peaks = [first for first, _, _ in self.failed_walks]
+        peaks += [low for first, low, plan in self.failed_walks
+                  if low < first and not self.verifier.verify(plan, **self.rules)]
+        return min(peaks, default=None)
 
     def legal(self, buckets: list[Bucket]) -> list[Bucket]:
         """``buckets`` with the positions, then the merges, of buckets the verifier names dropped
@@ -304,11 +318,20 @@ class _Search:
         time runs out first (each step is a peak: at 80 layers a walk took 2,000 steps, 86 s)."""
         if self.budget is None:
             return buckets
-        buckets = list(buckets)
+        self._walk = []
+        fitted = self._fit_budget(list(buckets))
+        if fitted is None and self._walk:
+            self.failed_walks.append(tuple(self._walk))
+        return fitted
+
+    def _fit_budget(self, buckets: list[Bucket]) -> list[Bucket] | None:
+        """``fit_budget``'s walk, keeping in ``_walk`` where it started and its lowest plan."""
         ix = self.ix
         for _ in range(8 * len(buckets) + 1):
             plan = _as_plan(self.template, buckets)
             peak, j = self.memory.peak_and_segment(plan)  # segment j: from node j - 1 up to node j
+            if not self._walk or peak < self._walk[1]:
+                self._walk = [self._walk[0] if self._walk else peak, peak, plan]
             if peak <= self.budget:
                 return buckets
             if self.out_of_budget():
@@ -602,11 +625,48 @@ class _Search:
         return buckets, plan, ms
 
 
-def default_peak_budget(problem: Problem, plans=()) -> int:
+def default_peak_budget(problem: Problem, plans=(), keep_overlap: bool = False) -> int:
     """The default budget: the peak of the unbucketed schedule or of any of ``plans`` (torch's
-    greedy plan, say), whichever is higher: a positioned plan never holds more than what it
-    replaces."""
-    return max([peak_bytes(problem, None)] + [peak_bytes(problem, p) for p in plans if p is not None])
+    greedy plan, say) that the verifier accepts under the positioned policy (``keep_overlap`` as
+    the search's), whichever is higher: a positioned plan never holds more than what it replaces.
+    Why only those: a plan that breaks a rule cannot be run, so its peak is no memory the user
+    would ever have spent; taking it would let the search spend more than any plan it replaces
+    (a hint that breaks a rule may hold gigabytes more than the legal plans)."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    if not isinstance(plans, (list, tuple)):
+        raise arguments.ArgumentError("plans", f"plans must be a list of plans, not {type(plans).__name__}")
+    given = [p for p in plans if p is not None]
+    arguments.plans_of(problem, given, "plans")
+    arguments.flag(keep_overlap, "keep_overlap")
+    rules = positioned_policy(None, keep_overlap).as_params()
+    return max([peak_bytes(problem, None)] + [peak_bytes(problem, p) for p in given if not verify(problem, p, **rules)])
+
+
+def _gb(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.3f} GB"
+
+
+def _floor_within(problem: Problem, peak_memory_bytes: int | None) -> int:
+    """The least peak any plan can have (``peak_memory_floor``; 0 with no budget); a budget below
+    it is refused before any search, since that is proved."""
+    floor = peak_memory_floor(problem) if peak_memory_bytes is not None else 0
+    if peak_memory_bytes is not None and floor > peak_memory_bytes:
+        raise ValueError(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes: every plan peaks at "
+                         f"{floor} bytes or more ({_gb(floor)}: the graph's own memory and the all_gathers every "
+                         f"plan holds; the unbucketed schedule peaks at {_gb(peak_bytes(problem, None))})")
+    return floor
+
+
+def _nothing_found(search: _Search, peak_memory_bytes: int, floor: int, seconds: float) -> None:
+    """Raise what a search that fitted no seed into the budget knows: not that no plan fits (its
+    walks into the budget prove nothing; ``floor`` is what is proved), but what it reached."""
+    lowest = search.lowest_legal_peak()
+    lowest = _gb(lowest) if lowest is not None else "none measured"
+    late = search.out_of_budget()
+    raise ValueError(f"no plan within a peak of {peak_memory_bytes} bytes ({_gb(peak_memory_bytes)}) found "
+                     + (f"before the time limit ({seconds:.1f} s)" if late else f"in {seconds:.1f} s")
+                     + f"; the lowest peak reached was {lowest} (no plan can peak below {_gb(floor)})"
+                     + ("; give it more time" if late else ""))
 
 
 def _validate(problem, starts, options, peak_memory_bytes, deadline) -> None:
@@ -614,17 +674,12 @@ def _validate(problem, starts, options, peak_memory_bytes, deadline) -> None:
     one ValueError naming the argument; ``PlanMismatchError`` for a start made for another problem."""
     arguments.problem_and_plan(problem, None, optional=True)
     if not isinstance(options, PositionSearchOptions):
-        raise ValueError(f"options must be a planner.PositionSearchOptions, not {type(options).__name__}")
-    if not isinstance(starts, (list, tuple)):
-        raise ValueError(f"starts must be a list of plans, not {type(starts).__name__}")
-    for k, plan in enumerate(starts):
-        arguments.problem_and_plan(problem, plan, f"starts[{k}]")
-        arguments.check_plan_matches(problem, plan)
+        raise arguments.ArgumentError("options", f"options must be a planner.PositionSearchOptions, "
+                                                 f"not {type(options).__name__}")
+    arguments.plans_of(problem, starts, "starts")
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
-    # inf: no time limit (max_evaluations or the kicks end the search); nan would never compare
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or math.isnan(deadline) \
-            or deadline == -math.inf:
-        raise ValueError(f"deadline must be a time.perf_counter() value or inf, not {deadline!r}")
+    # inf: no time limit (max_evaluations or the kicks end the search)
+    arguments.deadline(deadline, "deadline")
 
 
 def position_search(problem: Problem, starts: list[Plan], options: PositionSearchOptions = PositionSearchOptions(),
@@ -642,6 +697,7 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     simulated step (ms)."""
     _validate(problem, starts, options, peak_memory_bytes, deadline)
     t0 = time.perf_counter()
+    floor = _floor_within(problem, peak_memory_bytes)
     created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     params = {"objective": "step", "positions": "free", "seed": options.seed,
               **positioned_policy(peak_memory_bytes, options.keep_overlap).as_params()}
@@ -676,11 +732,7 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
             raise
         search.stats["interrupted"] = True
     if not judged_seeds:
-        if search.out_of_budget():
-            raise ValueError(f"no plan within a peak of {peak_memory_bytes} bytes was found before the time "
-                             f"limit (the unbucketed schedule peaks at {peak_bytes(problem, None)}): give it more time")
-        raise ValueError(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes "
-                         f"(the unbucketed schedule peaks at {peak_bytes(problem, None)})")
+        _nothing_found(search, peak_memory_bytes, floor, time.perf_counter() - t0)
     judged_seeds.sort(key=lambda s: s[0])
     search.stats["seeds_ms"] = {name: round(ms, 3) for ms, name, _, _ in judged_seeds}
     _, best_name, buckets, (plan, ms) = judged_seeds[0]

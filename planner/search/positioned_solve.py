@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+import planner.core.arguments as arguments
 from planner.cost.bounds import within_peak
 from planner.cost.memory import memory_profile, peak_bytes
 from planner.search.position_search import positioned_policy
@@ -78,6 +79,13 @@ class CappedSearch:
     window: int = CAPPED_WINDOW
     deterministic: bool = False
 
+    def __post_init__(self) -> None:
+        # checked here, as SolveOptions' fields: a bad one otherwise fails deep in CP-SAT (a
+        # TypeError from its bindings, MODEL_INVALID) or is taken silently
+        arguments.worker_count(self.workers, "workers")
+        arguments.non_negative_integer(self.window, "window")
+        arguments.flag(self.deterministic, "deterministic")
+
 
 def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int | None, time_limit_s: float,
                  floor_ms: float = 0.0, say=None, search: CappedSearch = CappedSearch()) -> SolveResult:
@@ -91,6 +99,7 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
     neighbours. A Ctrl-C stops the search and keeps the best plan within the cap
     (``stats['interrupted']``); ``stats['wall_limit_hit']``: a deterministic search that the wall
     clock stopped first (another run may differ)."""
+    _validate(problem, plans, peak_memory_bytes, time_limit_s, floor_ms, say, search)
     t0 = time.perf_counter()
     policy = positioned_policy(peak_memory_bytes).as_params()
     legal = [p for p in plans if not verify(problem, p, **policy)]
@@ -117,6 +126,19 @@ def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int 
     return SolveResult(plan=plan, status=run.status, objective=run.best_ms, bound=bound,
                        gap=gap_of(run.best_ms, bound), wall_s=time.perf_counter() - t0, stats=run.stats,
                        peak_bytes=peak_bytes(problem, run.best))
+
+
+def _validate(problem, plans, peak_memory_bytes, time_limit_s, floor_ms, say, search) -> None:
+    """``solve_capped``'s arguments, before any model is built: one ``ArgumentError`` naming the
+    argument, ``PlanMismatchError`` for a plan of another problem."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    arguments.plans_of(problem, plans, "plans")
+    arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
+    arguments.positive_number(time_limit_s, "time_limit_s")
+    arguments.positive_number(floor_ms, "floor_ms", zero_ok=True)
+    arguments.callback(say, "say")
+    if not isinstance(search, CappedSearch):
+        raise arguments.ArgumentError("search", f"search must be a CappedSearch, not {type(search).__name__}")
 
 
 @dataclass

@@ -32,9 +32,12 @@ minus 1. ``robust_choice`` picks the candidate with the least worst-case regret.
 from __future__ import annotations
 
 import functools
+import os
 import re
 from dataclasses import dataclass, replace
 
+import planner.core.arguments as arguments
+from planner.core.arguments import ArgumentError
 from planner.core.options import SolveOptions
 from planner.core.problem import Link, Plan, Problem
 
@@ -103,6 +106,19 @@ def is_named(scenario: str) -> bool:
     return scenario in SCENARIOS or scenario.startswith(_CONTENTION)
 
 
+def scenario_value(scenario: str) -> tuple:
+    """What a scenario prices, so that two spellings of one compare equal: the costs as extracted
+    at a contention factor (``torch``, ``contention``, ``contention=F``: ``contention=1`` is
+    ``torch``), another named scenario, or a measured file by its real path."""
+    if scenario == "torch" or scenario == "contention" or scenario.startswith(_CONTENTION):
+        return ("as extracted", contention_of(scenario))
+    if scenario in SCENARIOS:
+        return (scenario,)
+    from pathlib import Path
+
+    return ("measured", str(Path(scenario).resolve()))
+
+
 def describe(scenario: str) -> str:
     """One line saying what a scenario prices."""
     if scenario in SCENARIOS:
@@ -152,6 +168,8 @@ def reprice(problem: Problem, scenario: str) -> Problem:
     """``problem`` under a scenario: a name of ``SCENARIOS``, ``contention=F``, or a measurement
     file's path. A contention scenario keeps the costs (``contention_of`` says how much the
     simulator slows the overlapped compute); only its ``meta`` names it."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    scenario = _scenario(scenario, "scenario")
     update: dict = {}
     if scenario == "torch":
         return problem
@@ -185,6 +203,25 @@ def measured_series(path: str) -> tuple:
     from planner.cost.measured import Measured
 
     return tuple(Measured.read([path]).series)
+
+
+def _scenario(value, name: str) -> str:
+    """A scenario as a string (a measurement file may come as a path object)."""
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str):
+        raise ArgumentError(name, f"{name} must be a scenario name, contention=F or a measured collectives file, "
+                                  f"not {type(value).__name__}")
+    return value
+
+
+def _scenarios(value, name: str = "scenarios") -> list[str]:
+    """A non-empty list of scenarios: with none, no plan is judged and no regret defined."""
+    if isinstance(value, (str, os.PathLike)) or not isinstance(value, (list, tuple)):
+        raise ArgumentError(name, f"{name} must be a list of scenarios, not {type(value).__name__}")
+    if not value:
+        raise ArgumentError(name, f"{name} must name at least one scenario (none given: nothing to judge by)")
+    return [_scenario(v, f"{name}[{k}]") for k, v in enumerate(value)]
 
 
 def rebound(plan: Plan, problem: Problem) -> Plan:
@@ -226,6 +263,9 @@ class Judged:
 
 def judge(problem: Problem, plans: dict[str, Plan | None], scenarios: list[str]) -> Judged:
     """Every plan of ``problem`` (None: unbucketed) simulated under every scenario."""
+    arguments.problem_and_plan(problem, None, optional=True)
+    if not isinstance(plans, dict):
+        raise ArgumentError("plans", f"plans must be a dict of name -> plan, not {type(plans).__name__}")
     return judge_each({name: (problem, plan) for name, plan in plans.items()}, scenarios)
 
 
@@ -234,6 +274,18 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
     (compare's rows: torch's default plan is of the pre-bucketed problem, manual's of its own), with
     the scenario's contention."""
     from planner.cost.simulator import step_ms
+
+    if not isinstance(candidates, dict):
+        raise ArgumentError("candidates", f"candidates must be a dict of name -> (problem, plan), "
+                                          f"not {type(candidates).__name__}")
+    for name, pair in candidates.items():
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise ArgumentError(f"candidates[{name!r}]", f"candidates[{name!r}] must be a (problem, plan) pair")
+        # a plan of another problem would be priced on the wrong graph (``rebound`` rebinds it)
+        arguments.problem_and_plan(pair[0], pair[1], f"plans[{name!r}]", optional=True)
+        if pair[1] is not None:
+            arguments.check_plan_matches(*pair)
+    scenarios = _scenarios(scenarios)
 
     priced: dict[tuple[str, str], Problem] = {}
     steps: dict[str, dict[str, float]] = {}
@@ -247,6 +299,19 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
             steps[name][s] = step_ms(p, rebound(plan, p) if plan is not None else None,
                                      contention=contention_of(s))
     return Judged(list(scenarios), steps)
+
+
+def _robust_arguments(problem, scenarios, options, hint, progress) -> list[str]:
+    """``robust_plan``'s arguments, before any search: one ``ArgumentError`` naming the argument,
+    ``PlanMismatchError`` for a hint of another problem; the scenarios as strings."""
+    arguments.problem_and_plan(problem, hint, "hint", optional=True)
+    if hint is not None:
+        arguments.check_plan_matches(problem, hint)
+    scenarios = _scenarios(scenarios)
+    if not isinstance(options, SolveOptions):
+        raise ArgumentError("options", f"options must be a planner.SolveOptions, not {type(options).__name__}")
+    arguments.callback(progress, "progress")
+    return scenarios
 
 
 @dataclass
@@ -281,16 +346,16 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
 
     from planner.search.polish import polish
     from planner.cost.simulator import replay_index, step_ms
-    from planner.search.solver import _unbucketed, solve
+    from planner.core.problem import unbucketed_plan
+    from planner.search.solver import solve
 
-    from planner.core.arguments import check_fingerprint
     from planner.rules.verifier import verify
 
+    scenarios = _robust_arguments(problem, scenarios, options, hint, progress)
     say = progress or (lambda msg: None)
     policy, time_limit_s, seed = options.policy, options.time_limit_s, options.seed
     rules = policy.as_params()
     if hint is not None:
-        check_fingerprint(problem, hint)  # a plan of another problem: PlanMismatchError, before any search
         if verify(problem, hint, **rules):  # torch's greedy can break rule 9: neither a start nor a yardstick
             say(f"the hint ({hint.planner}) breaks a rule: left out")
             hint = None
@@ -324,7 +389,7 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
         return 100 * max(step_ms(p, rebound(plan, p), indexes[s]) / judged.best[s] - 1 for s, p in priced.items())
 
     start_name = min((n for n in judged.steps if n in starts or n == "unbucketed"), key=judged.worst_regret)
-    start = starts.get(start_name) or _unbucketed(problem)
+    start = starts.get(start_name) or unbucketed_plan(problem)
     best = start
     if not interrupted:
         others = tuple(c for n, c in starts.items() if n != start_name)
