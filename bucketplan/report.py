@@ -52,6 +52,10 @@ class WorkloadRow:
     preset: str = ""
     problem: Problem | None = None  # the unbucketed row's (its peak memory): torch's schedule
     problem_pre: Problem | None = None  # torch's pre-bucketed schedule, where the workload has one
+    # what priced it is not what the command asked for (a measurement file that prices nothing of
+    # it, a group none prices): in its unbucketed row's note, and on stderr
+    warnings: list[str] = field(default_factory=list)
+    own_costs: bool = False  # a problem file: priced as extracted, whatever --preset says
 
 
 COLUMNS = ["workload", "cluster", "graph_nodes", "collectives_before", "planner", "collectives_after", "step_ms",
@@ -90,7 +94,8 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                     "bound": bound, "bound_ms": bound if unit == "ms" else "",
                     "bound_collectives": round(bound) if unit == "collectives" and bound != "" else "",
                     "gap_pct": None if p is None or p.gap is None else round(100 * p.gap, 2),
-                    "note": "" if p is None else p.note}
+                    "note": "; ".join(f"warning: {w}" for w in r.warnings) if p is None else p.note,
+                    "warnings": list(r.warnings) if p is None else [], "own_costs": r.own_costs}
 
         base = r.sims["unbucketed"]
         out.append(line("unbucketed", r.collectives_before, base))
@@ -101,6 +106,16 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                 row["note"] = "; ".join(x for x in (row["note"], "slower than unbucketed") if x)
             out.append(row)
     return out
+
+
+def simulated_on(rows: list[dict]) -> str:
+    """The line that says what priced the table: the traced workloads' cluster, and each problem
+    file's own (as extracted: the cluster flags do not apply to it)."""
+    traced = sorted({str(r.get("cluster")) for r in rows if not r.get("own_costs")})
+    own = sorted({str(r.get("cluster") or "its own costs") for r in rows if r.get("own_costs")})
+    parts = ([f"{', '.join(traced)} (cluster nodes; --preset picks another)"] if traced else []) + (
+        [f"{', '.join(own)} (each problem file's own cluster, as it was extracted)"] if own else [])
+    return f"Simulated on {'; '.join(parts)}."
 
 
 def markdown(rows: list[dict], columns: Iterable[str] = TERMINAL_COLUMNS) -> str:

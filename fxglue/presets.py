@@ -150,6 +150,55 @@ def with_measurements(preset: Preset, paths, *, ranks: int | None = None,
                    description=f"{preset.description}; collectives measured ({', '.join(map(str, paths))})")
 
 
+def measurement_warnings(preset: Preset | None, problem, *, alone: bool = False) -> list[str]:
+    """What the preset's measurements (``--collectives`` files, a ``--profile`` trace, a graph
+    file's table) leave out of ``problem``, one line each: a measurement file that prices none of
+    its collectives, and a group none of them prices (the preset's model prices it, as it would
+    without them). ``alone``: the problem is all the command plans, so when none of the caller's
+    measurements prices anything of it, its files were asked for nothing: ``MeasuredError``
+    naming them instead of a warning.
+    Matched as the estimator matches them (``Measured.find``: name, else size and ranks per node),
+    so a file that priced something is never reported."""
+    from planner.cost.measured import MeasuredError
+    from planner.search.scenarios import ScenarioError, layout
+
+    measured = getattr(preset, "measured", None)
+    if measured is None:
+        return []
+    used, groups, bare = set(), [], []
+    for link in problem.links:
+        try:  # as the estimator asked: the group's layout over nodes, or (alpha-beta) all of it on one
+            ranks, per_node = layout(problem, link)
+        except ScenarioError:
+            ranks, per_node = link.group_size, link.group_size
+        kinds = sorted({c.kind for c in problem.collectives if c.pg == link.pg})
+        found = [s for s in (measured.find(k, link.pg, ranks, per_node) for k in kinds) if s is not None]
+        used.update(id(s) for s in found)
+        groups.append(f"{link.pg} ({ranks} ranks, {per_node} per node)")
+        if kinds and not found:
+            bare.append(f"group {groups[-1]}: no measurement prices it; the preset's model does ({link.hardware})")
+    files: dict[str, list] = {}
+    for s in measured.series:  # the caller's own files (a profile's series have none)
+        if s.file is not None:
+            files.setdefault(s.file, []).append(s)
+    idle = [f for f, series in files.items() if not any(id(s) in used for s in series)]
+    here = f"this workload's groups are {'; '.join(groups)}"
+    if alone and idle and not any(id(s) in used for s in measured.series):  # nothing the user gave prices
+        raise MeasuredError(f"--collectives {', '.join(idle)}: prices no collective of this workload (it measures "
+                            f"{_shapes([s for f in idle for s in files[f]])}; {here}); give measurements of these "
+                            "groups, or drop it")
+    return ([f"{f} prices no collective of this workload (it measures {_shapes(files[f])}; {here})" for f in idle]
+            + bare)
+
+
+def _shapes(series, most: int = 4) -> str:
+    """The group shapes a few series measure, e.g. ``all_gather on 64 ranks (8 per node)``."""
+    shown = list(dict.fromkeys(
+        f"{s.kind} on " + (f"group {s.group}" + (f" of {s.ranks} ranks" if s.ranks else "") if s.group
+                           else f"{s.ranks} ranks ({s.ranks_per_node} per node)") for s in series))
+    return ", ".join(shown[:most]) + (f" and {len(shown) - most} more" if len(shown) > most else "")
+
+
 def with_graph_table(preset: Preset, path) -> Preset:
     """``preset`` priced also by the collectives table a graph file names (``get_colls_estimations_file()``,
     ``fxglue.graph_file``) wherever no measurement the preset already has (``--collectives``,

@@ -124,11 +124,12 @@ def test_solve_dir_flags_map_onto_solve_dir_options():
     # every other flag is the folder, --force or --quiet: what solve_dir takes beside its options
     assert _flags("solve-dir") - {flag for _, flag in solve_dir_command.FLAGS.values()} == {
         "plan_dir", "--force", "--quiet"}
-    args = _command("solve-dir").parse_args(["d", "--objective", "count", "--time-limit", "7", "--jobs", "2",
-                                             "--workers", "3", "--seed", "5", "--positions", "free"])
-    values = {field: getattr(args, dest) for dest, (field, _) in solve_dir_command.FLAGS.items()}
-    assert SolveDirOptions(**values) == SolveDirOptions(objective="count", time_limit_s=7.0, jobs=2, workers=3,
-                                                        seed=5, positions="free")
+    for objective, positions in (("count", "anchored"), ("step", "free")):  # free positions need step
+        args = _command("solve-dir").parse_args(["d", "--objective", objective, "--time-limit", "7", "--jobs", "2",
+                                                 "--workers", "3", "--seed", "5", "--positions", positions])
+        values = {field: getattr(args, dest) for dest, (field, _) in solve_dir_command.FLAGS.items()}
+        assert SolveDirOptions(**values) == SolveDirOptions(objective=objective, time_limit_s=7.0, jobs=2, workers=3,
+                                                            seed=5, positions=positions)
     defaults = _command("solve-dir").parse_args(["d"])
     assert SolveDirOptions(**{f: getattr(defaults, d) for d, (f, _) in solve_dir_command.FLAGS.items()}) == \
         SolveDirOptions()

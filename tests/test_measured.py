@@ -310,3 +310,114 @@ def test_a_falling_nccl_tests_series_names_file_kind_and_both_sizes(tmp_path):
         Measured.read([path])
     assert str(path) in str(e.value) and "all_gather" in str(e.value)
     assert "at 2 KiB" in str(e.value) and "at 1 KiB" in str(e.value)
+
+
+# -- what the measurements leave out: a warning, or a refusal when they price nothing ---------------
+
+GRAPH_ORDER = "llama3-8b-fsdp-2--h100-8nodes-graph-order"  # one group, "0": 64 ranks, 8 per node
+CSV_HEAD = "kind,group,ranks_per_node,bytes,ms\n"
+
+
+def _measurement(path, kind: str, group: str, per_node: int):
+    path.write_text(CSV_HEAD + f"{kind},{group},{per_node},1024,0.05\n{kind},{group},{per_node},1048576,0.5\n")
+    return path
+
+
+def _warnings(paths, name: str = GRAPH_ORDER, **kw):
+    from fxglue.presets import get_preset, measurement_warnings, with_measurements
+    from tests.support import data_problem
+
+    return measurement_warnings(with_measurements(get_preset("h100-8nodes"), paths), data_problem(name), **kw)
+
+
+def test_a_measurement_file_that_prices_nothing_is_a_warning_naming_it(tmp_path):
+    good = _measurement(tmp_path / "good.csv", "all_gather", "64", 8)
+    idle = _measurement(tmp_path / "idle.csv", "all_gather", "64", 1)  # one rank per node: another layout
+    (line,) = _warnings([good, idle], alone=True)
+    assert line.startswith(f"{idle} prices no collective") and "all_gather on 64 ranks (1 per node)" in line, line
+    assert "groups are 0 (64 ranks, 8 per node)" in line, line
+    assert _warnings([good], alone=True) == []
+
+
+def test_measurements_that_price_nothing_are_refused_when_asked_for_alone(tmp_path):
+    idle = _measurement(tmp_path / "idle.csv", "all_gather", "8", 8)
+    with pytest.raises(MeasuredError, match=f"--collectives {idle}: prices no collective"):
+        _warnings([idle], alone=True)
+    # among several workloads (compare's), the file may be another's: a warning, and the group too
+    file_line, group_line = _warnings([idle])
+    assert str(idle) in file_line
+    assert group_line.startswith("group 0 (64 ranks, 8 per node): no measurement prices it") and "NCCL" in group_line
+
+
+def test_a_group_no_measurement_prices_is_a_warning(tmp_path):
+    """2-D: the TP group (8 ranks in a node) measured, the FSDP group (8 ranks, one per node) not."""
+    from tests.support import data_problem
+
+    problem = data_problem("llama3-8b-2d-8--h100-8nodes")
+    tp = next(link.pg for link in problem.links if "8 per node" in link.hardware)
+    dp = next(link.pg for link in problem.links if link.pg != tp)
+    ar = _measurement(tmp_path / "tp.csv", "all_reduce", f"pg:{tp}", 8)
+    (line,) = _warnings([ar], "llama3-8b-2d-8--h100-8nodes", alone=True)
+    assert line.startswith(f"group {dp} (8 ranks, 1 per node): no measurement prices it"), line
+
+
+def test_compare_s_table_carries_the_warnings_in_the_unbucketed_row():
+    from bucketplan.report import WorkloadRow, simulated_on, table_rows
+    from planner.cost.simulator import simulate
+    from tests.support import data_problem
+
+    problem = data_problem(GRAPH_ORDER)
+    row = WorkloadRow("w", problem.n_scheduled, len(problem.collectives), preset="h100-8nodes", problem=problem,
+                      warnings=["f.csv prices no collective of this workload"])
+    row.sims["unbucketed"] = simulate(problem)
+    (line,) = table_rows([row])
+    assert line["note"] == "warning: f.csv prices no collective of this workload" and line["warnings"]
+    assert simulated_on([line]) == "Simulated on h100-8nodes (cluster nodes; --preset picks another)."
+
+
+@pytest.mark.slow  # traces llama3-8b-fsdp-2
+def test_extract_warns_of_a_file_that_prices_nothing_on_stderr_and_in_the_problem(tmp_path, capsys):
+    good = _measurement(tmp_path / "good.csv", "reduce_scatter", "64", 8)
+    idle = _measurement(tmp_path / "idle.csv", "all_gather", "8", 8)
+    code = cli.main(["extract", "llama3-8b-fsdp-2", "-o", str(tmp_path / "out"), "-q", "--collectives", str(good),
+                     str(idle)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"warning: {idle} prices no collective of this workload" in err, err
+    (warning,) = planner.load_problem(tmp_path / "out" / "problem.json").meta["warnings"]
+    assert warning.startswith(f"{idle} prices no collective")
+
+
+@pytest.mark.slow  # traces llama3-8b-fsdp-2 twice (torch's schedule and its pre-bucketed one)
+def test_compare_carries_the_warnings_of_each_workload_in_its_problem(tmp_path):
+    """compare warns, never refuses: its report carries the warning beside the rows, and a file
+    may be meant for another workload of the run."""
+    from bucketplan.compare import _problems_for
+    from fxglue.presets import get_preset, with_measurements
+
+    idle = _measurement(tmp_path / "idle.csv", "all_gather", "8", 8)
+    preset = with_measurements(get_preset("h100-8nodes"), [idle])
+    (problem, *_), _ = _problems_for("llama3-8b-fsdp-2", lambda *a: None, preset)
+    file_line, group_line = problem.meta["warnings"]
+    assert file_line.startswith(f"{idle} prices no collective") and group_line.startswith("group 0 (64 ranks")
+
+
+def test_compare_prints_the_table_s_warnings_on_stderr(tmp_path, monkeypatch, capsys):
+    import bucketplan.compare as compare
+    from bucketplan.report import WorkloadRow, table_rows
+    from planner.cost.simulator import simulate
+    from tests.support import data_problem
+
+    problem = data_problem(GRAPH_ORDER)
+    row = WorkloadRow("llama3-8b-fsdp-2", problem.n_scheduled, len(problem.collectives), preset="h100-8nodes",
+                      problem=problem, warnings=["idle.csv prices no collective of this workload"])
+    row.sims["unbucketed"] = simulate(problem)
+
+    def fake(workloads, *, out, **_):
+        out.mkdir(parents=True, exist_ok=True)
+        return table_rows([row])
+    monkeypatch.setattr(compare, "run_compare", fake)
+    assert cli.main(["compare", "llama3-8b-fsdp-2", "-q", "-o", str(tmp_path / "c")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "warning: llama3-8b-fsdp-2: idle.csv prices no collective of this workload\n"
+    assert "Simulated on h100-8nodes (cluster nodes; --preset picks another)." in captured.out

@@ -83,3 +83,19 @@ def test_index_lines_from_concurrent_writers_stay_whole(tmp_path):
     (tmp_path / "index.jsonl").open("a").write("garbage line\n")
     got = read_index(tmp_path)
     assert sorted(e["graph"] for e in got) == sorted(e["graph"] for e in entries)
+
+
+@pytest.mark.parametrize("link", ["dangling", "looping"])
+def test_a_problem_json_symlink_that_does_not_load_is_an_error_row(tmp_path, capsys, link):
+    """A dangling or looping symlink in a problem's place is reported as a directory there is, not
+    dropped unseen (solve-dir said "no recorded problems", or nothing of it)."""
+    folder = tmp_path / "feedbeef"
+    folder.mkdir()
+    (folder / PROBLEM).symlink_to("nowhere.json" if link == "dangling" else PROBLEM)
+    assert main(["solve-dir", str(tmp_path), "--time-limit", "1", "-q"]) == 1
+    assert "no plan for 1 problem(s): feedbeef" in capsys.readouterr().err
+    import csv
+
+    (row,) = csv.DictReader((tmp_path / "summary.csv").read_text().splitlines())
+    assert row["problem"] == "feedbeef" and row["status"] == "ERROR", row
+    assert str(folder / PROBLEM) in row["note"] and "symlink" in row["note"], row

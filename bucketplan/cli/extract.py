@@ -7,7 +7,8 @@ import sys
 from pathlib import Path
 
 import bucketplan.cli.options as options
-from bucketplan.cli.common import CLIError, built, fmt_counts, output_file, overlap_line, progress
+import bucketplan.cli.rules as rules
+from bucketplan.cli.common import CLIError, built, fmt_counts, inputs_of, output_file, overlap_line, progress
 
 
 def add_parser(sub) -> None:
@@ -37,7 +38,7 @@ def run(args) -> int:
         return _extract_tiny(args)
     say = progress(args.quiet)
     out = Path(args.output)
-    output_file(str(out / "problem.json"), "-o")  # before the tracing, not after it
+    _outputs(args, [out / "problem.json", out / "greedy-plan.json"])  # before the tracing, not after it
     preset = options.preset(args)
     workload = options.workload(args)
     try:
@@ -48,6 +49,7 @@ def run(args) -> int:
     except WorkloadError as e:
         raise CLIError(str(e)) from None
     problem, plan = result.problem, result.plan
+    problem = _warn_measurements(result.preset or preset, problem)
     _measured_notes(result.preset or preset, problem)
     try:
         planner.save(problem, out / "problem.json")
@@ -83,6 +85,12 @@ def _report(args, result, out: Path) -> None:
     print(f"wrote               {out / 'problem.json'}, {out / 'greedy-plan.json'}")
 
 
+# the cluster flags a --tiny extraction has no use for: its ranks run on gloo here (--ranks, the
+# pipeline's --bucket-mode and --pre-bucketing, and the workload's own flags it takes)
+TINY_IGNORES = ("--preset", "--tp", "--collectives", "--collective-ranks", "--compute-tflops", "--hbm-tbps",
+                "--profile", "--profile-cpu", "--max-bucket-memory-gb", "--hardware")
+
+
 def _extract_tiny(args) -> int:
     """Each gloo rank's problem at tiny shapes, as `check` extracts it, for `check --plan`."""
     from fxglue.models.workloads import WorkloadError
@@ -90,12 +98,17 @@ def _extract_tiny(args) -> int:
 
     if args.hf_config or args.hf or args.graph:
         raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
+    for flag in TINY_IGNORES:
+        if rules.given(args, flag):
+            raise CLIError(f"{flag} with --tiny: each gloo rank's problem is priced by the gloo run's own "
+                           "model, not a cluster's; drop one of them")
     options.workload(args)
     out = Path(args.output)
     run = built(CheckOptions, {"ranks": args.ranks or 2, "planner": "none", "bucket_mode": args.bucket_mode,
                                "pre_bucketing": args.pre_bucketing, "save_problems": str(out)},
                 {"ranks": "--ranks"})
-    output_file(str(out / "rank0" / "problem.json"), "-o")
+    _outputs(args, [out / f"rank{r}" / name for r in range(run.ranks)
+                    for name in ("problem.json", "greedy-plan.json")])
     say = progress(args.quiet)
     say(f"extracting each of {run.ranks} gloo ranks' problems at tiny shapes")
     try:
@@ -120,16 +133,43 @@ def _extract_tiny(args) -> int:
     return 0
 
 
+def _outputs(args, files: list[Path]) -> None:
+    """Every file extract writes (``files`` under -o, and --save-graph) can be written and is
+    none of its inputs (--graph, --model, measured files): checked before anything is traced. The
+    -o folder may hold other files, the workload's among them; only these are replaced."""
+    inputs = inputs_of(args)
+    for f in files:
+        output_file(str(f), "-o", inputs)
+    if args.save_graph:
+        output_file(args.save_graph, "--save-graph", inputs)
+
+
 def _save_graph(workload, preset, path: str, say):
     """The workload traced and written to ``path`` as a graph file; the traced step, to plan."""
     from fxglue.graph_file import save_graph
     from fxglue.pipeline import trace_for
 
-    output_file(path, "--save-graph")
     traced = trace_for(workload, preset, say)
     save_graph(traced, path)
     say(f"wrote {path}")
     return traced
+
+
+def _warn_measurements(preset, problem):
+    """The measurement files that price nothing of the problem and the groups none prices, on
+    stderr and in the problem's ``meta["warnings"]`` (provenance: its fingerprint is unchanged);
+    refused when the files given price nothing at all (``fxglue.presets.measurement_warnings``)."""
+    from fxglue.presets import measurement_warnings
+
+    try:
+        warnings = measurement_warnings(preset, problem, alone=True)
+    except ValueError as e:  # MeasuredError: the files and the groups they miss
+        raise CLIError(str(e)) from None
+    for line in warnings:
+        print(f"warning: {line}", file=sys.stderr)
+    if not warnings:
+        return problem
+    return problem.model_copy(update={"meta": {**problem.meta, "warnings": warnings}})
 
 
 def _measured_notes(preset, problem) -> None:
@@ -138,10 +178,6 @@ def _measured_notes(preset, problem) -> None:
     measured = getattr(preset, "measured", None)
     if measured is None:
         return
-    if not measured.used:
-        print("note: no measurement (--collectives, --profile or the graph's collectives table) "
-              "matches a group of this graph (names, sizes and ranks per node differ); torch's "
-              "model priced every collective", file=sys.stderr)
     for pg, used in measured.used.items():
         print(f"note: group {pg} priced by " + "; ".join(s.describe() for s in used.values()),
               file=sys.stderr)

@@ -1,6 +1,6 @@
 """The flag groups several commands share, each beside the function that reads it: the workload
 (a built-in name, --model, --hf-config, --hf or --graph), the cluster (--preset and what prices
-it), torch's pipeline, and --planner.
+it), torch's pipeline, and --planner. Which workloads each of them shapes is ``rules.py``'s table.
 
 Imports only the standard library at its top; fxglue is imported when a parser is built or a
 workload or cluster is read.
@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bucketplan.cli.common import CLIError, positive
+from bucketplan.cli.rules import FACTORY, GRAPH, HF, check_shaping, noted, target_source
 
 BUCKET_MODES = ["default", "custom_ops", "custom_ops_multidtype", "coalesced"]
 
@@ -23,9 +24,9 @@ def add_model_options(s) -> None:
                    help="a Hugging Face causal-LM config.json, built from the config alone")
     s.add_argument("--hf", help="a Hugging Face model id whose config is in the local cache "
                                 "(nothing is downloaded)")
-    s.add_argument("--parallel", choices=["fsdp", "ddp", "2d"], default="fsdp",
+    s.add_argument("--parallel", action=noted(s), choices=["fsdp", "ddp", "2d"], default="fsdp",
                    help="how --model / --hf-config / --hf is parallelized (default fsdp)")
-    s.add_argument("--layers", type=int, help="decoder layers of --hf-config / --hf (default: the "
+    s.add_argument("--layers", action=noted(s), type=int, help="decoder layers of --hf-config / --hf (default: the "
                    "config's num_hidden_layers), or factory(groups, layers=N) (default: the "
                    "factory's own)")
     s.add_argument("--graph", metavar="FILE.py",
@@ -35,7 +36,7 @@ def add_model_options(s) -> None:
                         "tensors. The file is Python and runs with your permissions: give only "
                         "files you trust (its code may take BUCKETPLAN_GRAPH_LOAD_TIMEOUT_S "
                         "seconds, default 300)")
-    s.add_argument("--group", action="append", metavar="NAME=SIZE[@RANKS_PER_NODE][:dp|tp]",
+    s.add_argument("--group", action=noted(s, "append"), metavar="NAME=SIZE[@RANKS_PER_NODE][:dp|tp]",
                    help="a process group of the --graph file (repeat for each; default: the file's "
                         "get_pg_config() or setup_fake_process_groups); groups are data-parallel "
                         "unless marked tp, ranks per node default to the preset's layout")
@@ -44,50 +45,50 @@ def add_model_options(s) -> None:
 def add_cluster_options(s) -> None:
     from fxglue.presets import DEFAULT_PRESET, PRESETS
 
-    s.add_argument("--preset", choices=list(PRESETS), default=DEFAULT_PRESET,
+    s.add_argument("--preset", action=noted(s), choices=list(PRESETS), default=DEFAULT_PRESET,
                    help="cluster: world size, 2-D TP degree, GPU and how collectives are priced "
                         f"(default {DEFAULT_PRESET}); "
                         + "; ".join(f"{p.name}: {p.description}" for p in PRESETS.values()))
-    s.add_argument("--ranks", type=int,
+    s.add_argument("--ranks", action=noted(s), type=int,
                    help="world size instead of the preset's (a multiple of its ranks per node)")
-    s.add_argument("--tp", type=int, help="tensor-parallel degree of 2-D workloads instead of the "
+    s.add_argument("--tp", action=noted(s), type=int, help="tensor-parallel degree of 2-D workloads instead of the "
                                           "preset's")
-    s.add_argument("--collectives", nargs="+", metavar="FILE",
+    s.add_argument("--collectives", action=noted(s), nargs="+", metavar="FILE",
                    help="measured collective times that replace the preset's model for the groups "
                         "they cover: nccl-tests output (all_gather_perf, reduce_scatter_perf, "
                         "all_reduce_perf) or a CSV kind,group,ranks_per_node,bytes,ms "
                         "(docs/commands.md)")
-    s.add_argument("--compute-tflops", type=float,
+    s.add_argument("--compute-tflops", action=noted(s), type=float,
                    help="bf16/fp16 rate of the compute roofline in TFLOP/s instead of the preset's "
                         "(800: ~60%% MFU on H100; published Llama-3-8B training runs at 33-43%%, "
                         "i.e. 330-420)")
-    s.add_argument("--hbm-tbps", type=float,
+    s.add_argument("--hbm-tbps", action=noted(s), type=float,
                    help="memory bandwidth of the compute roofline in TB/s instead of the preset's "
                         "(3.0)")
-    s.add_argument("--profile", metavar="TRACE.json",
+    s.add_argument("--profile", action=noted(s), metavar="TRACE.json",
                    help="a Chrome trace of the step on the cluster (torch.profiler, "
                         "record_shapes=True): its op times replace the roofline of the nodes it "
                         "timed, its NCCL kernels the collective model of the groups they cover "
                         "(torch's profile-guided estimation; docs/commands.md)")
-    s.add_argument("--profile-cpu", action="store_true",
+    s.add_argument("--profile-cpu", action=noted(s, "store_true"),
                    help="the --profile trace is of a CPU run (no GPU kernels): its ops' CPU times "
                         "price the nodes it timed; it has no collective times (docs/commands.md)")
-    s.add_argument("--collective-ranks", metavar="N/PER_NODE",
+    s.add_argument("--collective-ranks", action=noted(s), metavar="N/PER_NODE",
                    help="ranks and ranks per node of nccl-tests files whose header lists no ranks "
                         "(e.g. 64/8)")
 
 
 def add_pipeline_options(s) -> None:
     add_cluster_options(s)
-    s.add_argument("--pre-bucketing", action="store_true",
+    s.add_argument("--pre-bucketing", action=noted(s, "store_true"),
                    help="run torch's FSDP pre-bucketing before scheduling (torch's default; off "
                         "here so the bucket search sees every collective)")
-    s.add_argument("--bucket-mode", choices=BUCKET_MODES, default=None,
+    s.add_argument("--bucket-mode", action=noted(s), choices=BUCKET_MODES, default=None,
                    help="torch's bucket mode (default: torch's config, i.e. 'default')")
-    s.add_argument("--max-bucket-memory-gb", type=float, default=2.0,
+    s.add_argument("--max-bucket-memory-gb", action=noted(s), type=float, default=2.0,
                    help="torch's bucket cap, its max_bucket_memory_gb, which torch reads as GiB "
                         "(2^30 bytes; default %(default)s, as torch)")
-    s.add_argument("--hardware", help="JSON file overriding the estimator's hardware figures "
+    s.add_argument("--hardware", action=noted(s), help="JSON file overriding the estimator's hardware figures "
                                       "(default: the preset's)")
     s.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
 
@@ -100,20 +101,24 @@ def add_planner_option(s) -> None:
                         + planners.help_text().replace("%", "%%"))
 
 
-def workload(args, *, required: bool = True):
-    """The workload the flags name: a built-in name, --model, --hf-config or --hf (one of them)."""
+def workload(args, *, required: bool = True, others: list[str] = ()):
+    """The workload the flags name: a built-in name, --model, --hf-config or --hf (one of them),
+    every shaping flag checked against it and the command's ``others`` targets
+    (``check_shaping``)."""
     from fxglue.models.custom import factory_workload, hf_config_workload
     from fxglue.models.workloads import WorkloadError
 
-    given = [x for x in (args.workload, args.model, args.hf_config, args.hf, args.graph) if x]
-    if len(given) > 1:
+    named = [x for x in (args.workload, args.model, args.hf_config, args.hf, args.graph) if x]
+    if len(named) > 1:
         raise CLIError("give one workload: a built-in name, --model, --hf-config, --hf or --graph")
-    if args.group and not args.graph:
-        raise CLIError("--group names the process groups of a --graph file; give --graph FILE")
-    if not given:
-        if required:
-            raise CLIError("no workload: give a built-in name (`bucketplan workloads`), --model, "
-                           "--hf-config, --hf or --graph")
+    own = next(((source, name) for source, name in ((GRAPH, args.graph), (FACTORY, args.model),
+                                                     (HF, args.hf_config or args.hf)) if name),
+               (target_source(args.workload), args.workload) if args.workload else None)
+    if own is None and not others and required:
+        raise CLIError("no workload: give a built-in name (`bucketplan workloads`), --model, "
+                       "--hf-config, --hf or --graph")
+    check_shaping(args, own, [(target_source(t), t) for t in others])
+    if own is None:
         return None
     try:
         if args.graph:
@@ -125,9 +130,6 @@ def workload(args, *, required: bool = True):
                                       layers=args.layers)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
-    if args.layers is not None:
-        raise CLIError("--layers applies to --model, --hf-config and --hf (built-in names carry "
-                       "their depth)")
     return args.workload
 
 
@@ -137,9 +139,6 @@ def _graph_file(args):
 
     if not Path(args.graph).is_file():
         raise CLIError(f"--graph {args.graph}: no such file")
-    if args.layers is not None:
-        raise CLIError("--layers applies to --model, --hf-config and --hf (a --graph file carries "
-                       "its depth)")
     groups = tuple(parse_group(g) for g in args.group) if args.group else None
     names = [g.name for g in groups or ()]
     if len(set(names)) != len(names):

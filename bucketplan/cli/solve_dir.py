@@ -39,9 +39,11 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    from bucketplan.cli.rules import check_combinations
     from planner.core.io import BadFileError
     from planner.jobs.plan_dir import SolveDirOptions, recorded_problems, solve_dir
 
+    check_combinations(args)  # solve's table: --positions free needs --objective step
     root = Path(args.plan_dir)
     if not root.is_dir():
         raise CLIError(f"{root}: no such plan directory (record one with "

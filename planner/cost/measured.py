@@ -53,7 +53,7 @@ from __future__ import annotations
 import csv
 import io
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.core.io import read_regular_text
@@ -83,6 +83,8 @@ class Series:
     ranks: int | None = None  # group size; None: matched by name only
     ranks_per_node: int | None = None
     group: str | None = None  # a process-group name of the graph, where the CSV or the table gave one
+    # the file it was read from (``read_series``), to say which file priced nothing; not its value
+    file: str | None = field(default=None, compare=False, repr=False)
 
     def describe(self) -> str:
         lo, hi = self.points[0][0], self.points[-1][0]
@@ -319,12 +321,14 @@ def read_series(path: str | Path, *, ranks: int | None = None, ranks_per_node: i
     text = text.removeprefix("\ufeff")  # a byte-order mark (spreadsheets save CSV with one)
     first = next((line for line in text.splitlines() if line.strip()), "")
     if first.replace(" ", "").lower().startswith("kind,"):
-        return parse_csv(text, str(path))
-    if is_colls_table(first):
-        return parse_colls_table(text, str(path))
-    if not text.strip():
+        series = parse_csv(text, str(path))
+    elif is_colls_table(first):
+        series = parse_colls_table(text, str(path))
+    elif not text.strip():
         raise MeasuredError(f"{path}: empty")
-    return [parse_nccl_tests(text, str(path), ranks=ranks, ranks_per_node=ranks_per_node)]
+    else:
+        series = [parse_nccl_tests(text, str(path), ranks=ranks, ranks_per_node=ranks_per_node)]
+    return [replace(s, file=str(path)) for s in series]
 
 
 @dataclass
