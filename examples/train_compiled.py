@@ -184,7 +184,18 @@ def main() -> None:
         fail("--layers, --dim, --hidden, --batch and --seq must be at least 1")
     if args.profile_cpu and not args.profile:
         fail("--profile-cpu: give the CPU run's trace with --profile TRACE.json")
+    if args.mode == "bench":  # bench writes into --out: never over the plans or the trace it reads
+        from bucketplan.cli.common import CLIError, not_inputs
+        from fxglue.run.bench import written
+
+        try:
+            not_inputs(written(args.out), "--out", args.out, [("the plan directory", args.plan_dir),
+                                                             ("--profile", args.profile)])
+        except CLIError as e:
+            fail(str(e))
     try:  # the preset, the trace and the directories, checked here once rather than in every rank
+        if args.mode == "use":  # no plans to use is a mistake to name, not a run of torch's bucketing
+            bucketplan_compile.check_plan_dir(args.plan_dir)
         (bucketplan_compile.record if args.mode == "record" else bucketplan_compile.use)(args.plan_dir,
                                                                                          **_pricing(args))
         if args.mode == "bench":

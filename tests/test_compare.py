@@ -108,9 +108,11 @@ def test_compare_never_replaces_a_run_silently(tmp_path, monkeypatch, capsys):
     ran = []
 
     def fake(workloads, *, out, **_):
+        from planner.core.io import replace_dir_atomically
+
         ran.append(out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "compare.csv").write_text("table")
+        with replace_dir_atomically(out, owned=compare.OUTPUTS) as tmp:  # as the real one: with its manifest
+            (tmp / "compare.csv").write_text("table")
         return []
     monkeypatch.setattr(compare, "run_compare", fake)
     for _ in range(3):
@@ -151,3 +153,23 @@ def test_a_searching_row_above_torch_defaults_peak_is_flagged():
     over = re.fullmatch(r"peak 10\.131 GB, ([\d.]+) MB above the budget 9\.450 GB \(torch default's peak, or "
                         r"the unbucketed schedule's if higher\)", workload.plans[3].note)
     assert over and 680 <= float(over.group(1)) <= 682, workload.plans[3].note
+
+
+def test_a_problem_file_is_reported_on_its_own_cluster(tmp_path, capsys):
+    """A problem file is priced as it was extracted: the report names its cluster as its own, not
+    the one --preset would pick (the cluster flags are refused beside it: tests/test_flag_rules.py)."""
+    import gzip
+    import shutil
+
+    from bucketplan.cli import main
+    from tests.support import PROBLEMS
+
+    problem = tmp_path / "problem.json"
+    with gzip.open(PROBLEMS / "llama3-8b-fsdp-2--h100-1node.json.gz") as src, problem.open("wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert main(["compare", str(problem), "-o", str(tmp_path / "c"), "-q", "--time-limit", "0.3"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("Simulated on h100-1node (each problem file's own cluster, as it was extracted)."), first
+    assert "--preset" not in first and "h100-8nodes" not in first
+    (row, *_) = csv.DictReader((tmp_path / "c" / "compare.csv").open())
+    assert row["cluster"] == "h100-1node"

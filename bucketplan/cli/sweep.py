@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bucketplan.cli.common import CLIError, positive, progress
+from bucketplan.cli.common import CLIError, inputs_of, not_inputs, positive, progress
 
 
 def add_parser(sub) -> None:
@@ -32,7 +32,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from planner.core.io import BadFileError, SchemaError
+    from planner.core.io import BadFileError, OutputFolderError, SchemaError
     from planner.jobs.sweep import SpecError, ray_available, run_sweep
 
     if args.sequential and args.address:
@@ -47,6 +47,8 @@ def run(args) -> int:
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise CLIError(f"-o {out}: exists and is not a folder")
+    # the folder is the sweep's (a problems glob there would read its own cases back): no input in it
+    not_inputs([out], "-o", str(out), inputs_of(args) + _case_inputs(spec))
     extract = apply = None
     if needs_torch:
         from fxglue.run.sweep import apply_case, extract_case
@@ -56,6 +58,8 @@ def run(args) -> int:
         report = run_sweep(spec, out, extract=extract, apply=apply,
                            ray=False if args.sequential else None, address=args.address,
                            cpus=args.cpus, say=progress(args.quiet))
+    except OutputFolderError as e:  # another sweep writing it
+        raise CLIError(f"-o {out}: {e.strerror}") from None
     # BadFileError: a bookkeeping file that is no regular file
     except (SpecError, SchemaError, BadFileError) as e:
         raise CLIError(str(e)) from None
@@ -84,6 +88,19 @@ def _spec(path: str):
     except SpecError as e:
         raise CLIError(str(e)) from None
     return spec, needs_torch
+
+
+def _case_inputs(spec) -> list[tuple[str, str]]:
+    """The files the spec's cases read: problem files, measured collectives, factories, configs and
+    graph files."""
+    found = []
+    for case in spec.cases:
+        if case.source in ("problem", "graph", "hf_config", "model"):
+            path = case.name.rpartition(":")[0] if case.source == "model" else case.name
+            if Path(path).is_file():
+                found.append((f"case {case.key}'s {case.source.replace('_', ' ')} file", path))
+        found += [(f"case {case.key}'s collectives", c) for c in case.collectives]
+    return found
 
 
 def _report(out: Path, report) -> int:

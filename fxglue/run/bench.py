@@ -87,6 +87,14 @@ def configuration(config: str, plan_dir, out_dir, **pricing):
         yield session
 
 
+def written(out_dir) -> list[Path]:
+    """What a bench run writes under ``OUT`` (the module docstring), each folder as a whole: no
+    input (the plan directory, a ``--profile`` trace) may be among them, or the run would write
+    over what it reads (a trace of an earlier run given back as ``--profile``)."""
+    out = Path(out_dir)
+    return [out / "bench.md", out / "traces", out / "problems", record_dir(out)]
+
+
 def record_dir(out_dir) -> Path:
     """Where the ``torch`` configuration records its problems and torch's greedy plans."""
     return Path(out_dir) / "record"
