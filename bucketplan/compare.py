@@ -15,6 +15,8 @@ beat on that cluster, so "ms above the floor" is what a planner leaves on the ta
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 import re
 import time
 from pathlib import Path
@@ -91,14 +93,22 @@ class Steps:
 
 
 def _problems_for(name, announce, preset=None):
-    """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it)."""
+    """(problem without pre-bucketing, torch's greedy on it, problem with pre-bucketing, greedy on it);
+    what the measurements leave out of the first in its ``meta["warnings"]``
+    (``fxglue.presets.measurement_warnings``: beside the rows, never a refusal, as compare reports)."""
     from fxglue.pipeline import PipelineOptions, prepare
+    from fxglue.presets import measurement_warnings
 
     announce("torch default, torch greedy (tracing, torch's scheduler)", "1-2")
     out = []
     for pre in (False, True):
         p = prepare(name, preset=preset, pipeline=PipelineOptions(pre_bucketing=pre))
-        out.append((p.problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
+        problem = p.problem
+        if not pre:  # before the second trace; both schedules have the same groups
+            warnings = measurement_warnings(p.preset, problem)
+            if warnings:
+                problem = problem.model_copy(update={"meta": {**problem.meta, "warnings": warnings}})
+        out.append((problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
     return out
 
 
@@ -112,11 +122,28 @@ def _announcer(name: str, say, steps: Steps | None):
     return announce
 
 
-def _stop_if_interrupted(stats: dict) -> None:
+def _stop_if_interrupted(stats: dict, cut: PlanRow | None = None) -> None:
     """A search that Ctrl-C cut short keeps its plan, but a table of cut-short rows is not a
-    compare run: stop here, and ``run_compare`` leaves the output folder as it was."""
+    compare run: stop here; ``run_compare`` leaves the output folder as it was and keeps the plans
+    made so far beside it, ``cut`` (the cut-short search's row) among them."""
     if stats.get("interrupted"):
-        raise KeyboardInterrupt
+        stop = KeyboardInterrupt()
+        stop.cut_row = cut
+        raise stop
+
+
+@contextlib.contextmanager
+def _rows_kept_on_ctrl_c(row: WorkloadRow):
+    """A Ctrl-C inside carries this workload's rows so far (the cut-short search's too) up to
+    ``run_compare`` as the interrupt's ``partial_row``."""
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        cut = getattr(stop, "cut_row", None)
+        if cut is not None and cut.plan is not None:
+            row.plans.append(cut)
+        stop.partial_row = row
+        raise
 
 
 def _greedy_row(label: str, problem, plan, seconds: float) -> PlanRow:
@@ -142,28 +169,30 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
     announce = _announcer(name, say, steps)
     live, say = say is not None, say or _silent  # say None: no search detail (compare without -v)
     (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, announce, preset)
-    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "")
-    # the floor of each problem holds for every plan on it; their minimum holds for every row
-    row.floor_ms = min(step_floor(prob).floor_ms, step_floor(prob_pre).floor_ms)
-    row.plans.append(_greedy_row(DEFAULT_LABEL, prob_pre, greedy_pre, greedy_pre_s))
-    row.plans.append(_greedy_row(GREEDY_LABEL, prob, greedy, greedy_s))
-    # torch's manual pass needs the module's block names: built-in workloads only
-    manual_row = _manual_row(name, preset, announce) if manual and isinstance(workload, str) else None
-    if manual_row is not None:
-        row.plans.append(manual_row)
-        row.floor_ms = min(row.floor_ms, step_floor(manual_row.problem).floor_ms)
-    _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say, announce, live)
-    announce(PRE_STEP_LABEL)
-    row.plans.append(pre_step_row(name, prob_pre, row.plans[0].plan, time_limit_s, say))
-    announce(POSITIONED_LABEL)
-    row.plans.append(positioned_row(name, prob, prob_pre, row, time_limit_s, say))
+    row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
+                      warnings=list(prob.meta.get("warnings", [])))
     row.problem, row.problem_pre = prob, prob_pre
-    row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms,  # positioned plans: their own floor
-                       free_position_floor(prob_pre).floor_ms)
-    _flag_over_default_peak(row)
-    _simulate_rows(row, prob, traces_to)
-    if steps is not None:
-        steps.done(row.plans)
+    with _rows_kept_on_ctrl_c(row):
+        # the floor of each problem holds for every plan on it; their minimum holds for every row
+        row.floor_ms = min(step_floor(prob).floor_ms, step_floor(prob_pre).floor_ms)
+        row.plans.append(_greedy_row(DEFAULT_LABEL, prob_pre, greedy_pre, greedy_pre_s))
+        row.plans.append(_greedy_row(GREEDY_LABEL, prob, greedy, greedy_s))
+        # torch's manual pass needs the module's block names: built-in workloads only
+        manual_row = _manual_row(name, preset, announce) if manual and isinstance(workload, str) else None
+        if manual_row is not None:
+            row.plans.append(manual_row)
+            row.floor_ms = min(row.floor_ms, step_floor(manual_row.problem).floor_ms)
+        _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say, announce, live)
+        announce(PRE_STEP_LABEL)
+        row.plans.append(pre_step_row(name, prob_pre, row.plans[0].plan, time_limit_s, say))
+        announce(POSITIONED_LABEL)
+        row.plans.append(positioned_row(name, prob, prob_pre, row, time_limit_s, say))
+        row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms,  # positioned plans: their own floor
+                           free_position_floor(prob_pre).floor_ms)
+        _flag_over_default_peak(row)
+        _simulate_rows(row, prob, traces_to)
+        if steps is not None:
+            steps.done(row.plans)
     return row
 
 
@@ -224,10 +253,11 @@ def _row_options(time_limit_s: float, objective: str) -> SolveOptions:
 def _solved_row(label: str, request: planners.PlanRequest, note: str = "") -> PlanRow:
     """A row planned by the registry's ``cpsat`` (``request.greedy`` is its hint)."""
     res = planners.get("cpsat").plan(request).solve_result
-    _stop_if_interrupted(res.stats)
     note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
-    return PlanRow(label, request.problem, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
-                   bound_unit="collectives" if request.solve.objective == "count" else "ms")
+    row = PlanRow(label, request.problem, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
+                  bound_unit="collectives" if request.solve.objective == "count" else "ms")
+    _stop_if_interrupted(res.stats, row)
+    return row
 
 
 def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) -> PlanRow:
@@ -261,7 +291,8 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
             found.append((position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline), problem))
         except ValueError:  # nothing on this schedule fits the budget
             continue
-        _stop_if_interrupted(found[-1][0].stats)
+        _stop_if_interrupted(found[-1][0].stats, PlanRow(POSITIONED_LABEL, problem, found[-1][0].plan,
+                                                         time.perf_counter() - t0))
     result, problem = min(found, key=lambda f: f[0].objective)
     floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
     where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
@@ -304,18 +335,40 @@ def compare_problem_file(path: Path, *, time_limit_s: float, out: Path, say, ste
     announce = _announcer(name, say, steps)
     live, say = say is not None, say or _silent
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
-                      floor_ms=step_floor(prob).floor_ms, problem=prob)
-    greedy_path = path.parent / "greedy-plan.json"
-    hint = None
-    if greedy_path.exists():
-        g = planner.load_plan(greedy_path)
-        row.plans.append(_greedy_row(GREEDY_LABEL, prob, g, float(g.params.get("wall_s", 0.0))))
-        hint = row.plans[-1].plan
-    _cpsat_rows(row, prob, hint, time_limit_s, say, announce, live)
-    _simulate_rows(row, prob, out)
-    if steps is not None:
-        steps.done(row.plans)
+                      floor_ms=step_floor(prob).floor_ms, problem=prob, own_costs=True)
+    with _rows_kept_on_ctrl_c(row):
+        greedy_path = path.parent / "greedy-plan.json"
+        hint = None
+        if greedy_path.exists():
+            g = planner.load_plan(greedy_path)
+            row.plans.append(_greedy_row(GREEDY_LABEL, prob, g, float(g.params.get("wall_s", 0.0))))
+            hint = row.plans[-1].plan
+        _cpsat_rows(row, prob, hint, time_limit_s, say, announce, live)
+        _simulate_rows(row, prob, out)
+        if steps is not None:
+            steps.done(row.plans)
     return row
+
+
+def keep_interrupted_plans(rows: list[WorkloadRow], out: Path) -> Path | None:
+    """At a Ctrl-C: every verified plan made so far, marked interrupted, as ``save_plans`` writes
+    them, in a new folder beside ``out`` (``<out>.interrupted``, ``-2``, ...: never one that
+    exists, so no earlier run is replaced); None when no plan was made yet."""
+    marked = []
+    for row in rows:
+        plans = [dataclasses.replace(p, plan=p.plan.model_copy(update={"params": {**p.plan.params, "interrupted": True}}))
+                 for p in row.plans if p.plan is not None and p.planner != MANUAL_LABEL]
+        if plans:
+            marked.append(dataclasses.replace(row, plans=plans))
+    if not marked:
+        return None
+    k, kept = 1, out.with_name(f"{out.name}.interrupted")
+    while os.path.lexists(kept):
+        k += 1
+        kept = out.with_name(f"{out.name}.interrupted-{k}")
+    with replace_dir_atomically(kept, owned=OUTPUTS) as tmp:
+        save_plans(marked, tmp)
+    return kept
 
 
 def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
@@ -383,19 +436,26 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
     ``out`` is replaced as a whole, and only when the run completes: everything is written into a
     fresh folder beside it first (``planner.core.io.replace_dir_atomically``). A run that fails or is
     interrupted leaves ``out`` as it was, so it never holds one run's table beside another's
-    traces, nor traces of workloads the last run did not have."""
+    traces, nor traces of workloads the last run did not have. An existing ``out`` is replaced only
+    while it holds nothing but what an earlier compare wrote (its manifest), checked again at the
+    swap, and one compare writes it at a time (``OutputFolderError`` otherwise)."""
     steps = Steps(progress or _silent, len(workloads), time_limit_s)
     with replace_dir_atomically(out, owned=OUTPUTS) as tmp:
         rows = []
-        for target in workloads:
-            if isinstance(target, str) and target.endswith(".json"):
-                steps.workload(target, PROBLEM_FILE_PLANNERS)
-                rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=detail,
-                                                 steps=steps))
-            else:
-                steps.workload(target if isinstance(target, str) else target.name)
-                rows.append(compare_workload(target, time_limit_s=time_limit_s, traces_to=tmp, say=detail,
-                                             preset=preset, steps=steps))
+        try:
+            for target in workloads:
+                if isinstance(target, str) and target.endswith(".json"):
+                    steps.workload(target, PROBLEM_FILE_PLANNERS)
+                    rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=detail,
+                                                     steps=steps))
+                else:
+                    steps.workload(target if isinstance(target, str) else target.name)
+                    rows.append(compare_workload(target, time_limit_s=time_limit_s, traces_to=tmp, say=detail,
+                                                 preset=preset, steps=steps))
+        except KeyboardInterrupt as stop:  # out stays as it was; the plans made so far go beside it
+            partial = getattr(stop, "partial_row", None)
+            stop.kept = keep_interrupted_plans(rows + ([partial] if partial is not None else []), out)
+            raise
         table = table_rows(rows)
         write_compare_table(tmp, table)
         if scenarios:

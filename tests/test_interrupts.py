@@ -80,15 +80,24 @@ def fsdp8(tmp_path) -> Path:
 
 def test_ctrl_c_in_compare_leaves_a_finished_run_as_it_was(fsdp8, tmp_path):
     out = tmp_path / "compare"
-    out.mkdir()
-    (out / "compare.md").write_text("a finished run's table\n")
+    finished = run_cli("compare", fsdp8 / "problem.json", "-o", out, "--time-limit", "1", "-q", timeout=BOUND_S)
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     run = Interrupted("compare", fsdp8 / "problem.json", "-o", out, "--force", "--time-limit", "10",
                       marker="planner 2/3", delay_s=3.0)
     run.assert_interrupted()
     assert f"{out} is left as it was" in run.err
-    assert sorted(p.name for p in out.iterdir()) == ["compare.md"]
-    assert (out / "compare.md").read_text() == "a finished run's table\n"
-    assert not any(p.name.startswith(".") for p in tmp_path.iterdir())  # no temporary folder left behind
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # the count row's plan, made before the Ctrl-C, is kept beside it, verified and marked
+    kept = tmp_path / "compare.interrupted"
+    assert f"{kept}/plans/" in run.err
+    problem = planner.load_problem(fsdp8 / "problem.json")
+    plans = sorted((kept / "plans").glob("*.json"))
+    assert plans
+    for path in plans:
+        plan = planner.load_plan(path)
+        assert plan.params["interrupted"] is True and not planner.verify(problem, plan)
+    assert not any(p.name.startswith(".") and p.is_dir() for p in tmp_path.iterdir())  # no temporary folder left
 
 
 def test_ctrl_c_in_the_positioned_search_writes_its_plan_marked_interrupted(fsdp8, tmp_path):

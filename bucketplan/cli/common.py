@@ -62,18 +62,65 @@ def workers(value: int, flag: str) -> None:
     library_rule(arguments.worker_count, value, flag)
 
 
-def output_file(path: str, flag: str) -> None:
+def output_file(path: str, flag: str, inputs=()) -> None:
     """Refuse an output file that cannot be written, before any work: an existing directory or
     other non-regular file (the plan is written by renaming over it: -o /dev/null would replace
-    the device), or a folder that cannot be created or written. Writability is probed with a
-    temporary file in the nearest existing folder, removed at once: permission bits say nothing
-    for root or on a read-only or virtual filesystem (/sys)."""
+    the device), one of the command's ``inputs`` (``inputs_of``), or a folder that cannot be
+    created or written. Writability is probed with a temporary file in the nearest existing
+    folder, removed at once: permission bits say nothing for root or on a read-only or virtual
+    filesystem (/sys)."""
     p = Path(path)
     if p.is_dir():
         raise CLIError(f"{flag} {path}: is a directory; give the plan file to write")
     if p.exists() and not p.is_file():
         raise CLIError(f"{flag} {path}: exists and is not a regular file")
+    not_inputs([p], flag, path, inputs)
     writable_place(p.parent, flag, path)
+
+
+def output_folder(path: str | Path, flag: str, inputs=()) -> None:
+    """Refuse, before any work, an output folder the command replaces whole (from a new folder
+    made beside it) when one of its ``inputs`` lies anywhere in it, or when its parent cannot take
+    a new folder."""
+    not_inputs([Path(path)], flag, str(path), inputs)
+    writable_place(Path(path).absolute().parent, flag, str(path))
+
+
+def not_inputs(places, flag: str, shown: str, inputs) -> None:
+    """One line naming ``flag`` and the input when writing ``places`` (files, or folders standing
+    for all under them) would overwrite or delete one of ``inputs`` ((label, path) pairs):
+    the same file, through a symlink or a hard link too, or one inside such a folder."""
+    from planner.core.io import clobbered_input
+
+    hit = clobbered_input(places, inputs)
+    if hit is None:
+        return
+    place, label, given, same = hit
+    at = "" if place == str(shown) else f"{place} "  # a place under the folder the flag names
+    raise CLIError(f"{flag} {shown}: {at}{'is' if same else 'holds'} {label} {given}, an input of this command"
+                   + ("" if same else ", which writing there would overwrite or delete") + f"; give another {flag}")
+
+
+# the flags (argparse dests) that name a file a command reads, as each is named in a refusal
+_INPUT_FLAGS = (("problem", "the problem"), ("hint", "--hint"), ("graph", "--graph"),
+                ("hf_config", "--hf-config"), ("profile", "--profile"), ("hardware", "--hardware"),
+                ("spec", "the spec"))
+
+
+def inputs_of(args) -> list[tuple[str, str]]:
+    """Every file a command's flags name to read, as (how the refusal names it, path): what its
+    outputs must not overwrite. One list for every command; flags a command lacks are skipped."""
+    found = [(label, value) for dest, label in _INPUT_FLAGS
+             if isinstance(value := getattr(args, dest, None), str) and value]
+    found += [("--collectives", c) for c in getattr(args, "collectives", None) or ()]
+    found += [("the problem", t) for t in getattr(args, "targets", None) or () if t.endswith(".json")]
+    model = getattr(args, "model", None)
+    if model and Path(module := model.rpartition(":")[0] or model).is_file():  # FILE.py:FACTORY
+        found.append(("--model", module))
+    for dest in ("robust", "scenarios"):  # measured collectives files among the scenario names
+        names = getattr(args, dest, None) or ""
+        found += [(f"--{dest}", n.strip()) for n in names.split(",") if n.strip() and Path(n.strip()).is_file()]
+    return found
 
 
 def writable_place(folder: Path, flag: str, shown: str) -> None:
@@ -132,7 +179,8 @@ SCENARIOS_HELP = ("torch, published-comm, published-mfu, published, contention, 
 def scenario_list(text: str, flag: str) -> list[str]:
     """A comma-separated list of scenario names (planner.search.scenarios.SCENARIOS, contention=F) or
     measured files, each checked now, not after minutes of search."""
-    from planner.search.scenarios import SCENARIOS, contention_of, is_named, measured_series
+    from planner.search.scenarios import (SCENARIOS, contention_of, is_named, measured_series,
+                                          scenario_value)
 
     names = [x.strip() for x in text.split(",") if x.strip()]
     for name in names:
@@ -147,8 +195,15 @@ def scenario_list(text: str, flag: str) -> list[str]:
                 measured_series(name)  # parsed once: the re-pricing takes it from here
         except ValueError as e:
             raise CLIError(f"{flag}: {e}") from None
-    if len(set(names)) != len(names) or not names:
+    if not names:
         raise CLIError(f"{flag} {text!r}: give distinct scenarios, e.g. torch,published")
+    seen: dict = {}
+    for name in names:  # by what each prices: contention=1 and contention=1.0 are one scenario
+        value = scenario_value(name)
+        if value in seen:
+            raise CLIError(f"{flag} {text!r}: {seen[value]!r} and {name!r} are the same scenario; give "
+                           "distinct scenarios, e.g. torch,published")
+        seen[value] = name
     return names
 
 
@@ -188,3 +243,46 @@ def with_bound(plan, bound_ms: float | None, scope: str, gap: float | None):
     bound = {"bound_ms": None if bound_ms is None else round(bound_ms, 6), "scope": scope,
              "gap": None if gap is None else round(gap, 6)}
     return plan.model_copy(update={"params": {**plan.params, "bound": bound}})
+
+
+class BestPlan:
+    """The best verified plan a command holds at each moment, so that a Ctrl-C anywhere (while a
+    floor is computed, a model built, the plan written) saves it, marked interrupted, instead of
+    nothing. Each stage offers its plan once verified (later stages only improve on earlier ones);
+    ``write`` saves the finished plan, after which a Ctrl-C has nothing left to keep."""
+
+    def __init__(self, output: str, args) -> None:
+        self.output, self.args = output, args
+        self.plan = None
+        self.written: str | None = None
+
+    def offer(self, plan) -> None:
+        if plan is not None:
+            self.plan = plan
+
+    def write(self, plan) -> str:
+        """Save ``plan`` (``planner.core.interrupted.save_plan``: a cut-short one never replaces
+        a finished plan) and return the path it went to."""
+        from planner.core.interrupted import save_plan
+
+        self.offer(plan)
+        try:
+            self.written = str(save_plan(stamped(plan, self.args), self.output))
+        except OSError as e:  # checked up front; a race (the folder changed during the search)
+            raise CLIError(f"{self.output}: cannot write the plan ({e.strerror or e})") from None
+        return self.written
+
+    def write_interrupted(self) -> str | None:
+        """At a Ctrl-C: the best plan held, marked interrupted, unless the finished one was
+        written; the path it went to (None: nothing verified to keep)."""
+        if self.written is not None or self.plan is None:
+            return self.written
+        params = {**self.plan.params, "interrupted": True}
+        return self.write(self.plan.model_copy(update={"params": params}))
+
+    def wrote_line(self) -> str:
+        """The report's last line: where the plan went, and why when not where asked."""
+        if self.written is None or self.written == str(self.output):
+            return f"wrote               {self.output}"
+        return (f"wrote               {self.written} (interrupted: {self.output} holds a finished plan "
+                "and is left as it was)")

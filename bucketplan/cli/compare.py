@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import bucketplan.cli.options as options
-from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, positive, progress, scenario_list,
-                                   writable_place)
+from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, inputs_of, output_folder, positive, progress,
+                                   scenario_list)
 
 
 def add_parser(sub) -> None:
@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     from bucketplan.compare import OUTPUTS, run_compare
     from fxglue.models.workloads import WorkloadError
-    from planner.core.io import check_replaceable
+    from planner.core.io import OutputFolderError, check_replaceable
 
     say = progress(args.quiet)
     targets = _targets(args)
@@ -53,19 +53,24 @@ def run(args) -> int:
     scenarios = (scenario_list(args.scenarios, "--scenarios") if args.scenarios is not None
                  else None)
     out = _compare_output(args.output, args.force)
+    output_folder(out, "-o", inputs_of(args))  # written beside it, then renamed
     try:  # before the minutes of tracing, not after them (run_compare checks it again)
         check_replaceable(out, OUTPUTS)
     except OSError as e:
         raise CLIError(f"-o {out}: {e.strerror}") from None
-    writable_place(out.absolute().parent, "-o", str(out))  # written beside it, then renamed
     detail = say if args.verbose else None  # say is silent under -q
     try:
         table = run_compare(targets, out=out, time_limit_s=args.time_limit, progress=say,
                             preset=options.preset(args), detail=detail, scenarios=scenarios)
     except WorkloadError as e:
         raise CLIError(str(e)) from None
-    except KeyboardInterrupt:  # run_compare removed its temporary folder; the old one is untouched
-        print(f"interrupted: {out} is left as it was", file=sys.stderr)
+    except OutputFolderError as e:  # another compare writing it, or files put into it meanwhile
+        raise CLIError(f"-o {out}: {e.strerror}") from None
+    except KeyboardInterrupt as stop:  # run_compare removed its temporary folder; the old one is untouched
+        kept = getattr(stop, "kept", None)
+        print(f"interrupted: {out} is left as it was"
+              + (f"; the plans made so far, verified and marked interrupted, are in {kept}/plans/"
+                 if kept is not None else ""), file=sys.stderr)
         return 130
     _report(out, table, scenarios)
     return 0
@@ -84,18 +89,21 @@ def _targets(args) -> list:
                 raise CLIError(str(e)) from None
         elif not Path(target).is_file():
             raise CLIError(f"{target}: no such problem file")
-    mine = options.workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False)
+    flagged = any((args.model, args.hf_config, args.hf, args.graph))
+    others = list(args.targets) or ([] if flagged else list(DEFAULT_SUITE))  # what the flags shape
+    mine = options.workload(argparse.Namespace(**{**vars(args), "workload": None}), required=False,
+                            others=others)
     targets = list(args.targets) + ([mine] if mine is not None else [])
     return targets or list(DEFAULT_SUITE)
 
 
 def _report(out: Path, table, scenarios) -> None:
-    from bucketplan.report import markdown
+    from bucketplan.report import markdown, simulated_on
 
-    clusters = ", ".join(sorted({str(r.get("cluster") or "the problem's own costs")
-                                 for r in table}))
-    print(f"Simulated on {clusters} (cluster nodes; --preset picks another). "
-          f"{out}/compare.md has every column.\n")
+    for r in table:  # also in compare.md, as the note of the workload's unbucketed row
+        for line in r.get("warnings", ()):
+            print(f"warning: {r['workload']}: {line}", file=sys.stderr)
+    print(f"{simulated_on(table)} {out}/compare.md has every column.\n")
     print(markdown(table), end="")
     print(f"\nwrote {out}/: compare.md (this table; also .csv, .json), step_time.png, "
           "timeline.png, collectives_and_exposed.png, traces/ (ui.perfetto.dev), plans/ (every "

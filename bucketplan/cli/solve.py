@@ -8,8 +8,8 @@ import contextlib
 import sys
 import time
 
-from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, built, gigabytes, memory_line, with_bound,
-                                   output_file, positive, progress, stamped)
+from bucketplan.cli.common import (SCENARIOS_HELP, BestPlan, CLIError, built, gigabytes, memory_line,
+                                   with_bound, inputs_of, output_file, positive, progress)
 
 OBJECTIVES = ["count", "exposure", "step"]
 OBJECTIVE_HELP = ("step: the simulated step time in ms; count: the number of collectives; "
@@ -86,8 +86,8 @@ def add_parser(sub) -> None:
                         "the step prices lost overlap)")
     s.add_argument("--peak-memory-gb", type=float, default=None,
                    help="with --positions free: the planned schedule's peak memory (GB = 10^9 "
-                        "bytes) stays within this (default: the --hint plan's peak, or the unbucketed "
-                        "schedule's)")
+                        "bytes) stays within this (default: the --hint plan's peak if it keeps the rules, "
+                        "or the unbucketed schedule's, whichever is higher)")
     s.add_argument("--prove", type=float, default=None, metavar="SECONDS",
                    help="with --positions free: after the search, up to SECONDS more of CP-SAT over "
                         "the candidate space of the search's plan within the same peak "
@@ -105,34 +105,28 @@ def run(args) -> int:
     # every flag and the output path are checked before anything is loaded or solved: a bad
     # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
     options = solve_options(args)
-    if args.positions == "free" and args.objective != "step":
-        raise CLIError("--positions free needs --objective step (positions are chosen by the "
-                       "simulated step)")
-    if args.peak_memory_gb is not None and args.positions != "free":
-        raise CLIError("--peak-memory-gb needs --positions free")
-    if args.keep_overlap and args.positions != "free":
-        raise CLIError("--keep-overlap needs --positions free (anchored plans always keep torch's "
-                       "overlap)")
+    from bucketplan.cli.rules import check_combinations
+
+    check_combinations(args)  # the table solve-dir applies too
     if args.prove is not None:
-        if args.positions != "free":
-            raise CLIError("--prove needs --positions free (an anchored solve proves its bound itself)")
-        if args.keep_overlap:
-            raise CLIError("--prove does not keep torch's overlap (its model prices lost overlap): "
-                           "drop --keep-overlap or --prove")
         positive(args.prove, "--prove")
     peak = gigabytes(args.peak_memory_gb, "--peak-memory-gb")
     positioned = position_options(args) if args.positions == "free" else None
-    output_file(args.output, "-o")
+    output_file(args.output, "-o", inputs_of(args))  # never over the problem, --hint or a measured file
+    best = BestPlan(args.output, args)
     try:
         if args.robust is not None:
             from bucketplan.cli.solve_robust import robust_and_report
 
-            return robust_and_report(args, options)
-        return _solve_and_report(args, options, positioned, peak)
+            return robust_and_report(args, options, best)
+        return _solve_and_report(args, options, positioned, peak, best)
     except KeyboardInterrupt:
-        # solve keeps the best verified plan at a first Ctrl-C (written, exit 130); this one came
-        # while loading the problem, at a second Ctrl-C, or while writing: nothing verified to keep
-        print("bucketplan solve: interrupted before a plan was written", file=sys.stderr)
+        # a search stopped by Ctrl-C returns its plan and is reported as usual; this one came
+        # between stages (loading, a floor, a model's build, the report): keep what is held
+        written = best.write_interrupted()
+        print("bucketplan solve: interrupted before a plan was found" if written is None else
+              f"bucketplan solve: interrupted: wrote the best verified plan so far, marked "
+              f"interrupted, to {written}", file=sys.stderr)
         return 130
 
 
@@ -171,17 +165,19 @@ def _window(value: str) -> int | str | None:
                        f"not {value!r}") from None
 
 
-def _solve_and_report(args, options, positioned, peak: int | None) -> int:
+def _solve_and_report(args, options, positioned, peak: int | None, best: BestPlan) -> int:
     """``bucketplan solve`` once its flags are checked: load, solve, write, report."""
     import dataclasses
 
     import planner
     from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
+    from planner.core.problem import unbucketed_plan
     from planner.jobs.progress import LiveLine
     from planner.search.solver import PlanMismatchError, solve
 
     t_start = time.perf_counter()
     problem = planner.load_problem(args.problem)
+    best.offer(unbucketed_plan(problem))  # what solve itself returns when stopped before any search
     hint = planner.load_plan(args.hint) if args.hint else None
     say = progress(args.quiet)
     say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective "
@@ -193,25 +189,23 @@ def _solve_and_report(args, options, positioned, peak: int | None) -> int:
             result = solve(problem, options, hint=hint, progress=live)
     except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
+    best.offer(result.plan)
     if positioned is not None and not result.stats.get("interrupted"):
         from bucketplan.cli.solve_positions import position_search_and_report
 
-        return position_search_and_report(args, problem, result, hint, positioned, peak, t_start)
+        return position_search_and_report(args, problem, result, hint, positioned, peak, t_start, best)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1
-    try:
-        plan = result.plan
-        if args.objective == "step":
-            plan = with_bound(plan, result.bound, result.bound_scope or "", result.gap)
-        planner.save(stamped(plan, args), args.output)
-    except OSError as e:  # checked up front; this is a race (the folder changed during the search)
-        raise CLIError(f"{args.output}: cannot write the plan ({e.strerror or e})") from None
-    _report(args, problem, result)
+    plan = result.plan
+    if args.objective == "step":
+        plan = with_bound(plan, result.bound, result.bound_scope or "", result.gap)
+    best.write(plan)
+    _report(args, problem, result, best)
     return 130 if result.stats.get("interrupted") else 0
 
 
-def _report(args, problem, result) -> None:
+def _report(args, problem, result, best: BestPlan) -> None:
     import planner
 
     notes = []
@@ -237,4 +231,4 @@ def _report(args, problem, result) -> None:
     print(f"wall                {result.wall_s:.1f}s"
           + (" (stopped by the wall-clock limit, not the deterministic one: another run may "
              "differ)" if result.stats.get("wall_limit_hit") else ""))
-    print(f"wrote               {args.output}")
+    print(best.wrote_line())

@@ -7,23 +7,24 @@ import dataclasses
 import sys
 import time
 
-from bucketplan.cli.common import GB, CLIError, memory_line, progress, stamped, with_bound
+from bucketplan.cli.common import GB, CLIError, memory_line, progress, with_bound
 
 
-def position_search_and_report(args, problem, anchored, hint, options, peak: int | None, t_start: float) -> int:
+def position_search_and_report(args, problem, anchored, hint, options, peak: int | None, t_start: float,
+                               best) -> int:
     """The positioned search after CP-SAT's ``anchored`` result, as ``options`` say, within ``peak``
     bytes (None: the hint's peak, or the unbucketed schedule's). With ``--deterministic``
     (``options.max_evaluations``) the wall clock is only a guard, and the plan records no creation
-    time: two runs write the same bytes."""
-    import planner
+    time: two runs write the same bytes. ``best`` (``BestPlan``) holds the best verified plan at
+    each moment, for a Ctrl-C between stages."""
     from planner.cost.bounds import free_position_floor
     from planner.search.position_search import (FREE_POSITIONS_CP_SAT_SHARE, default_peak_budget,
                                                 deterministic_evaluations, position_search)
     from planner.search.result import gap_of
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
-    # by default a plan never holds more than what it replaces
-    budget = peak if peak is not None else default_peak_budget(problem, [hint])
+    # by default a plan never holds more than what it replaces: a legal one (default_peak_budget)
+    budget = peak if peak is not None else default_peak_budget(problem, [hint], options.keep_overlap)
     starts = [p for p in (anchored.plan, hint) if p is not None]
     if args.deterministic:  # the positioned share of --time-limit, in evaluations of this problem
         options = dataclasses.replace(options, max_evaluations=deterministic_evaluations(
@@ -41,11 +42,12 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified plan is the best
         if anchored.plan is None:
             raise
-        planner.save(stamped(anchored.plan, args), args.output)
+        written = best.write_interrupted()
         print(f"interrupted before the positioned search had a plan: wrote CP-SAT's anchored plan "
               f"({anchored.objective:.3f} ms; verified, not held to --peak-memory-gb) "
-              f"to {args.output}", file=sys.stderr)
+              f"to {written}", file=sys.stderr)
         return 130
+    best.offer(result.plan)
     floor = free_position_floor(problem, peak_memory_bytes=budget)
     searched = result
     proof = None
@@ -56,6 +58,7 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
             result = dataclasses.replace(proof, stats={
                 **result.stats, "interrupted": proof.stats["interrupted"],
                 "best_from": result.stats["best_from"] + ("; then CP-SAT's, over its candidate space" if improved else "")})
+            best.offer(result.plan)
         else:  # a Ctrl-C while the model was built: the search's plan is the best verified one
             result = dataclasses.replace(result, stats={**result.stats, "interrupted": True}, plan=result.plan.model_copy(
                 update={"params": {**result.plan.params, "interrupted": True}}))
@@ -65,13 +68,13 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
         plan = plan.model_copy(update={"params": {**plan.params, "candidate_bound": {
             "status": proof.status, "bound_ms": round(proof.bound, 6), "scope": proof.bound_scope,
             "gap": round(proof.gap, 6)}}})
-    planner.save(stamped(plan, args), args.output)
+    best.write(plan)
     _report(args, problem, anchored, result, floor, gap, budget)
     if proof is not None:
         _report_proof(proof, searched)
     print(memory_line(problem, result.plan) + f"; budget {budget / GB:.3f} GB")
     _print_wall(searched, evaluations, t_start)
-    print(f"wrote               {args.output}")
+    print(best.wrote_line())
     return 130 if result.stats.get("interrupted") else 0
 
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 from bucketplan.cli.common import CLIError, progress, scenario_list
 
 
-def robust_and_report(args, options) -> int:
+def robust_and_report(args, options, best) -> int:
     """Refuse the flags the regret search cannot honour, search as ``options`` (SolveOptions)
     say, write, report."""
     import planner
+    from planner.core.problem import unbucketed_plan
     from planner.search.scenarios import ScenarioError, describe, robust_plan
     from planner.search.solver import PlanMismatchError
 
@@ -24,6 +25,7 @@ def robust_and_report(args, options) -> int:
         raise CLIError("--deterministic with --robust: its regret search stops on the wall clock; "
                        "drop one of them")
     problem = planner.load_problem(args.problem)
+    best.offer(unbucketed_plan(problem))  # what solve itself returns when stopped before any search
     hint = planner.load_plan(args.hint) if args.hint else None
     try:
         result = robust_plan(problem, scenarios, options, hint=hint, progress=progress(args.quiet))
@@ -31,7 +33,7 @@ def robust_and_report(args, options) -> int:
         raise CLIError(f"{args.problem}: {e}") from None
     except PlanMismatchError as e:
         raise CLIError(f"{args.hint}: {e}") from None
-    planner.save(result.plan, args.output)
+    best.write(result.plan)
     for s in scenarios:
         print(f"scenario {s}: {describe(s)}")
     print()
@@ -42,6 +44,6 @@ def robust_and_report(args, options) -> int:
           + (" (a CP-SAT search stopped by the wall clock: another run may differ)"
              if result.wall_limit_hit else ""))
     note = "; interrupted: the most robust verified plan so far" if result.interrupted else ""
-    print(f"wrote               {args.output} (robust: worst regret "
+    print(f"{best.wrote_line()} (robust: worst regret "
           f"{result.judged.worst_regret('robust'):.2%}; verified{note})")
     return 130 if result.interrupted else 0

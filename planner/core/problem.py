@@ -582,6 +582,11 @@ def with_buckets(plan: Plan, buckets, **update) -> Plan:
     return Plan(**data)
 
 
+def unbucketed_plan(problem: Problem) -> Plan:
+    """Every collective left alone: feasible under every rule and policy (nothing moves)."""
+    return Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
+
+
 def collectives_after(problem: Problem, plan: Plan | None) -> int:
     """Collectives left once the plan is applied (a collective in no bucket is its own; None: the
     unbucketed schedule)."""

@@ -8,7 +8,7 @@ Layout (one place; the torch side imports it)::
     plan_dir/<hex fingerprint>/greedy.json  torch's greedy plan, recorded
     plan_dir/<hex fingerprint>/plan.json    the solved plan (verified; written atomically)
     plan_dir/summary.csv, summary.md        one row per problem with a plan, rebuilt from the plans
-    plan_dir/.solve-dir.lock                held (flock) by the one solve_dir running on the directory
+    plan_dir/.solve-dir.lock                held (flock) by the one solve_dir running on the directory, while it runs
 
 A plan counts as solved when it is a regular file that loads, is for its folder's problem and was
 not cut short by Ctrl-C (``params.interrupted``); anything else is solved again. Each plan
@@ -21,7 +21,7 @@ Torch-free: solving needs no torch, so the directory can be copied to a machine 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import os
 import re
@@ -33,9 +33,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, load_plan, load_problem,
-                        read_regular_text, save)
+from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, OutputFolderError, SchemaError, append_line,
+                        folder_lock, load_plan, load_problem,
+                        read_regular_text)
 import planner.core.arguments as arguments
+from planner.core.interrupted import save_plan
 from planner.core.options import PositionSearchOptions, SolveOptions
 from planner.jobs.tables import MEANING, TableStyle, write_table
 
@@ -105,32 +107,26 @@ def append_index(plan_dir: str | os.PathLike, entry: dict) -> None:
 
 @contextmanager
 def locked(plan_dir: str | os.PathLike) -> Iterator[None]:
-    """Hold the directory's solve-dir lock for the block, or raise ``PlanDirError`` at once when
-    another process holds it: two runs would solve every problem twice and race on the summary.
-    flock, so the lock goes with the process however it ends (no stale lock file to clear)."""
+    """Hold the directory's solve-dir lock for the block (``planner.core.io.folder_lock``), or raise
+    ``PlanDirError`` at once when another process holds it: two runs would solve every problem
+    twice and race on the summary."""
     path = Path(plan_dir) / LOCK
-    try:
-        # O_RDWR, O_NONBLOCK: neither blocks on a FIFO put there; fstat below refuses it.
-        # O_NOFOLLOW: a symlink there is refused (ELOOP), never followed to create a file elsewhere
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_NOFOLLOW, 0o644)
-    except OSError as e:
-        raise PlanDirError(f"{path}: cannot open the solve-dir lock ({e.strerror})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise PlanDirError(f"{path}: the solve-dir lock is not a regular file; remove it")
+    with contextlib.ExitStack() as held:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise PlanDirError(f"{plan_dir}: another solve-dir is running on this directory; wait for it to "
-                               "finish (one solve-dir per directory at a time)") from None
+            held.enter_context(folder_lock(path, plan_dir))
+        except OutputFolderError as e:
+            if e.errno == errno.EAGAIN:
+                raise PlanDirError(f"{plan_dir}: another solve-dir is running on this directory; wait for it to "
+                                   "finish (one solve-dir per directory at a time)") from None
+            raise PlanDirError(f"{path}: cannot open the solve-dir lock: {e.strerror}") from None
         yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def recorded_problems(plan_dir: str | os.PathLike) -> list[Path]:
-    """Every problem folder of the directory, sorted (a folder counts once problem.json exists)."""
-    return sorted(p.parent for p in Path(plan_dir).glob(f"*/{PROBLEM}"))
+    """Every problem folder of the directory, sorted (a folder counts once problem.json exists,
+    as anything: a dangling or looping symlink there is a problem that fails to load, reported,
+    not one dropped unseen)."""
+    return sorted(p for p in Path(plan_dir).glob("*/") if os.path.lexists(p / PROBLEM))
 
 
 POSITIONS = ("anchored", "free")
@@ -158,6 +154,9 @@ class SolveDirOptions:
             arguments.worker_count(self.workers, "workers")
         if self.positions not in POSITIONS:
             raise arguments.ArgumentError("positions", f"unknown positions {self.positions!r}; use one of {POSITIONS}")
+        if self.positions == "free" and self.objective != "step":  # as the command line's rule
+            raise arguments.ArgumentError("positions", "positions free needs objective step (positions are chosen "
+                                          "by the simulated step)")
 
 
 @dataclass
@@ -180,8 +179,10 @@ def start_plan(problem, greedy, what: str = "greedy.json"):
     if greedy.problem_fingerprint != problem.fingerprint:
         return None, f"{what} is for another problem"
     if verify(problem, greedy):
-        fixed = repair(problem, greedy, SolveOptions(time_limit_s=20)).plan
-        return fixed, "torch's greedy breaks a rule as recorded; compared as its repair"
+        repaired = repair(problem, greedy, SolveOptions(time_limit_s=20))
+        if repaired.stats.get("interrupted"):  # the repair took the Ctrl-C: the caller must stop too
+            raise KeyboardInterrupt
+        return repaired.plan, "torch's greedy breaks a rule as recorded; compared as its repair"
     return greedy, ""
 
 
@@ -207,20 +208,23 @@ def solve_one(job: SolveJob) -> dict:
     try:
         problem = load_problem(folder / PROBLEM)
     except (OSError, SchemaError) as e:
-        return {**row, "status": "ERROR", "note": str(e).splitlines()[0][:300]}
-    start, note = _start_plan(problem, folder)
+        note = str(e).splitlines()[0][:300]
+        if (folder / PROBLEM).is_symlink():  # dangling or looping: listed, yet it does not load
+            note += f" (a symlink to {os.readlink(folder / PROBLEM)[:200]!r})"
+        return {**row, "status": "ERROR", "note": note}
     run = job.options
     free = run.positions == "free" and run.objective == "step"
     began = time.perf_counter()
-    options = SolveOptions(time_limit_s=run.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
-                           objective=run.objective, workers=run.workers, seed=run.seed)
-    result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else ())
-    if free and result.plan is not None and not result.stats.get("interrupted"):
-        try:
+    start, note, result = None, "", None
+    try:
+        start, note = _start_plan(problem, folder)
+        options = SolveOptions(time_limit_s=run.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
+                               objective=run.objective, workers=run.workers, seed=run.seed)
+        result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else ())
+        if free and result.plan is not None and not result.stats.get("interrupted"):
             result = _positioned(problem, result, start, began + run.time_limit_s, run.seed)
-        except KeyboardInterrupt:  # before the positioned search had a plan: CP-SAT's, marked interrupted
-            result.stats["interrupted"] = True
-            result.plan = result.plan.model_copy(update={"params": {**result.plan.params, "interrupted": True}})
+    except KeyboardInterrupt:  # between searches (a repair, a floor, seeding): the best plan known
+        result = _kept_at_ctrl_c(problem, result, start, began)
     row.update(_problem_figures(problem), status=result.status, wall_s=round(result.wall_s, 1),
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
@@ -244,10 +248,33 @@ def solve_one(job: SolveJob) -> dict:
                                                      SUMMARY_PARAM: {k: v for k, v in planned.items()
                                                                      if k != "problem"}}})
     try:
-        save(plan, folder / PLAN)
+        # a cut-short plan never replaces a finished one (--force): it goes beside it, and the
+        # summary, rebuilt from plan.json, keeps the finished row
+        written = save_plan(plan, folder / PLAN)
     except OSError as e:  # a directory in its place, a read-only folder
         return {**row, "status": "ERROR", "note": f"{folder / PLAN}: cannot write the plan ({e.strerror})"}
+    if written != folder / PLAN:
+        planned["note"] = "; ".join(x for x in (planned["note"], f"the finished {PLAN} kept; this run's in {written.name}")
+                                    if x)
     return planned
+
+
+def _kept_at_ctrl_c(problem, result, start, began: float):
+    """A solve stopped by Ctrl-C outside a search, which keeps its own best: CP-SAT's plan when
+    its search had returned, else the faster of torch's start plan (when it verifies) and the
+    unbucketed one; marked interrupted."""
+    from planner.core.problem import unbucketed_plan
+    from planner.cost.simulator import simulate
+    from planner.rules.verifier import verify
+    from planner.search.result import SolveResult
+
+    if result is None or result.plan is None:
+        known = [p for p in (start, unbucketed_plan(problem)) if p is not None and not verify(problem, p)]
+        plan = min(known, key=lambda p: simulate(problem, p).step_ms)
+        result = SolveResult(plan=plan, status="FEASIBLE", objective=simulate(problem, plan).step_ms, bound=None,
+                             gap=None, wall_s=time.perf_counter() - began)
+    plan = result.plan.model_copy(update={"params": {**result.plan.params, "interrupted": True}})
+    return replace(result, plan=plan, stats={**result.stats, "interrupted": True})
 
 
 def _positioned(problem, anchored, start, deadline: float, seed: int):
@@ -329,7 +356,8 @@ def _run_jobs(batch: list[SolveJob], jobs: int, done: Callable[[int, dict], None
     back. A process that dies costs its own problem only (reported, and solved again by the next
     run); the others finish. On Ctrl-C no further job starts, each running one is sent one SIGINT
     (it stops its search and saves its best verified plan, marked interrupted), and its row is
-    awaited (STOP_WAIT_S at most; a second Ctrl-C stops waiting) before KeyboardInterrupt goes on."""
+    awaited (STOP_WAIT_S at most: the command line counts a second Ctrl-C without stopping, so the
+    plans are saved) before KeyboardInterrupt goes on."""
     import multiprocessing
     from multiprocessing.connection import wait as wait_any
 
@@ -374,13 +402,13 @@ def _run_jobs(batch: list[SolveJob], jobs: int, done: Callable[[int, dict], None
             with contextlib.suppress(ProcessLookupError):
                 os.kill(r.process.pid, signal.SIGINT)
         if running:
-            say(f"interrupted: waiting for {len(running)} solve(s) to save their best plan (Ctrl-C again: stop)")
+            say(f"interrupted: waiting for {len(running)} solve(s) to save their best plan (at most {STOP_WAIT_S:.0f} s)")
         try:
             deadline = time.monotonic() + STOP_WAIT_S
             while running and time.monotonic() < deadline:
                 collect(max(0.0, deadline - time.monotonic()))
         finally:
-            for r in running:  # past the wait or a second Ctrl-C: their plans are not saved
+            for r in running:  # past the wait (or a library caller's second Ctrl-C): their plans are not saved
                 r.process.kill()
                 r.process.join()
         raise

@@ -19,6 +19,7 @@ Layout of the output folder (one place)::
     DIR/results.csv, results.md, results.png   the results table: no timings, so the same plans
                                         give the same bytes on any backend
     DIR/stages.csv, stages.md           wall time, peak memory and attempts of every stage and task
+    DIR/.sweep.lock                     held by the one sweep writing the folder (removed as it ends)
 
 Spec::
 
@@ -61,12 +62,14 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
-                        load_plan, load_problem, read_regular_file, read_regular_text, save)
+                        folder_lock, load_plan, load_problem, read_regular_file, read_regular_text, save)
+from planner.core.interrupted import save_plan
 from planner.cost.memory import peak_bytes
 from planner.jobs.tables import MEANING, pyplot, write_table
 
 OBJECTIVES = ("count", "step", "exposure")
 CASES, ROWS = "cases", "rows.jsonl"
+LOCK = ".sweep.lock"  # held (flock) by the one sweep writing the folder
 # gzipped: a 405B-shaped problem is 3 MB of JSON, 10x less compressed, and sweeps are committed
 PROBLEM, GREEDY, STAGES = "problem.json.gz", "greedy.json.gz", "stages.json"
 # where a problem file's sibling greedy plan may be, in this order (extract's, compile's, experiments')
@@ -714,8 +717,8 @@ class _Ledger:
         problem, greedy = self.loaded(task.case)
         row = _result_row(case, task.objective, problem, greedy, result)
         plan = row.pop("_plan", None)
-        if plan is not None:
-            save(plan, case_dir(self.out, case) / f"{task.objective}-plan.json")
+        if plan is not None:  # a cut-short plan goes beside a finished one, never over it
+            save_plan(plan, case_dir(self.out, case) / f"{task.objective}-plan.json")
         row.update(settings=asdict(case.settings), attempts=attempts, wall_s=result.get("wall_s"),
                    peak_rss_gb=result.get("peak_rss_gb"), interrupted=bool(result.get("interrupted")))
         append_line(self.out / ROWS, json.dumps(row), "sweep rows file")
@@ -762,12 +765,20 @@ def run_sweep(spec: Spec, out: str | os.PathLike, *, extract: Extract | None, ap
     """Extract every case once, solve every (case, objective) not already in ``rows.jsonl`` under the
     same settings, verify and tabulate. ``ray`` None: on Ray when it is installed, else one by one
     here; ``extract`` (fxglue.run.sweep.extract_case) is needed only for cases that are not problem files;
-    ``apply`` (fxglue.run.sweep.apply_case) applies the plans of cases with ``apply = true``."""
+    ``apply`` (fxglue.run.sweep.apply_case) applies the plans of cases with ``apply = true``. One sweep
+    writes a folder at a time (``LOCK``; another is refused at once with ``OutputFolderError``): two
+    would solve every task twice and append the same rows."""
     out = Path(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # -o under a file, a read-only parent
         raise BadFileError(f"{out}: cannot make the output folder ({e.strerror})") from None
+    with folder_lock(out / LOCK, out):
+        return _sweep(spec, out, extract=extract, apply=apply, ray=ray, address=address, cpus=cpus, say=say)
+
+
+def _sweep(spec: Spec, out: Path, *, extract: Extract | None, apply: Apply | None, ray: bool | None,
+           address: str | None, cpus: int | None, say: Callable[[str], None]) -> SweepReport:
     ledger = _Ledger(spec, out, _extract_all(spec, out, extract, say), say)
     todo = ledger.todo()
     use_ray = ray_available() if ray is None else ray

@@ -33,7 +33,7 @@ from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, ste
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
 from planner.core.options import SolveOptions
 from planner.search.polish import polish, reanchored
-from planner.core.problem import Plan, Problem
+from planner.core.problem import Plan, Problem, unbucketed_plan
 from planner.cost.simulator import simulate
 from planner.search.step import NS_PER_MS, add_step_objective, hint_every_variable
 from planner.rules.verifier import verify
@@ -251,6 +251,7 @@ def solve(
     line per incumbent and stage.
     """
     _validate(problem, options, hint=hint, within=within, count_plan=count_plan, fallback_plans=fallback_plans)
+    arguments.callback(progress, "progress")  # else a TypeError at the first incumbent, mid-search
     ctx = _context(problem, options, within, progress)
     given = (hint, count_plan, *fallback_plans)  # the plans the caller knows: with the unbucketed one, the fallbacks
     incumbent: _Incumbent | None = None  # the last finished stage's: a verified plan and what is proved about it
@@ -562,16 +563,11 @@ def _with_fallback(ctx: _SolveContext, incumbent: _Incumbent, fallback: Plan | N
     return dataclasses.replace(incumbent, plan=plan, objective=value, status="FEASIBLE", fallback=fallback.planner)
 
 
-def _unbucketed(problem: Problem) -> Plan:
-    """Every collective left alone: feasible under every rule and policy (nothing moves)."""
-    return Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="", buckets=())
-
-
 def _best_known(ctx: _SolveContext, plans: tuple[Plan | None, ...]) -> Plan | None:
     """The best of ``plans`` and the unbucketed plan that the verifier accepts (None only if it
     refuses them all, which would be a verifier bug: the unbucketed plan moves nothing)."""
     best, best_value = None, math.inf
-    for plan in (*plans, _unbucketed(ctx.problem)):
+    for plan in (*plans, unbucketed_plan(ctx.problem)):
         if plan is None or verify(ctx.problem, plan, **ctx.policy.as_params()):
             continue
         value = plan_objective(ctx.problem, plan, ctx.objective)
@@ -839,7 +835,7 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
                 stop_by = time.perf_counter() + STOP_DEFERRED_S
                 cb.stop_deferred = True
                 if cb.say:
-                    cb.say("stopping as soon as CP-SAT's workers have started (Ctrl-C again: now)")
+                    cb.say(f"stopping as soon as CP-SAT's workers have started (within {STOP_DEFERRED_S:.0f} s)")
             else:
                 stop_by = None
                 solver.stop_search()  # then wait for the search to hand back its incumbent
