@@ -440,9 +440,9 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
     while it holds nothing but what an earlier compare wrote (its manifest), checked again at the
     swap, and one compare writes it at a time (``OutputFolderError`` otherwise)."""
     steps = Steps(progress or _silent, len(workloads), time_limit_s)
-    with replace_dir_atomically(out, owned=OUTPUTS) as tmp:
-        rows = []
-        try:
+    rows: list[WorkloadRow] = []
+    try:
+        with replace_dir_atomically(out, owned=OUTPUTS) as tmp:
             for target in workloads:
                 if isinstance(target, str) and target.endswith(".json"):
                     steps.workload(target, PROBLEM_FILE_PLANNERS)
@@ -452,16 +452,14 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
                     steps.workload(target if isinstance(target, str) else target.name)
                     rows.append(compare_workload(target, time_limit_s=time_limit_s, traces_to=tmp, say=detail,
                                                  preset=preset, steps=steps))
-        except KeyboardInterrupt as stop:  # out stays as it was; the plans made so far go beside it
-            partial = getattr(stop, "partial_row", None)
-            stop.kept = keep_interrupted_plans(rows + ([partial] if partial is not None else []), out)
-            raise
-        table = table_rows(rows)
-        write_compare_table(tmp, table)
-        if scenarios:
-            from planner.core.io import atomic_write_text
-
-            atomic_write_text(tmp / "scenarios.md", "\n".join(scenario_tables(rows, scenarios)) + "\n")
-        plots(rows, tmp)
-        save_plans(rows, tmp)
+            table = table_rows(rows)
+            write_compare_table(tmp, table)
+            if scenarios:
+                atomic_write_text(tmp / "scenarios.md", "\n".join(scenario_tables(rows, scenarios)) + "\n")
+            plots(rows, tmp)
+            save_plans(rows, tmp)
+    except KeyboardInterrupt as stop:  # out stays as it was; the plans made so far go beside it
+        partial = getattr(stop, "partial_row", None)
+        stop.kept = keep_interrupted_plans(rows + ([partial] if partial is not None else []), out)
+        raise
     return table

@@ -84,6 +84,13 @@ def test_extract_never_saves_the_graph_over_the_graph_it_reads(tmp_path, capsys)
     assert _files(tmp_path) == before
 
 
+def test_extract_never_saves_the_graph_where_it_writes_the_problem(tmp_path, capsys):
+    out = tmp_path / "d"
+    _refused(["extract", "llama3-8b-fsdp-2", "-o", out, "--save-graph", out / "problem.json", "-q"], capsys,
+             f"--save-graph {out / 'problem.json'}: is where -o writes problem.json")
+    assert not out.exists()
+
+
 def test_extract_never_writes_its_problem_over_an_input(tmp_path, capsys):
     """-o is a folder extract writes two named files into: an input named like one is refused; the
     folder may hold other files, the workload's own among them."""

@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         print("bucketplan: interrupted", file=sys.stderr)
         code = 130
     finally:
-        ctrl_c.uninstall()
+        # the process exits next when it runs as the command (argv None)
+        ctrl_c.uninstall(exiting=argv is None)
     return code
 
 
@@ -62,7 +63,8 @@ class CtrlC:
     A KeyboardInterrupt that lands where Python cannot raise it (a weakref callback, ``__del__``:
     "Exception ignored in ...") is dropped by Python; ``_on_unraisable`` delivers it again."""
 
-    WIND_DOWN_S = 60.0
+    # longer than any wind-down: solve-dir waits 30 s (``STOP_WAIT_S``) for its solves to save
+    WIND_DOWN_S = 40.0
 
     def __init__(self, previous) -> None:
         self.previous, self.count = previous, 0
@@ -76,6 +78,8 @@ class CtrlC:
 
         if threading.current_thread() is not threading.main_thread():  # main() called from a thread
             return cls(None)
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore Ctrl-C (`nohup`, `cmd &` in a script)
+            return cls(None)
         latch = cls(signal.getsignal(signal.SIGINT))
         signal.signal(signal.SIGINT, latch._on_sigint)
         latch.previous_hook, sys.unraisablehook = sys.unraisablehook, latch._on_unraisable
@@ -88,8 +92,10 @@ class CtrlC:
         if self.raised_at is None or self.raised_at + self.WIND_DOWN_S < time.monotonic():
             self.raised_at = time.monotonic()
             raise KeyboardInterrupt
-        print("bucketplan: still saving the best verified result (SIGTERM ends it at once)",
-              file=sys.stderr, flush=True)
+        left = self.raised_at + self.WIND_DOWN_S - time.monotonic()
+        # os.write, not print: this may run inside a print to stderr, which is not reentrant
+        os.write(2, f"bucketplan: stopping; the best verified result is being kept (Ctrl-C again after "
+                    f"{left:.0f} s forces the stop; SIGTERM ends it now)\n".encode())
 
     def _on_unraisable(self, unraisable) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.raised_at not in (None, math.inf):
@@ -100,17 +106,17 @@ class CtrlC:
             return
         self.previous_hook(unraisable)
 
-    def uninstall(self) -> None:
-        """The caller's handlers back (main() runs inside tests too); after a Ctrl-C, SIGINT stays
-        ignored instead: the process is ending with 130, and one more Ctrl-C during the
-        interpreter's shutdown must not turn that into death by SIGINT."""
+    def uninstall(self, exiting: bool = False) -> None:
+        """The caller's handlers back; ``exiting`` (the process ends next), SIGINT stays ignored
+        instead: the work is done or kept, and a Ctrl-C during the interpreter's shutdown must not
+        turn its exit status (130 after a Ctrl-C) into death by SIGINT."""
         import signal
 
         self.raised_at = math.inf  # from here on a Ctrl-C is only counted (math.inf: never past the wind-down)
         if self.previous is None:
             return
         sys.unraisablehook = self.previous_hook
-        signal.signal(signal.SIGINT, signal.SIG_IGN if self.count else self.previous)
+        signal.signal(signal.SIGINT, signal.SIG_IGN if exiting else self.previous)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -253,36 +253,47 @@ class BestPlan:
 
     def __init__(self, output: str, args) -> None:
         self.output, self.args = output, args
+        self.problem = None  # set once loaded: a cut-short plan is weighed against one already there
         self.plan = None
         self.written: str | None = None
+        self.finished = False  # what ``written`` names is a finished plan
 
     def offer(self, plan) -> None:
         if plan is not None:
             self.plan = plan
 
     def write(self, plan) -> str:
-        """Save ``plan`` (``planner.core.interrupted.save_plan``: a cut-short one never replaces
-        a finished plan) and return the path it went to."""
-        from planner.core.interrupted import save_plan
+        """Save ``plan`` (``planner.jobs.interrupted.save_plan``: a cut-short one never replaces
+        a finished plan, an input or a faster cut-short one) and return the path it went to."""
+        from planner.jobs.interrupted import is_interrupted, save_plan
 
         self.offer(plan)
         try:
-            self.written = str(save_plan(stamped(plan, self.args), self.output))
+            written = save_plan(stamped(plan, self.args), self.output, self.problem,
+                                [path for _, path in inputs_of(self.args)])
         except OSError as e:  # checked up front; a race (the folder changed during the search)
             raise CLIError(f"{self.output}: cannot write the plan ({e.strerror or e})") from None
+        self.written, self.finished = str(written), not is_interrupted(plan)
         return self.written
 
-    def write_interrupted(self) -> str | None:
-        """At a Ctrl-C: the best plan held, marked interrupted, unless the finished one was
-        written; the path it went to (None: nothing verified to keep)."""
-        if self.written is not None or self.plan is None:
-            return self.written
+    def write_interrupted(self) -> str:
+        """At a Ctrl-C: the line to print, after saving the best plan held, marked interrupted,
+        unless a plan was written already."""
+        if self.written is not None:
+            return (f"interrupted after the plan was written to {self.written}" if self.finished
+                    else f"interrupted: wrote the best verified plan so far, marked interrupted, to {self.written}")
+        if self.plan is None or self.problem is None:
+            return "interrupted before a plan was found"
         params = {**self.plan.params, "interrupted": True}
-        return self.write(self.plan.model_copy(update={"params": params}))
+        try:
+            written = self.write(self.plan.model_copy(update={"params": params}))
+        except CLIError as e:  # the exit stays 130: what was lost is said
+            return f"interrupted; {e}"
+        return f"interrupted: wrote the best verified plan so far, marked interrupted, to {written}"
 
     def wrote_line(self) -> str:
         """The report's last line: where the plan went, and why when not where asked."""
         if self.written is None or self.written == str(self.output):
             return f"wrote               {self.output}"
-        return (f"wrote               {self.written} (interrupted: {self.output} holds a finished plan "
-                "and is left as it was)")
+        return (f"wrote               {self.written} (interrupted: {self.output} holds a finished plan, "
+                "an input or a faster cut-short plan, and is left as it was)")

@@ -3,6 +3,7 @@ plan; ``--tiny``: each gloo rank's problem at the shapes ``check`` runs."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -142,6 +143,10 @@ def _outputs(args, files: list[Path]) -> None:
         output_file(str(f), "-o", inputs)
     if args.save_graph:
         output_file(args.save_graph, "--save-graph", inputs)
+        if any(os.path.realpath(args.save_graph) == os.path.realpath(f) for f in files):
+            # two outputs of one run: the graph saved, then the problem written over it
+            raise CLIError(f"--save-graph {args.save_graph}: is where -o writes {Path(args.save_graph).name}; "
+                           "give another --save-graph")
 
 
 def _save_graph(workload, preset, path: str, say):

@@ -123,10 +123,7 @@ def run(args) -> int:
     except KeyboardInterrupt:
         # a search stopped by Ctrl-C returns its plan and is reported as usual; this one came
         # between stages (loading, a floor, a model's build, the report): keep what is held
-        written = best.write_interrupted()
-        print("bucketplan solve: interrupted before a plan was found" if written is None else
-              f"bucketplan solve: interrupted: wrote the best verified plan so far, marked "
-              f"interrupted, to {written}", file=sys.stderr)
+        print(f"bucketplan solve: {best.write_interrupted()}", file=sys.stderr)
         return 130
 
 
@@ -176,7 +173,7 @@ def _solve_and_report(args, options, positioned, peak: int | None, best: BestPla
     from planner.search.solver import PlanMismatchError, solve
 
     t_start = time.perf_counter()
-    problem = planner.load_problem(args.problem)
+    problem = best.problem = planner.load_problem(args.problem)
     best.offer(unbucketed_plan(problem))  # what solve itself returns when stopped before any search
     hint = planner.load_plan(args.hint) if args.hint else None
     say = progress(args.quiet)

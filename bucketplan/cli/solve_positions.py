@@ -42,10 +42,9 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified plan is the best
         if anchored.plan is None:
             raise
-        written = best.write_interrupted()
-        print(f"interrupted before the positioned search had a plan: wrote CP-SAT's anchored plan "
-              f"({anchored.objective:.3f} ms; verified, not held to --peak-memory-gb) "
-              f"to {written}", file=sys.stderr)
+        print(f"interrupted before the positioned search had a plan, so CP-SAT's anchored plan "
+              f"({anchored.objective:.3f} ms; verified, not held to --peak-memory-gb): "
+              f"{best.write_interrupted()}", file=sys.stderr)
         return 130
     best.offer(result.plan)
     floor = free_position_floor(problem, peak_memory_bytes=budget)

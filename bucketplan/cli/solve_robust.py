@@ -24,7 +24,7 @@ def robust_and_report(args, options, best) -> int:
     if args.deterministic:
         raise CLIError("--deterministic with --robust: its regret search stops on the wall clock; "
                        "drop one of them")
-    problem = planner.load_problem(args.problem)
+    problem = best.problem = planner.load_problem(args.problem)
     best.offer(unbucketed_plan(problem))  # what solve itself returns when stopped before any search
     hint = planner.load_plan(args.hint) if args.hint else None
     try:

@@ -457,7 +457,9 @@ def _holds(folder: Path, foreign: list[str], owned: Collection[str]) -> str:
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
     # names the command writes, but no list of them: a run of a version that kept none
     older = not (folder / MANIFEST).exists() and all(f.split("/")[0] in owned for f in foreign)
-    return f"holds files this command did not write ({shown}{f': no {MANIFEST} lists them' if older else ''})"
+    why = (f": no {MANIFEST} lists them, as in a folder an older bucketplan wrote; remove the folder if it is "
+           "only that" if older else "")
+    return f"holds files this command did not write ({shown}{why})"
 
 
 def _walk(root: Path, into=lambda rel: True) -> Iterator[tuple[str, str, str]]:

@@ -37,7 +37,7 @@ from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, OutputFolderEr
                         folder_lock, load_plan, load_problem,
                         read_regular_text)
 import planner.core.arguments as arguments
-from planner.core.interrupted import save_plan
+from planner.jobs.interrupted import save_plan
 from planner.core.options import PositionSearchOptions, SolveOptions
 from planner.jobs.tables import MEANING, TableStyle, write_table
 
@@ -197,11 +197,8 @@ def _start_plan(problem, folder: Path):
 def solve_one(job: SolveJob) -> dict:
     """Solve one recorded problem; write plan.json (verified, carrying this row) and return its
     summary row."""
-    from planner.core.problem import collectives_after
-    from planner.cost.simulator import simulate
     from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
     from planner.search.solver import solve
-    from planner.rules.verifier import check, recorded_policy
 
     folder = Path(job.folder)
     row: dict = {"problem": folder.name}
@@ -225,6 +222,22 @@ def solve_one(job: SolveJob) -> dict:
             result = _positioned(problem, result, start, began + run.time_limit_s, run.seed)
     except KeyboardInterrupt:  # between searches (a repair, a floor, seeding): the best plan known
         result = _kept_at_ctrl_c(problem, result, start, began)
+    try:
+        return _write_row(folder, problem, run, result, start, note)
+    except KeyboardInterrupt:  # after the search (verifying, pricing, writing); a solve gets one
+        # Ctrl-C (the driver forwards one), so writing again, marked interrupted, runs to its end
+        return _write_row(folder, problem, run, _kept_at_ctrl_c(problem, result, start, began), start, note)
+
+
+def _write_row(folder: Path, problem, run: SolveDirOptions, result, start, note: str) -> dict:
+    """Verify ``result``'s plan, write it as plan.json carrying its summary row, return the row. A
+    cut-short plan that went beside a finished plan.json (``save_plan``) returns the finished
+    plan's row: the summary is the plans on disk."""
+    from planner.core.problem import collectives_after
+    from planner.cost.simulator import simulate
+    from planner.rules.verifier import check, recorded_policy
+
+    row: dict = {"problem": folder.name}
     row.update(_problem_figures(problem), status=result.status, wall_s=round(result.wall_s, 1),
                interrupted=bool(result.stats.get("interrupted")))
     if start is not None:
@@ -248,14 +261,13 @@ def solve_one(job: SolveJob) -> dict:
                                                      SUMMARY_PARAM: {k: v for k, v in planned.items()
                                                                      if k != "problem"}}})
     try:
-        # a cut-short plan never replaces a finished one (--force): it goes beside it, and the
-        # summary, rebuilt from plan.json, keeps the finished row
-        written = save_plan(plan, folder / PLAN)
+        written = save_plan(plan, folder / PLAN, problem)
     except OSError as e:  # a directory in its place, a read-only folder
         return {**row, "status": "ERROR", "note": f"{folder / PLAN}: cannot write the plan ({e.strerror})"}
-    if written != folder / PLAN:
-        planned["note"] = "; ".join(x for x in (planned["note"], f"the finished {PLAN} kept; this run's in {written.name}")
-                                    if x)
+    kept = plan_row(folder) if written != folder / PLAN else None
+    if kept is not None:  # --force cut short: the finished plan.json stands, and its row
+        return {**kept, "note": "; ".join(x for x in (kept.get("note"), f"kept: this run was interrupted, its "
+                                                      f"plan is in {written.name}") if x)}
     return planned
 
 
@@ -318,6 +330,8 @@ def _solve_in_process(job: SolveJob, conn) -> None:
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        # started with SIGINT blocked (``_run_jobs``): one forwarded before this line waited here
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         conn.send(solve_one(job))
     except KeyboardInterrupt:  # before the search began (loading): nothing to keep
         conn.send({"problem": Path(job.folder).name, "status": "", "interrupted": True,
@@ -371,7 +385,13 @@ def _run_jobs(batch: list[SolveJob], jobs: int, done: Callable[[int, dict], None
         say(f"[{started}/{len(batch)}] solving {Path(job.folder).name[:12]}…")
         receive, send = context.Pipe(duplex=False)
         process = context.Process(target=_solve_in_process, args=(job, send), daemon=True)
-        process.start()
+        # the child starts with SIGINT blocked until its handler and try are in place: a Ctrl-C
+        # forwarded at once would otherwise end it with a traceback before it could keep anything
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         send.close()
         running.append(_Running(started, job, process, receive))
 

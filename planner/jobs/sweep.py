@@ -63,7 +63,7 @@ from typing import Callable, Iterator
 
 from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
                         folder_lock, load_plan, load_problem, read_regular_file, read_regular_text, save)
-from planner.core.interrupted import save_plan
+from planner.jobs.interrupted import save_plan
 from planner.cost.memory import peak_bytes
 from planner.jobs.tables import MEANING, pyplot, write_table
 
@@ -718,7 +718,7 @@ class _Ledger:
         row = _result_row(case, task.objective, problem, greedy, result)
         plan = row.pop("_plan", None)
         if plan is not None:  # a cut-short plan goes beside a finished one, never over it
-            save_plan(plan, case_dir(self.out, case) / f"{task.objective}-plan.json")
+            save_plan(plan, case_dir(self.out, case) / f"{task.objective}-plan.json", problem)
         row.update(settings=asdict(case.settings), attempts=attempts, wall_s=result.get("wall_s"),
                    peak_rss_gb=result.get("peak_rss_gb"), interrupted=bool(result.get("interrupted")))
         append_line(self.out / ROWS, json.dumps(row), "sweep rows file")

@@ -792,7 +792,8 @@ def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progre
     Ctrl-Cs right after the first incumbent of a step search on a loaded machine). CP-SAT's log
     (read here, not printed) says when that moment begins and ends; a Ctrl-C inside it stops the
     search as soon as the search starts (a moment later), after STOP_DEFERRED_S at most (should
-    a later OR-Tools word its log otherwise), or at once on a second Ctrl-C."""
+    a later OR-Tools word its log otherwise), or at once on a second Ctrl-C (a library caller's: the
+    command line counts a second Ctrl-C without raising it, so that the plan's save is not cut)."""
     if cb.interrupted:
         return cp_model.UNKNOWN
     solver.parameters.catch_sigint_signal = False
