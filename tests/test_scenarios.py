@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 import planner
+from planner.search import scenarios
 from planner.search.scenarios import (PUBLISHED_BUSBW, PUBLISHED_COMPUTE_SCALE, Judged, ScenarioError, judge, layout,
                                reprice, robust_plan)
 from tests.chain import chain_problem
-from tests.support import run_cli
+from tests.support import data_problem, run_cli
 
 
 def _with_layout(problem, ranks, per_node):
@@ -156,3 +157,26 @@ def test_a_measured_scenario_that_matches_no_group_is_refused(tmp_path, chain):
     path.write_text("kind,group,ranks_per_node,bytes,ms\nall_gather,512,8,1024,0.1\n")
     with pytest.raises(ScenarioError, match="no measurement matches"):
         reprice(_with_layout(chain, 64, 8), str(path))
+
+
+@pytest.mark.slow  # two short step searches
+def test_a_ctrl_c_while_the_candidates_are_judged_keeps_the_most_robust_one(monkeypatch):
+    """A Ctrl-C outside the searches (here: as the candidates are first judged) returns the most
+    robust candidate found, marked interrupted, not the unbucketed plan or nothing."""
+    problem = data_problem("llama3-8b-fsdp-2--h100-8nodes-graph-order")
+    real, calls = scenarios.judge, []
+
+    def interrupted_once(*args, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(scenarios, "judge", interrupted_once)
+    r = robust_plan(problem, ["torch", "published"], planner.SolveOptions(time_limit_s=4))
+    assert r.interrupted and r.plan.params["interrupted"] is True
+    assert not planner.verify(problem, r.plan)
+    j = r.judged
+    others = {c: j.worst_regret(c) for c in j.steps if c != "robust"}
+    assert j.worst_regret("robust") == pytest.approx(min(others.values()))
+    assert min(others, key=others.get) != "unbucketed"  # the premise: a searched plan is more robust
