@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -55,23 +56,29 @@ class Signalled:
 
         reader = threading.Thread(target=read_stderr, daemon=True)
         reader.start()
+        out: list[str] = []  # read as it comes: a full pipe would hold the command up
+        out_reader = threading.Thread(target=lambda: out.append(self.proc.stdout.read()), daemon=True)
+        out_reader.start()
         self.sent = 0
         self.first_sent = 0.0
         self.marker_first = None
         try:
             for t in at_s:
-                time.sleep(max(0.0, started + t - time.monotonic()))
-                if self.proc.poll() is not None:
+                try:  # until this signal is due, or the command has ended
+                    self.proc.wait(timeout=max(0.0, started + t - time.monotonic()))
                     break
+                except subprocess.TimeoutExpired:
+                    pass
                 if self.marker_first is None:
                     self.marker_first = seen.is_set()
                 os.killpg(self.proc.pid, signal.SIGINT)
                 self.sent += 1
                 self.first_sent = self.first_sent or time.monotonic()
-            self.out = self.proc.stdout.read()
             self.proc.wait(BOUND_S)
             self.stop_s = time.monotonic() - self.first_sent if self.sent else 0.0
             reader.join(10)
+            out_reader.join(10)
+            self.out = "".join(out)
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -157,7 +164,7 @@ def test_the_command_line_raises_the_first_ctrl_c_only_and_redelivers_one_python
     """In this process: the latch main() installs, with the test's own handler put back after."""
     from types import SimpleNamespace
 
-    from bucketplan.cli import CtrlC
+    from bucketplan.cli.ctrl_c import CtrlC
 
     ours = signal.getsignal(signal.SIGINT)
     latch = CtrlC.install()
@@ -168,9 +175,10 @@ def test_the_command_line_raises_the_first_ctrl_c_only_and_redelivers_one_python
         os.kill(os.getpid(), signal.SIGINT)  # during the wind-down: counted, not raised
         time.sleep(0.2)
         assert latch.count == 2
-        # a KeyboardInterrupt Python dropped ("Exception ignored in" a weakref callback) comes again
+        # a KeyboardInterrupt Python dropped ("Exception ignored in" a weakref callback) comes again,
+        # after the hook has returned (raised inside it, it would be dropped again)
+        latch._on_unraisable(SimpleNamespace(exc_value=KeyboardInterrupt()))
         with pytest.raises(KeyboardInterrupt):
-            latch._on_unraisable(SimpleNamespace(exc_value=KeyboardInterrupt()))
             time.sleep(1)
     finally:
         latch.uninstall(exiting=True)
@@ -339,7 +347,7 @@ SIGINT_TIMES = st.lists(st.floats(0.3, 9.0), min_size=1, max_size=3).map(sorted)
 
 @pytest.mark.slow  # each example runs a command in a child process and interrupts it
 @pytest.mark.parametrize("command", ["solve", "prove", "solve-dir", "compare"])
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=2, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(at_s=SIGINT_TIMES)
 def test_any_ctrl_c_sequence_keeps_finished_work_and_the_best_verified_plan(tmp_path_factory, finished_compare,
                                                                             command, at_s):

@@ -11,11 +11,11 @@ Ctrl-C while the packages load is caught by ``main`` (exit 130, one line).
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 
 from bucketplan.cli.common import CLIError
+from bucketplan.cli.ctrl_c import CtrlC
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,73 +50,6 @@ def main(argv: list[str] | None = None) -> int:
         # the process exits next when it runs as the command (argv None)
         ctrl_c.uninstall(exiting=argv is None)
     return code
-
-
-class CtrlC:
-    """SIGINT as the command line takes it: the first Ctrl-C raises KeyboardInterrupt, and every
-    command then stops its search and saves the best verified result it has; a Ctrl-C during
-    that wind-down is only counted. A second KeyboardInterrupt would land in the middle of the
-    save, and the result the user waited for would be lost. The wind-down is bounded (CP-SAT
-    stops within seconds, solve-dir waits ``STOP_WAIT_S`` for its solves); past ``WIND_DOWN_S`` a
-    Ctrl-C raises again, and SIGTERM or SIGKILL end the process at once.
-
-    A KeyboardInterrupt that lands where Python cannot raise it (a weakref callback, ``__del__``:
-    "Exception ignored in ...") is dropped by Python; ``_on_unraisable`` delivers it again."""
-
-    # longer than any wind-down: solve-dir waits 30 s (``STOP_WAIT_S``) for its solves to save
-    WIND_DOWN_S = 40.0
-
-    def __init__(self, previous) -> None:
-        self.previous, self.count = previous, 0
-        self.raised_at: float | None = None
-        self.previous_hook = None
-
-    @classmethod
-    def install(cls) -> "CtrlC":
-        import signal
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():  # main() called from a thread
-            return cls(None)
-        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started to ignore Ctrl-C (`nohup`, `cmd &` in a script)
-            return cls(None)
-        latch = cls(signal.getsignal(signal.SIGINT))
-        signal.signal(signal.SIGINT, latch._on_sigint)
-        latch.previous_hook, sys.unraisablehook = sys.unraisablehook, latch._on_unraisable
-        return latch
-
-    def _on_sigint(self, signum, frame) -> None:
-        import time
-
-        self.count += 1
-        if self.raised_at is None or self.raised_at + self.WIND_DOWN_S < time.monotonic():
-            self.raised_at = time.monotonic()
-            raise KeyboardInterrupt
-        left = self.raised_at + self.WIND_DOWN_S - time.monotonic()
-        # os.write, not print: this may run inside a print to stderr, which is not reentrant
-        os.write(2, f"bucketplan: stopping; the best verified result is being kept (Ctrl-C again after "
-                    f"{left:.0f} s forces the stop; SIGTERM ends it now)\n".encode())
-
-    def _on_unraisable(self, unraisable) -> None:
-        if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.raised_at not in (None, math.inf):
-            import _thread
-
-            self.raised_at = None
-            _thread.interrupt_main()  # our handler again, at the main thread's next instruction
-            return
-        self.previous_hook(unraisable)
-
-    def uninstall(self, exiting: bool = False) -> None:
-        """The caller's handlers back; ``exiting`` (the process ends next), SIGINT stays ignored
-        instead: the work is done or kept, and a Ctrl-C during the interpreter's shutdown must not
-        turn its exit status (130 after a Ctrl-C) into death by SIGINT."""
-        import signal
-
-        self.raised_at = math.inf  # from here on a Ctrl-C is only counted (math.inf: never past the wind-down)
-        if self.previous is None:
-            return
-        sys.unraisablehook = self.previous_hook
-        signal.signal(signal.SIGINT, signal.SIG_IGN if exiting else self.previous)
 
 
 def _main(argv: list[str] | None) -> int:

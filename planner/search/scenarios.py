@@ -301,6 +301,34 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
     return Judged(list(scenarios), steps)
 
 
+def _step_candidates(problem: Problem, priced: dict[str, Problem], options: SolveOptions, hint: Plan | None,
+                     share: float, say) -> tuple[dict[str, Plan | None], bool, bool]:
+    """robust_plan's candidates: the unbucketed plan, ``hint``, and a step-objective CP-SAT plan for
+    each scenario's costs (``share`` seconds each; none again for costs searched already); whether
+    the wall clock stopped a search, and whether a Ctrl-C did (no further search then)."""
+    from planner.search.solver import solve
+
+    candidates: dict[str, Plan | None] = {"unbucketed": None}
+    if hint is not None:
+        candidates[hint.planner or "hint"] = hint
+    wall_hit = False
+    searched: dict[str, str] = {}  # fingerprint of a re-priced problem -> the scenario searched on it
+    for s, p in priced.items():
+        if searched.setdefault(p.fingerprint, s) != s:
+            say(f"scenario {s}: the costs of {searched[p.fingerprint]}, searched already (CP-SAT's step model has "
+                "no contention); the regret search weighs it")
+            continue
+        say(f"step search under scenario {s} ({share:.0f} s)")
+        r = solve(p, replace(options, time_limit_s=share, objective="step", window="auto"),
+                  hint=rebound(hint, p) if hint is not None else None)
+        wall_hit |= bool(r.stats.get("wall_limit_hit"))
+        if r.plan is not None:
+            candidates[f"step under {s}"] = rebound(r.plan, problem)
+        if r.stats.get("interrupted"):  # Ctrl-C: no further search, the candidates so far are judged
+            return candidates, wall_hit, True
+    return candidates, wall_hit, False
+
+
 def _robust_arguments(problem, scenarios, options, hint, progress) -> list[str]:
     """``robust_plan``'s arguments, before any search: one ``ArgumentError`` naming the argument,
     ``PlanMismatchError`` for a hint of another problem; the scenarios as strings."""
@@ -347,8 +375,6 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
     from planner.search.polish import polish
     from planner.cost.simulator import replay_index, step_ms
     from planner.core.problem import unbucketed_plan
-    from planner.search.solver import solve
-
     from planner.rules.verifier import verify
 
     scenarios = _robust_arguments(problem, scenarios, options, hint, progress)
@@ -362,25 +388,7 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
     t0 = time.perf_counter()
     share = time_limit_s / (len(scenarios) + 1)
     priced = {s: reprice(problem, s) for s in scenarios}
-    candidates: dict[str, Plan | None] = {"unbucketed": None}
-    if hint is not None:
-        candidates[hint.planner or "hint"] = hint
-    wall_hit = interrupted = False
-    searched: dict[str, str] = {}  # fingerprint of a re-priced problem -> the scenario searched on it
-    for s, p in priced.items():
-        if searched.setdefault(p.fingerprint, s) != s:
-            say(f"scenario {s}: the costs of {searched[p.fingerprint]}, searched already (CP-SAT's step model has "
-                "no contention); the regret search weighs it")
-            continue
-        say(f"step search under scenario {s} ({share:.0f} s)")
-        r = solve(p, replace(options, time_limit_s=share, objective="step", window="auto"),
-                  hint=rebound(hint, p) if hint is not None else None)
-        wall_hit |= bool(r.stats.get("wall_limit_hit"))
-        if r.plan is not None:
-            candidates[f"step under {s}"] = rebound(r.plan, problem)
-        if r.stats.get("interrupted"):  # Ctrl-C: no further search, the candidates so far are judged
-            interrupted = True
-            break
+    candidates, wall_hit, interrupted = _step_candidates(problem, priced, options, hint, share, say)
     starts = {n: c for n, c in candidates.items() if c is not None}  # each verified (solve's, or the hint above)
     try:
         judged = judge(problem, candidates, scenarios)
