@@ -59,10 +59,10 @@ def parameter_names(traced, module: nn.Module | None = None) -> list[str]:
     second) unless the caller has it (``module``), and reads ``named_parameters()``, the order
     ``parallel.wrap`` stores them in.
     """
-    return [n for n, _ in (module if module is not None else _module_of(traced)).named_parameters()]
+    return [n for n, _ in (module if module is not None else module_of(traced)).named_parameters()]
 
 
-def _module_of(traced) -> nn.Module:
+def module_of(traced) -> nn.Module:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from fxglue.models.workloads import get_workload
@@ -88,7 +88,7 @@ def _walk(starts, step, limit: int | None = None) -> set[fx.Node] | None:
     return seen
 
 
-def _loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
+def loss_ancestors(graph: fx.Graph) -> set[fx.Node]:
     return _walk([graph.output_node().args[0][0]], lambda n: n.all_input_nodes)
 
 
@@ -140,11 +140,11 @@ def collective_params(graph: fx.Graph, param_names: list[str]) -> dict[fx.Node, 
     return result
 
 
-def _owner(param: str) -> str:
+def block_owner(param: str) -> str:
     return param.rpartition(".")[0]
 
 
-def _plan_index(owner: str, plans: list[list[str] | str]) -> int | None:
+def plan_index(owner: str, plans: list[list[str] | str]) -> int | None:
     for i, entry in enumerate(plans):
         for fqn in ([entry] if isinstance(entry, str) else entry):
             if owner == fqn or owner.startswith(fqn + "."):
@@ -157,12 +157,12 @@ def block_of_collectives(gm: fx.GraphModule, param_names: list[str],
     """Each collective start's name -> (index of the module plan entry whose parameter it moves,
     "forward" or "backward"), for collectives that move exactly one parameter of one entry
     (``merged``: or several, all of one entry -- a graph torch's per-block pass already bucketed)."""
-    fwd = {n.name for n in _loss_ancestors(gm.graph)}
+    fwd = {n.name for n in loss_ancestors(gm.graph)}
     out = {}
     for start, params in collective_params(gm.graph, param_names).items():
         if not params or (len(params) != 1 and not merged):
             continue
-        owners = {_plan_index(_owner(p), plans) for p in params}
+        owners = {plan_index(block_owner(p), plans) for p in params}
         idx = owners.pop() if len(owners) == 1 else None
         if idx is not None:
             out[start.name] = (idx, "forward" if start.name in fwd else "backward")
@@ -330,7 +330,7 @@ def block_source(traced) -> tuple[list[str], list[list[str] | str]]:
         return list(meta["saved_parameters"]), list(meta["saved_blocks"])
     if "graph_file" in meta:
         raise ValueError("the graph file records no parameter names and blocks")
-    module = _module_of(traced)
+    module = module_of(traced)
     return parameter_names(traced, module), transformer_block_plans(module)
 
 

@@ -25,7 +25,7 @@ import contextlib
 import torch
 
 
-def _sdpa_aliases():
+def sdpa_aliases():
     aten = torch.ops.aten
     return {
         aten._scaled_dot_product_flash_attention_for_cpu: aten._scaled_dot_product_flash_attention,
@@ -40,7 +40,7 @@ def cpu_compat(estimator):
     from torch.utils.flop_counter import flop_registry
 
     added = []
-    for cpu_op, cuda_op in _sdpa_aliases().items():
+    for cpu_op, cuda_op in sdpa_aliases().items():
         if cpu_op not in flop_registry and cuda_op in flop_registry:
             flop_registry[cpu_op] = flop_registry[cuda_op]
             added.append(cpu_op)

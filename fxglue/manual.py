@@ -96,7 +96,7 @@ import torch.fx as fx
 import torch.nn as nn
 
 import planner
-from fxglue.blocks import (_loss_ancestors, _module_of, _owner, _plan_index, block_of_collectives,  # noqa: F401
+from fxglue.blocks import (loss_ancestors, module_of, block_owner, plan_index, block_of_collectives,  # noqa: F401
                            block_source, collective_params, parameter_names, transformer_block_plans)
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator, collective_kind
@@ -200,9 +200,9 @@ def run_manual_pass(traced, plans: list[list[str] | str] | None = None, *, estim
     for phase in ("forward", "backward"):
         t0 = time.perf_counter()
         graph = gm.graph
-        fwd = _loss_ancestors(graph)
+        fwd = loss_ancestors(graph)
         phase_nodes = fwd if phase == "forward" else set(graph.nodes) - fwd
-        owners = {s: _owner(p[0]) for s, p in collective_params(graph, param_names).items()
+        owners = {s: block_owner(p[0]) for s, p in collective_params(graph, param_names).items()
                   if len(p) == 1 and s in phase_nodes}
 
         def module_stack_fn(node: fx.Node, owners=owners) -> list[tuple[str, type]]:
@@ -216,10 +216,10 @@ def run_manual_pass(traced, plans: list[list[str] | str] | None = None, *, estim
         timings[f"{phase}_pass_s"] = time.perf_counter() - t0
 
     graph = gm.graph
-    fwd = _loss_ancestors(graph)
+    fwd = loss_ancestors(graph)
     buckets = []
     for start, params in collective_params(graph, param_names).items():
-        idx = {_plan_index(_owner(p), plans) for p in params}
+        idx = {plan_index(block_owner(p), plans) for p in params}
         buckets.append(ManualBucket(name=start.name, kind=collective_kind(start) or str(start.target),
                                     phase="forward" if start in fwd else "backward",
                                     plan=idx.pop() if len(idx) == 1 else None, params=params))

@@ -73,9 +73,9 @@ class Profile:
         """The trace's time for this node's op at its input shapes, strides and dtype, or None."""
         from torch._inductor.fx_passes import profile_guided_estimation as pge
 
-        from fxglue.cpu_compat import _sdpa_aliases
+        from fxglue.cpu_compat import sdpa_aliases
 
-        target = _sdpa_aliases().get(n.target, n.target)  # the CPU attention ops under their CUDA names
+        target = sdpa_aliases().get(n.target, n.target)  # the CPU attention ops under their CUDA names
         if not hasattr(target, "_schema"):
             return None
         name = f"{target.namespace}::{target._schema.name.split('::')[-1]}"

@@ -91,13 +91,13 @@ def test_fsdp_one_bucket_per_block_per_kind():
 def test_fsdp_backward_buckets_stay_in_backward():
     """The one adaptation: the backward run sees only backward compute, so its first gather is
     not hoisted above the forward (torch's pass as is on the joint graph does that)."""
-    from fxglue.manual import _loss_ancestors
+    from fxglue.manual import loss_ancestors
 
     traced, problem, info = manual("llama3-8b-fsdp-2")
     graph = traced.gm.graph
     pos = {n.name: i for i, n in enumerate(graph.nodes)}
     loss = pos[graph.output_node().args[0][0].name]
-    fwd = {n.name for n in _loss_ancestors(graph)}
+    fwd = {n.name for n in loss_ancestors(graph)}
     for b in info.buckets:
         assert (b.name in fwd) == (b.phase == "forward")
         if b.phase == "backward":
@@ -118,7 +118,7 @@ def test_ddp_all_reduce_is_left_alone_and_the_emulated_plan_covers_it():
     """Torch's pass buckets only FSDP all_gather / reduce_scatter: DDP's graph is unchanged.
     ``per_block_plan`` puts the same per-block idea on our scheduled problem instead."""
     from fxglue.extract import extract_problem
-    from fxglue.manual import per_block_plan, transformer_block_plans, _module_of
+    from fxglue.manual import per_block_plan, transformer_block_plans, module_of
     from fxglue.pipeline import estimator_for, schedule
     from fxglue.models.workloads import trace
 
@@ -132,7 +132,7 @@ def test_ddp_all_reduce_is_left_alone_and_the_emulated_plan_covers_it():
     est = estimator_for(traced)
     inputs = schedule(traced, est)
     scheduled = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled, estimator=est)
-    module = _module_of(traced)
+    module = module_of(traced)
     plans = transformer_block_plans(module)
     res = per_block_plan(scheduled, inputs.gm, [n for n, _ in module.named_parameters()], plans)
     assert planner.check(scheduled, res.plan).feasible

@@ -130,14 +130,14 @@ def test_projected_reach_is_never_below_the_grids(monkeypatch):
 def _searches_find_nothing(monkeypatch) -> None:
     """Every CP-SAT search of solve ends at once with nothing found (UNKNOWN), as a search that
     runs out of time does: the precondition made certain, not hoped for on a busy machine."""
-    real = solver_module._run_search
+    real = solver_module.run_search
 
     def out_of_time(solver, model, cb):
         solver.parameters.max_time_in_seconds = 0.0
         solver.parameters.max_deterministic_time = 0.0
         return real(solver, model, cb)
 
-    monkeypatch.setattr(solver_module, "_run_search", out_of_time)
+    monkeypatch.setattr(solver_module, "run_search", out_of_time)
 
 
 @pytest.fixture

@@ -214,7 +214,7 @@ def _problems_with_collective_hiders(draw):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problem=_problems_with_collective_hiders())
 def test_cpsat_matches_brute_force_when_starts_and_waits_hide(problem, protect_partly):
-    # the model's candidate pruning (cpsat._prepare) and the verifier's rule 4 agree on which
+    # the model's candidate pruning (cpsat.prepare_collectives) and the verifier's rule 4 agree on which
     # collectives stay alone: the model's optimum is the best plan the verifier accepts. (With
     # the model's pruning left at fully hidden hiders, about 1 in 9 of these problems fails under
     # protect_partly: the model merges a hider the verifier keeps alone.)

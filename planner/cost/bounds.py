@@ -107,7 +107,7 @@ def bin_packing_bound(sizes: list[int], cap: int, deadline: float | None = None)
     m.add(sum(used) >= by_volume)
     m.minimize(sum(used))
     solver = cp_model.CpSolver()
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver.run_search)
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
     solver.parameters.max_deterministic_time = BIN_PACKING_DETERMINISTIC_S

@@ -113,7 +113,7 @@ class _Coll:
     folded_wait_preds: list[tuple[int, int]] = field(default_factory=list)
 
 
-def _prepare(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
+def prepare_collectives(problem: Problem, protect_partly: bool = False) -> list[_Coll]:
     nodes = problem.nodes
     index = {n.name: i for i, n in enumerate(nodes)}
     pos = [n.pos for n in nodes]
@@ -316,7 +316,7 @@ class _Variables:
 def _add_constraints(m: cp_model.CpModel, v: _Variables, colls: list[_Coll], cap: int,
                      memory_budget_bytes: int | None = None, problem: Problem | None = None) -> dict:
     """The constraint families of the model, in order; returns the constraints added per family."""
-    # Rules 2 (same key), 4 (hiders alone), 7 (hiding kept): no family; candidate pruning in _prepare/_Variables.
+    # Rules 2 (same key), 4 (hiders alone), 7 (hiding kept): no family; candidate pruning in prepare_collectives/_Variables.
     counts = {
         "structure": (_one_bucket_per_collective(m, v, colls) + _one_wait_anchor_per_bucket(m, v, colls)
                       + _members_wait_with_their_bucket(m, v)),
@@ -750,7 +750,7 @@ def build_model(problem: Problem, *, objective: str = "count", window: int | Non
     """
     protect_partly, memory_budget_bytes = policy.protect_partly, policy.memory_budget_bytes
     lower_bound, key_bounds = bounds.lower_bound, bounds.key_bounds
-    colls = _prepare(problem, protect_partly)
+    colls = prepare_collectives(problem, protect_partly)
     m = cp_model.CpModel()
     groups = None
     if within is not None:

@@ -41,9 +41,9 @@ from ortools.sat.python import cp_model
 from planner.cost.bounds import BucketReach
 from planner.search.positioned_cuts import (RoomProfile, StepTerms, add_phase_cuts, add_tail_cuts,
                                             exclude_places_over_cap, folded_conversions)
-from planner.search.cpsat import ModelHandle, _prepare, build_tick
+from planner.search.cpsat import ModelHandle, prepare_collectives, build_tick
 from planner.core.problem import Bucket, Plan, Problem
-from planner.search.step import NS_PER_MS, _bucket_terms, _compute_prefix, _horizon_ns, _ns, _pieces_by_key
+from planner.search.step import NS_PER_MS, bucket_terms, compute_prefix, horizon_ns, to_ns, pieces_by_key
 from planner.cost.bounds import per_byte_floors
 
 SCALE = 4
@@ -207,7 +207,7 @@ def build_positioned_model(problem: Problem, found: Candidates, *, window: int =
     docstring): one bucket per collective, anchors are members, the cap, same key, each bucket's
     start before its wait, every dependence kept (rule 9) at the places chosen."""
     m = cp_model.CpModel()
-    colls = _prepare(problem)
+    colls = prepare_collectives(problem)
     cap = problem.bucket_cap_bytes
     index = {n.name: i for i, n in enumerate(problem.nodes)}
     pos_of = {n.name: n.pos for n in problem.nodes}
@@ -347,7 +347,7 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
     anchors = sorted(members, key=lambda a: colls[a].s)
     reach = BucketReach(member={}, anchored={problem.collectives[colls[a].idx].name: _anchored_reach(
         problem, [colls[i].idx for i in members[a]], colls[a].idx) for a in anchors})
-    positions, prefix, total = _compute_prefix(problem)
+    positions, prefix, total = compute_prefix(problem)
 
     def compute_before(place: int) -> int:
         import bisect
@@ -355,9 +355,9 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
         return prefix[bisect.bisect_left(positions, math.ceil(place / SCALE))]
 
     magnitude = min(50, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
-    pieces = _pieces_by_key(problem, mh, members, anchors, reach)
-    terms, away = _bucket_terms(m, mh, problem, anchors, members, magnitude, reach, per_byte_floors(problem), pieces)
-    horizon = _horizon_ns(problem, _full_reach(problem, reach), total)
+    pieces = pieces_by_key(problem, mh, members, anchors, reach)
+    terms, away = bucket_terms(m, mh, problem, anchors, members, magnitude, reach, per_byte_floors(problem), pieces)
+    horizon = horizon_ns(problem, _full_reach(problem, reach), total)
     at_place: dict[int, list[tuple[str, int, object]]] = {}
     for a in anchors:
         for place, lit, _ in h.starts[a]:
@@ -411,7 +411,7 @@ def add_positioned_step(h: PositionedHandle, *, floor_ms: float = 0.0) -> None:
             clock = t
     final = clock + (total - prev) - away.take(None)
     h.slack_ns = n_events + len(anchors)  # one ns of rounding per event and per duration
-    m.add(final >= max(0, _ns(floor_ms) - h.slack_ns))
+    m.add(final >= max(0, to_ns(floor_ms) - h.slack_ns))
     m.minimize(final)
     h.final = final
     h.stats.update(step_events=n_events, step_anchors=len(anchors))

@@ -33,7 +33,7 @@ from ortools.sat.python import cp_model
 
 from planner.cost.memory import INSTANTS_PER_POSITION, MemoryCounter, buffers_of
 from planner.core.problem import Link
-from planner.search.step import NS_PER_MS, _ns
+from planner.search.step import NS_PER_MS, to_ns
 
 
 @dataclass
@@ -65,7 +65,7 @@ class StepTerms:
 def folded_conversions(problem) -> list[tuple[int, int]]:
     """(position, ns) of every folded conversion, which may move into its bucket's copy-in."""
     by_name = {n.name: n for n in problem.nodes}
-    return sorted((by_name[f].pos, _ns(by_name[f].est_ms)) for c in problem.collectives for f in c.folded)
+    return sorted((by_name[f].pos, to_ns(by_name[f].est_ms)) for c in problem.collectives for f in c.folded)
 
 
 def add_tail_cuts(h) -> None:

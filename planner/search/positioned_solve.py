@@ -183,7 +183,7 @@ class _CappedRun:
     def _round(self, t0: float, deadline: float, det_left: float, say) -> tuple[float, bool]:
         """One CP-SAT solve until ``deadline`` (wall) or ``det_left`` (deterministic time);
         (its deterministic time, whether the search is over)."""
-        from planner.search.solver import _configured_solver, _Progress, _run_search
+        from planner.search.solver import configured_solver, SearchProgress, run_search
 
         problem, cap = self.problem, self.cap
         self.stats["rounds"] += 1
@@ -202,9 +202,9 @@ class _CappedRun:
         if wall <= 0.05:
             self.stats["wall_limit_hit"] |= self.search.deterministic
             return 0.0, True
-        solver = _configured_solver(self.search.workers, 0, wall_s=wall, deterministic_s=min(det_left, 1e9))
-        cb = _Progress(say, t0, objective="step")
-        code = _run_search(solver, h.model, cb)
+        solver = configured_solver(self.search.workers, 0, wall_s=wall, deterministic_s=min(det_left, 1e9))
+        cb = SearchProgress(say, t0, objective="step")
+        code = run_search(solver, h.model, cb)
         self.stats["interrupted"] = cb.interrupted
         if self.search.deterministic and code != cp_model.OPTIMAL and solver.wall_time >= wall * 0.99:
             self.stats["wall_limit_hit"] = True

@@ -9,7 +9,7 @@ independent verifier, and never returns a plan worse than a feasible hint.
 search, then widening (windowed searches), probing (count searches) and polish (step searches)
 while time is left. One frozen ``_Incumbent`` passes from stage to stage; ``_verdict`` alone
 turns the last one into the reported status, bound and gap. ``planner.search.repair.repair``, the
-public repair of a rule-breaking plan, is ``_repair`` here: a solve within the plan's buckets, which
+public repair of a rule-breaking plan, is ``repair_within`` here: a solve within the plan's buckets, which
 ``solve`` itself uses on an infeasible hint (one module, so no import circle).
 """
 
@@ -65,7 +65,7 @@ WIDEN_MIN_S = 5.0
 # rounds every time to integer ns.
 STEP_OPTIMAL_TOLERANCE_MS = 1e-3
 # A Ctrl-C while CP-SAT loads its workers waits for their search to start, at most this long (s;
-# loading took 0.02 s on fsdp-8 idle, see _run_search): a later OR-Tools may word its log otherwise.
+# loading took 0.02 s on fsdp-8 idle, see run_search): a later OR-Tools may word its log otherwise.
 STOP_DEFERRED_S = 10.0
 # With deterministic=True the wall-clock limit is this multiple of the time limit, a guard only:
 # CP-SAT's deterministic time accrues at about 0.7x wall time on a 2-core machine when idle and
@@ -93,7 +93,7 @@ STEP_LARGE_MODEL_PAIRS = 2500
 POLISH_EVALUATIONS_PER_S = 100
 
 
-class _Progress(cp_model.CpSolverSolutionCallback):
+class SearchProgress(cp_model.CpSolverSolutionCallback):
     """Incumbents and bounds as the search finds them, in the objective's units (ms for step;
     a step model's incumbent is its own estimate, the plan is re-simulated afterwards)."""
 
@@ -101,8 +101,8 @@ class _Progress(cp_model.CpSolverSolutionCallback):
         super().__init__()
         self.say = say
         self.start = start
-        self.interrupted = False  # Ctrl-C stopped a search (see _run_search): no later stage runs
-        self.stop_deferred = False  # a Ctrl-C waited for CP-SAT's workers to start (see _run_search)
+        self.interrupted = False  # Ctrl-C stopped a search (see run_search): no later stage runs
+        self.stop_deferred = False  # a Ctrl-C waited for CP-SAT's workers to start (see run_search)
         self.scale = NS_PER_MS if objective == "step" else 1
         self.unit = " ms" if objective == "step" else ""
         self.points: list[tuple[float, float, float]] = []
@@ -150,7 +150,7 @@ class _SolveContext:
     floor_ms: float | None
     reach: BucketReach | None  # planner.cost.bounds.bucket_reach, computed once for a step solve
     progress: Callable[[str], None] | None
-    cb: _Progress
+    cb: SearchProgress
     stats: dict
     starts: list[Plan] = dataclasses.field(default_factory=list)  # a step search's feasible starts, fastest first
     large: bool = False  # the main model is windowed or has over STEP_LARGE_MODEL_PAIRS candidate pairs
@@ -273,7 +273,7 @@ def solve(
         if ctx.cb.say:
             ctx.cb.say(f"{stop}: no search; returning the best plan known")
     except KeyboardInterrupt:
-        # a Ctrl-C outside a search (a search stops itself, see _run_search): while bounds or a
+        # a Ctrl-C outside a search (a search stops itself, see run_search): while bounds or a
         # model were built, a hint repaired or a plan polished. The last finished stage's plan is
         # kept; a second Ctrl-C here leaves solve at once.
         ctx.cb.interrupted = True
@@ -317,7 +317,7 @@ def _context(problem: Problem, options: SolveOptions, within: Plan | None,
     return _SolveContext(
         problem=problem, options=options, within=within, window=window, auto=auto, t0=t0,
         bounds=ObjectiveBounds(), lb=None, floor_ms=None, reach=None, progress=progress,
-        cb=_Progress(progress, t0, options.objective), stats={})
+        cb=SearchProgress(progress, t0, options.objective), stats={})
 
 
 def _with_bounds(ctx: _SolveContext) -> _SolveContext:
@@ -404,7 +404,7 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     feasible repair instead, when there is one."""
     # deterministic like the search it seeds: a repair cut by the wall clock under load gave a
     # deterministic solve another hint, hence another plan (hf-qwen3-moe-8, seen once in 46 runs)
-    repaired = _repair(ctx.problem, hint,
+    repaired = repair_within(ctx.problem, hint,
                        dataclasses.replace(ctx.options, time_limit_s=min(10.0, ctx.time_limit_s / 4)))
     ctx.cb.interrupted = ctx.cb.interrupted or bool(repaired.stats.get("interrupted"))  # the Ctrl-C was for us
     # a repair always has a plan (solve's fallback: the unbucketed plan lies within any buckets);
@@ -416,7 +416,7 @@ def _repaired_hint(ctx: _SolveContext, hint: Plan) -> tuple[Plan, bool]:
     return hint, False
 
 
-def _repair(problem: Problem, plan: Plan, options: SolveOptions) -> SolveResult:
+def repair_within(problem: Problem, plan: Plan, options: SolveOptions) -> SolveResult:
     """``planner.search.repair.repair`` (the public entry): here, because it is a solve within the plan's
     buckets and ``solve`` repairs an infeasible hint with it. It counts collectives in the full
     model of the plan's buckets (``options``' objective and window do not apply). A fast
@@ -525,8 +525,8 @@ def _main_search(ctx: _SolveContext, handle: ModelHandle, fallback: Plan | None)
     # of a guard counted from t0, and the guard then cut a deterministic search short (a sweep's
     # Ray and one-by-one tables differed by "stopped by the wall clock" under two busy loops)
     elapsed = 0.0 if ctx.deterministic else time.perf_counter() - ctx.t0
-    solver = _configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - elapsed, ctx.main_s, focused)
-    code = _run_search(solver, handle.model, ctx.cb)
+    solver = configured_solver(ctx.workers, ctx.seed, ctx.wall_factor * ctx.main_s - elapsed, ctx.main_s, focused)
+    code = run_search(solver, handle.model, ctx.cb)
     ctx.stats.update(solve_wall_s=round(solver.wall_time, 3),
                      deterministic_time=round(solver.deterministic_time, 3), branches=solver.num_branches,
                      conflicts=solver.num_conflicts, workers=ctx.workers, seed=ctx.seed,
@@ -626,9 +626,9 @@ def _widen(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
             break
         build_s = time.perf_counter() - started
         handle.add_hint(plan)
-        solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
+        solver = configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
                                     _portfolio(ctx.objective, windowed=True))
-        code = _run_search(solver, handle.model, ctx.cb)
+        code = run_search(solver, handle.model, ctx.cb)
         det_left -= solver.deterministic_time
         stage = {"window": window, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2),
                  "x_vars": handle.stats["x_vars"]}
@@ -682,9 +682,9 @@ def _probe(ctx: _SolveContext, incumbent: _Incumbent) -> _Incumbent:
         except BuildStopped:  # out of time: the bound so far stands
             break
         # no hint: the incumbent is over the target, so it breaks this model (see above _probe)
-        solver = _configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
+        solver = configured_solver(ctx.workers, ctx.seed, deadline - time.perf_counter(), det_left,
                                     _portfolio("count", windowed=False))
-        code = _run_search(solver, handle.model, ctx.cb)
+        code = run_search(solver, handle.model, ctx.cb)
         det_left -= solver.deterministic_time
         probes.append({"at_most": target, "status": solver.status_name(code), "wall_s": round(solver.wall_time, 2)})
         if code == cp_model.INFEASIBLE:
@@ -777,7 +777,7 @@ def _verified_plan(ctx: _SolveContext, handle: ModelHandle, solver: cp_model.CpS
     return plan, plan_objective(ctx.problem, plan, ctx.objective)
 
 
-def _run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "_Progress") -> int:
+def run_search(solver: cp_model.CpSolver, model: cp_model.CpModel, cb: "SearchProgress") -> int:
     """``solver.solve`` that a Ctrl-C stops within a moment, keeping what it found.
 
     CP-SAT's own SIGINT handling stops the search but says nothing, so the caller went on to
@@ -853,12 +853,12 @@ def _problem_bound(handle: ModelHandle, solver_bound: float) -> float:
     return (solver_bound - handle.stats["step_slack_ns"]) / NS_PER_MS
 
 
-def _configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: float,
+def configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: float,
                        subsolvers: tuple[str, ...] = ()) -> cp_model.CpSolver:
     """CP-SAT with this package's search settings (deterministic for a fixed seed and workers);
     ``subsolvers`` replaces CP-SAT's default full-problem portfolio."""
     solver = cp_model.CpSolver()
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver.run_search)
     p = solver.parameters
     p.subsolvers.extend(subsolvers)
     p.num_workers = workers

@@ -71,7 +71,7 @@ CHORD_POINTS = 24
 PIECE_TOLERANCE_NS = 5.0
 
 
-def _ns(ms: float) -> int:
+def to_ns(ms: float) -> int:
     return int(round(ms * NS_PER_MS))
 
 
@@ -248,7 +248,7 @@ class StepModel:
     stats: dict = field(default_factory=dict)
 
 
-def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
+def compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
     """(positions of the pinned nodes, compute scheduled before each -- the unpinned compute
     just before it included, its own not -- total) in ns, the running sum rounded once so that
     differences telescope."""
@@ -256,9 +256,9 @@ def _compute_prefix(problem: Problem) -> tuple[list[int], list[int], int]:
     prefix, acc = [], 0.0
     for n in problem.nodes:
         acc += n.unpinned_ms
-        prefix.append(_ns(acc))
+        prefix.append(to_ns(acc))
         acc += n.own_ms
-    return positions, prefix, _ns(acc)
+    return positions, prefix, to_ns(acc)
 
 
 @dataclass(frozen=True)
@@ -289,7 +289,7 @@ def _anchor_terms(pricing: _Pricing, a: int, members: list[int], folded_ns: cp_m
     wires = {i: problem.collectives[colls[i].idx].wire_bytes for i in members}
     launch = copy_in = copy_out = 0
     if cost is not None:
-        launch = _ns(cost.launch_ms) * x[a, a]
+        launch = to_ns(cost.launch_ms) * x[a, a]
     if cost is not None and joiners:
         merged = m.new_bool_var(f"merged[{ca.name}]")  # a has a joiner: torch's merge copies
         for i in joiners:
@@ -298,13 +298,13 @@ def _anchor_terms(pricing: _Pricing, a: int, members: list[int], folded_ns: cp_m
         cin, cout = {}, {}
         for i in members:
             pair = copy_bytes(ca.kind, [wires[i], 0], link.group_size, problem.bucket_mode)
-            cin[i], cout[i] = _ns(cost.copy_ms(pair[0])), _ns(cost.copy_ms(pair[1]))
+            cin[i], cout[i] = to_ns(cost.copy_ms(pair[0])), to_ns(cost.copy_ms(pair[1]))
         copy_in = sum(cin[i] * x[i, a] for i in joiners) + cin[a] * merged
         copy_out = sum(cout[i] * x[i, a] for i in joiners) + cout[a] * merged
     if link.table is None:
         # an α-β link is a line: its fixed part once, each member's bytes (exact up to ns)
         fixed = link.fixed_ms(ca.kind)
-        dur = _ns(fixed) * x[a, a] + sum(_ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members)
+        dur = to_ns(fixed) * x[a, a] + sum(to_ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members)
         return launch, copy_in + folded_ns, copy_out, dur
     # a table link: a concave minorant of its curve at the bucket's bytes, which never exceed
     # what a bucket issued at a's start can hold (``bounds.bucket_reach``)
@@ -333,7 +333,7 @@ def _anchor_terms(pricing: _Pricing, a: int, members: list[int], folded_ns: cp_m
     return launch, copy_in + folded_ns, copy_out, dur
 
 
-def _bucket_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, anchors: list[int],
+def bucket_terms(m: cp_model.CpModel, handle: ModelHandle, problem: Problem, anchors: list[int],
                   members: dict[int, list[int]], magnitude: int, reach: BucketReach, least: dict, pieces: dict):
     """Per anchor its ``_anchor_terms``, and what folded conversions leave behind when they move
     into a bucket's copy-in (``_folded_terms``)."""
@@ -372,14 +372,14 @@ def _folded_terms(handle: ModelHandle, problem: Problem):
     away = []
     for c in colls:
         folded = problem.collectives[c.idx].folded
-        ns = sum(_ns(by_name[f].est_ms) for f in folded)
+        ns = sum(to_ns(by_name[f].est_ms) for f in folded)
         if not ns:
             continue
         joined = handle.joined(c.idx)
         merged = (1 - x[c.idx, c.idx]) + joined  # joins another, or is joined (0 or 1)
         for a in handle.anchors(c.idx):
             adds[a] = adds.get(a, 0) + ns * (x[c.idx, a] if a != c.idx else joined)
-        away += [(by_name[f].pos, _ns(by_name[f].est_ms) * merged) for f in folded]
+        away += [(by_name[f].pos, to_ns(by_name[f].est_ms) * merged) for f in folded]
     return adds, _MovedAway(away)
 
 
@@ -407,7 +407,7 @@ def _add_chord_cut(m: cp_model.CpModel, dur, scale: int, lines: list[tuple[int, 
         m.add(scale * dur >= cut[0] * anchors + cut[1] * units)
 
 
-def _pieces_by_key(problem: Problem, handle: ModelHandle, members: dict[int, list[int]], anchors: list[int],
+def pieces_by_key(problem: Problem, handle: ModelHandle, members: dict[int, list[int]], anchors: list[int],
                    reach: BucketReach) -> dict[tuple, list]:
     """``duration_pieces`` per (process group, kind) of a table link, over the bytes its buckets can
     have, with the slack of the most members a bucket of it can have whose bytes the model rounds
@@ -427,15 +427,15 @@ def _pieces_by_key(problem: Problem, handle: ModelHandle, members: dict[int, lis
             for (pg, kind), (lo, hi, n) in spans.items() if hi > lo}
 
 
-def _horizon_ns(problem: Problem, reach: BucketReach, compute_ns: int) -> int:
+def horizon_ns(problem: Problem, reach: BucketReach, compute_ns: int) -> int:
     """A bound on every clock of the step model: twice the compute, each collective at the curve's
     highest up to the largest bucket it can be in (not its own time: a curve that bends up can
     price a merge above its members' sum), and every launch and copy."""
-    horizon = compute_ns + sum(_ns(_highest_ms(problem.link(c.pg), c.kind, c.wire_bytes, reach.member[c.name]))
+    horizon = compute_ns + sum(to_ns(_highest_ms(problem.link(c.pg), c.kind, c.wire_bytes, reach.member[c.name]))
                                for c in problem.collectives)
     if problem.bucketing is not None:
-        horizon += len(problem.collectives) * _ns(problem.bucketing.launch_ms) + sum(
-            _ns(problem.bucketing.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
+        horizon += len(problem.collectives) * to_ns(problem.bucketing.launch_ms) + sum(
+            to_ns(problem.bucketing.copy_ms(c.wire_bytes * 2)) for c in problem.collectives)
     return 2 * horizon + 1
 
 
@@ -451,17 +451,17 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
     waited_at: dict[int, list[tuple[int, int]]] = {}  # wait position -> (bucket anchor, wait anchor)
     for (a, b) in y:
         waited_at.setdefault(colls[b].w, []).append((a, b))
-    positions, prefix, total = _compute_prefix(problem)
+    positions, prefix, total = compute_prefix(problem)
 
     def compute_before(pos: int) -> int:
         return prefix[bisect.bisect_left(positions, pos)]
 
     reach = reach or bucket_reach(problem)
-    horizon = _horizon_ns(problem, reach, total)
+    horizon = horizon_ns(problem, reach, total)
     magnitude = min(MAGNITUDE_LOG2_MOST, 61 - math.ceil(math.log2(len(anchors) + 1)) - 2)
     least = per_byte_floors(problem)  # per table, computed once
-    pieces = _pieces_by_key(problem, handle, members, anchors, reach) if exact else {}
-    terms, away = _bucket_terms(m, handle, problem, anchors, members, magnitude, reach, least, pieces)
+    pieces = pieces_by_key(problem, handle, members, anchors, reach) if exact else {}
+    terms, away = bucket_terms(m, handle, problem, anchors, members, magnitude, reach, least, pieces)
 
     # the walk over starts and waits in position order
     events = sorted([(colls[a].s, "s", a) for a in anchors] + [(w, "w", w) for w in waited_at])
@@ -509,7 +509,7 @@ def add_step_objective(handle: ModelHandle, problem: Problem, *, floor_ms: float
             q_prev = t
     redundant = _latest_wait_cuts(m, handle, anchors, ends, clock_at_wait)
     final = q_prev + (total - prev_compute) - away.take(None)
-    floor_ns = max(0, _ns(floor_ms) - n_events)  # minus the rounding of one ns per event
+    floor_ns = max(0, to_ns(floor_ms) - n_events)  # minus the rounding of one ns per event
     m.add(final >= floor_ns)
     m.minimize(final)
     stats = {"step_events": n_events, "step_anchors": len(anchors), "step_redundant": redundant}
@@ -550,7 +550,7 @@ def hint_every_variable(handle: ModelHandle, twin: ModelHandle, plan: Plan, *, t
     if not _fix(twin, plan):
         return False
     solver = cp_model.CpSolver()
-    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver._run_search)
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C is ours (solver.run_search)
     solver.parameters.num_workers = 1
     solver.parameters.max_time_in_seconds = time_limit_s
     if solver.solve(twin.model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

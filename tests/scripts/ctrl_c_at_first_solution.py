@@ -19,7 +19,7 @@ import planner.search.solver as solver_module  # noqa: E402
 
 def main(problem_path: str, objective: str) -> None:
     problem = planner.load_problem(problem_path)
-    real = solver_module._Progress.on_solution_callback
+    real = solver_module.SearchProgress.on_solution_callback
     fired = []
 
     def interrupt_at_first_solution(self):
@@ -28,7 +28,7 @@ def main(problem_path: str, objective: str) -> None:
             fired.append(self.objective_value)
             threading.Timer(0.0, _thread.interrupt_main).start()
 
-    solver_module._Progress.on_solution_callback = interrupt_at_first_solution
+    solver_module.SearchProgress.on_solution_callback = interrupt_at_first_solution
     result = solver_module.solve(problem, planner.SolveOptions(time_limit_s=120, objective=objective, workers=2))
     verified = result.plan is not None and not planner.verify(problem, result.plan)
     print(json.dumps({"fired": fired, "interrupted": result.stats["interrupted"], "verified": verified,

@@ -28,7 +28,7 @@ def main(problem_path: str) -> None:
     solver_module.hint_every_variable = lambda handle, twin, plan, time_limit_s: real_hint(handle, twin, plan,
                                                                                           time_limit_s=600)
     unbucketed = planner.Plan(problem_fingerprint=problem.fingerprint, planner="unbucketed", created="t", buckets=())
-    real = solver_module._Progress.on_solution_callback
+    real = solver_module.SearchProgress.on_solution_callback
     fired = []
 
     def first_step_solution(self):
@@ -40,7 +40,7 @@ def main(problem_path: str) -> None:
             while not self.stop_deferred and time.monotonic() < held:
                 time.sleep(0.01)
 
-    solver_module._Progress.on_solution_callback = first_step_solution
+    solver_module.SearchProgress.on_solution_callback = first_step_solution
     result = solver_module.solve(problem, planner.SolveOptions(time_limit_s=60, objective="step", workers=2, deterministic=True), count_plan=unbucketed)
     assert result.stats["hint_every_variable"], result.stats
     assert fired and fired[0] > 1e6, fired  # a step in ns: the step search's first solution
