@@ -32,6 +32,7 @@ from planner.search.position_search import position_search
 from planner.search.result import gap_of
 from planner.search.repair import repair
 from planner.cost.simulator import simulate, write_chrome_trace
+from planner.jobs.interrupted import beside, mark_interrupted
 from planner.jobs.progress import LiveLine
 from bucketplan.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
 from bucketplan.report import plots
@@ -356,16 +357,13 @@ def keep_interrupted_plans(rows: list[WorkloadRow], out: Path) -> Path | None:
     exists, so no earlier run is replaced); None when no plan was made yet."""
     marked = []
     for row in rows:
-        plans = [dataclasses.replace(p, plan=p.plan.model_copy(update={"params": {**p.plan.params, "interrupted": True}}))
+        plans = [dataclasses.replace(p, plan=mark_interrupted(p.plan))
                  for p in row.plans if p.plan is not None and p.planner != MANUAL_LABEL]
         if plans:
             marked.append(dataclasses.replace(row, plans=plans))
     if not marked:
         return None
-    k, kept = 1, out.with_name(f"{out.name}.interrupted")
-    while os.path.lexists(kept):
-        k += 1
-        kept = out.with_name(f"{out.name}.interrupted-{k}")
+    kept = next(p for p in beside(out) if p != out and not os.path.lexists(p))
     with replace_dir_atomically(kept, owned=OUTPUTS) as tmp:
         save_plans(marked, tmp)
     return kept

@@ -151,7 +151,7 @@ def test_a_cut_short_plan_goes_beside_finished_work_inputs_and_faster_cut_short_
     hint = tmp_path / "d.interrupted.json"
     planner.save(slow, hint)
     _finished_plan(problem, tmp_path / "d.json")
-    assert save_plan(fast, tmp_path / "d.json", problem, inputs=[hint]) == tmp_path / "d.interrupted-2.json"
+    assert save_plan(fast, tmp_path / "d.json", problem, inputs=[("--hint", hint)]) == tmp_path / "d.interrupted-2.json"
     assert planner.load_plan(hint) == slow
     # .json.gz keeps its double suffix
     _finished_plan(problem, tmp_path / "e.json.gz")

@@ -40,7 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     ctrl_c = CtrlC.install()
-    code = 130
     try:
         code = _main(argv)
     except KeyboardInterrupt:  # one that came between _main's own handlers and its return

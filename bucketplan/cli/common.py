@@ -258,6 +258,16 @@ class BestPlan:
         self.written: str | None = None
         self.finished = False  # what ``written`` names is a finished plan
 
+    def load_problem(self, path: str):
+        """The problem at ``path``, and from now on its unbucketed plan held: what solve itself
+        returns when stopped before any search."""
+        import planner
+        from planner.core.problem import unbucketed_plan
+
+        self.problem = planner.load_problem(path)
+        self.offer(unbucketed_plan(self.problem))
+        return self.problem
+
     def offer(self, plan) -> None:
         if plan is not None:
             self.plan = plan
@@ -269,8 +279,7 @@ class BestPlan:
 
         self.offer(plan)
         try:
-            written = save_plan(stamped(plan, self.args), self.output, self.problem,
-                                [path for _, path in inputs_of(self.args)])
+            written = save_plan(stamped(plan, self.args), self.output, self.problem, inputs_of(self.args))
         except OSError as e:  # checked up front; a race (the folder changed during the search)
             raise CLIError(f"{self.output}: cannot write the plan ({e.strerror or e})") from None
         self.written, self.finished = str(written), not is_interrupted(plan)
@@ -284,9 +293,10 @@ class BestPlan:
                     else f"interrupted: wrote the best verified plan so far, marked interrupted, to {self.written}")
         if self.plan is None or self.problem is None:
             return "interrupted before a plan was found"
-        params = {**self.plan.params, "interrupted": True}
+        from planner.jobs.interrupted import mark_interrupted
+
         try:
-            written = self.write(self.plan.model_copy(update={"params": params}))
+            written = self.write(mark_interrupted(self.plan))
         except CLIError as e:  # the exit stays 130: what was lost is said
             return f"interrupted; {e}"
         return f"interrupted: wrote the best verified plan so far, marked interrupted, to {written}"

@@ -3,7 +3,6 @@ plan; ``--tiny``: each gloo rank's problem at the shapes ``check`` runs."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -138,12 +137,14 @@ def _outputs(args, files: list[Path]) -> None:
     """Every file extract writes (``files`` under -o, and --save-graph) can be written and is
     none of its inputs (--graph, --model, measured files): checked before anything is traced. The
     -o folder may hold other files, the workload's among them; only these are replaced."""
+    from planner.core.io import clobbered_input
+
     inputs = inputs_of(args)
     for f in files:
         output_file(str(f), "-o", inputs)
     if args.save_graph:
         output_file(args.save_graph, "--save-graph", inputs)
-        if any(os.path.realpath(args.save_graph) == os.path.realpath(f) for f in files):
+        if clobbered_input([args.save_graph], [(f.name, f) for f in files]) is not None:
             # two outputs of one run: the graph saved, then the problem written over it
             raise CLIError(f"--save-graph {args.save_graph}: is where -o writes {Path(args.save_graph).name}; "
                            "give another --save-graph")

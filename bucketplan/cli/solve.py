@@ -168,13 +168,11 @@ def _solve_and_report(args, options, positioned, peak: int | None, best: BestPla
 
     import planner
     from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
-    from planner.core.problem import unbucketed_plan
     from planner.jobs.progress import LiveLine
     from planner.search.solver import PlanMismatchError, solve
 
     t_start = time.perf_counter()
-    problem = best.problem = planner.load_problem(args.problem)
-    best.offer(unbucketed_plan(problem))  # what solve itself returns when stopped before any search
+    problem = best.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     say = progress(args.quiet)
     say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective "

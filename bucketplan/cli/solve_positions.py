@@ -21,6 +21,7 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
     from planner.search.position_search import (FREE_POSITIONS_CP_SAT_SHARE, default_peak_budget,
                                                 deterministic_evaluations, position_search)
     from planner.search.result import gap_of
+    from planner.jobs.interrupted import mark_interrupted
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR
 
     # by default a plan never holds more than what it replaces: a legal one (default_peak_budget)
@@ -59,8 +60,8 @@ def position_search_and_report(args, problem, anchored, hint, options, peak: int
                 "best_from": result.stats["best_from"] + ("; then CP-SAT's, over its candidate space" if improved else "")})
             best.offer(result.plan)
         else:  # a Ctrl-C while the model was built: the search's plan is the best verified one
-            result = dataclasses.replace(result, stats={**result.stats, "interrupted": True}, plan=result.plan.model_copy(
-                update={"params": {**result.plan.params, "interrupted": True}}))
+            result = dataclasses.replace(result, stats={**result.stats, "interrupted": True},
+                                         plan=mark_interrupted(result.plan))
     gap = gap_of(result.objective, floor.floor_ms)
     plan = with_bound(result.plan, floor.floor_ms, floor.scope, gap)
     if proof is not None:  # the second number: the candidate space's bound, named as such

@@ -10,7 +10,6 @@ def robust_and_report(args, options, best) -> int:
     """Refuse the flags the regret search cannot honour, search as ``options`` (SolveOptions)
     say, write, report."""
     import planner
-    from planner.core.problem import unbucketed_plan
     from planner.search.scenarios import ScenarioError, describe, robust_plan
     from planner.search.solver import PlanMismatchError
 
@@ -24,8 +23,7 @@ def robust_and_report(args, options, best) -> int:
     if args.deterministic:
         raise CLIError("--deterministic with --robust: its regret search stops on the wall clock; "
                        "drop one of them")
-    problem = best.problem = planner.load_problem(args.problem)
-    best.offer(unbucketed_plan(problem))  # what solve itself returns when stopped before any search
+    problem = best.load_problem(args.problem)
     hint = planner.load_plan(args.hint) if args.hint else None
     try:
         result = robust_plan(problem, scenarios, options, hint=hint, progress=progress(args.quiet))

@@ -232,6 +232,8 @@ def _load(path: str | os.PathLike, model: type[M], what: str) -> M:
 # the memory a file's load takes, per byte of its JSON: parsing it, then validating it (pydantic-core
 # aborts the whole process when an allocation fails there, so no except can catch it)
 LOAD_BYTES_PER_JSON_BYTE = 30
+# below this a load is not weighed against the memory left (a few MB of JSON: an 8-layer problem)
+LOAD_CHECKED_FROM_BYTES = 64 * 2**20
 
 
 def _check_room_to_load(p: Path, json_bytes: int, what: str) -> None:
@@ -239,6 +241,8 @@ def _check_room_to_load(p: Path, json_bytes: int, what: str) -> None:
     ``LOAD_BYTES_PER_JSON_BYTE`` times its JSON, against the address-space limit (``ulimit -v``)
     left and the memory the machine has available."""
     need = LOAD_BYTES_PER_JSON_BYTE * json_bytes
+    if need < LOAD_CHECKED_FROM_BYTES:  # every plan and problem goes through here: skip the /proc reads
+        return
     room = memory_room()
     if room is not None and need > room:
         raise SchemaError(f"{p}: loading this {what} file ({json_bytes / 1e6:.0f} MB of JSON) takes about "

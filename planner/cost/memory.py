@@ -380,9 +380,11 @@ def memory_timeline(problem: Problem, plan: Plan | None = None,
                     counter: MemoryCounter | None = None) -> MemoryTimeline:
     """The peak bytes of ``plan``'s final schedule (``None``: unbucketed) and of the unbucketed one.
     ``plan`` must be well-formed (the verifier's rules 1 and 5). ``counter``: this problem's
-    ``MemoryCounter``, when the caller keeps one."""
-    _problem_and_plan(problem, plan)
-    counter = counter if counter is not None else MemoryCounter.of(problem)
+    ``MemoryCounter``, when the caller keeps one (the verifier, on every plan a search judges: the
+    arguments are checked only without one)."""
+    if counter is None:
+        _problem_and_plan(problem, plan)
+        counter = MemoryCounter.of(problem)
     peak, at = counter.peak_and_segment(plan)
     base, _ = counter.peak_and_segment(None)
     return MemoryTimeline(peak_bytes=peak, peak_segment=at, unbucketed_peak_bytes=base,

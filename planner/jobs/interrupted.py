@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from planner.core.io import load_plan, save
+from planner.core.io import clobbered_input, load_plan, save
 from planner.core.problem import Plan, Problem
 from planner.cost.simulator import simulate
 
@@ -27,22 +27,27 @@ def is_interrupted(plan: Plan) -> bool:
     return bool(plan.params.get("interrupted"))
 
 
+def mark_interrupted(plan: Plan) -> Plan:
+    """``plan`` as a search cut short by Ctrl-C keeps it: ``params.interrupted``."""
+    return plan.model_copy(update={"params": {**plan.params, "interrupted": True}})
+
+
 def save_plan(plan: Plan, path: str | os.PathLike, problem: Problem,
-              inputs: Iterable[str | os.PathLike] = ()) -> Path:
+              inputs: Iterable[tuple[str, str | os.PathLike]] = ()) -> Path:
     """Save ``plan`` (of ``problem``) and return where it went: ``path``, or beside it when ``plan``
-    is interrupted and ``path`` holds finished work, one of ``inputs`` (the files the command
-    reads), or a faster cut-short plan."""
+    is interrupted and ``path`` holds finished work, one of ``inputs`` (the command's (label, path)
+    pairs, ``planner.core.io.clobbered_input``'s), or a faster cut-short plan."""
     p = Path(path)
     if not is_interrupted(plan):
         return save(plan, p)
-    kept = [Path(x) for x in inputs if x]
-    for candidate in _beside(p):
-        if not any(_same(candidate, x) for x in kept) and _replaceable(candidate, plan, problem):
+    inputs = list(inputs)
+    for candidate in beside(p):
+        if clobbered_input([candidate], inputs) is None and _replaceable(candidate, plan, problem):
             return save(plan, candidate)
-    raise AssertionError("unreachable: _beside never ends")
+    raise AssertionError("unreachable: beside never ends")
 
 
-def _beside(p: Path):
+def beside(p: Path):
     """``p``, then ``<stem>.interrupted<suffix>``, ``<stem>.interrupted-2<suffix>``, ..."""
     yield p
     name, suffix = p.name, ""
@@ -55,13 +60,6 @@ def _beside(p: Path):
     while True:
         yield p.with_name(f"{name}.interrupted-{k}{suffix}")
         k += 1
-
-
-def _same(a: Path, b: Path) -> bool:
-    try:
-        return os.path.realpath(a) == os.path.realpath(b) or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
 
 
 def _replaceable(p: Path, plan: Plan, problem: Problem) -> bool:

@@ -37,7 +37,7 @@ from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, OutputFolderEr
                         folder_lock, load_plan, load_problem,
                         read_regular_text)
 import planner.core.arguments as arguments
-from planner.jobs.interrupted import save_plan
+from planner.jobs.interrupted import mark_interrupted, save_plan
 from planner.core.options import PositionSearchOptions, SolveOptions
 from planner.jobs.tables import MEANING, TableStyle, write_table
 
@@ -210,7 +210,7 @@ def solve_one(job: SolveJob) -> dict:
             note += f" (a symlink to {os.readlink(folder / PROBLEM)[:200]!r})"
         return {**row, "status": "ERROR", "note": note}
     run = job.options
-    free = run.positions == "free" and run.objective == "step"
+    free = run.positions == "free"  # with the step objective: SolveDirOptions refuses any other
     began = time.perf_counter()
     start, note, result = None, "", None
     try:
@@ -264,7 +264,7 @@ def _write_row(folder: Path, problem, run: SolveDirOptions, result, start, note:
         written = save_plan(plan, folder / PLAN, problem)
     except OSError as e:  # a directory in its place, a read-only folder
         return {**row, "status": "ERROR", "note": f"{folder / PLAN}: cannot write the plan ({e.strerror})"}
-    kept = plan_row(folder) if written != folder / PLAN else None
+    kept = plan_row(folder, problem) if written != folder / PLAN else None
     if kept is not None:  # --force cut short: the finished plan.json stands, and its row
         return {**kept, "note": "; ".join(x for x in (kept.get("note"), f"kept: this run was interrupted, its "
                                                       f"plan is in {written.name}") if x)}
@@ -281,12 +281,12 @@ def _kept_at_ctrl_c(problem, result, start, began: float):
     from planner.search.result import SolveResult
 
     if result is None or result.plan is None:
-        known = [p for p in (start, unbucketed_plan(problem)) if p is not None and not verify(problem, p)]
-        plan = min(known, key=lambda p: simulate(problem, p).step_ms)
-        result = SolveResult(plan=plan, status="FEASIBLE", objective=simulate(problem, plan).step_ms, bound=None,
-                             gap=None, wall_s=time.perf_counter() - began)
-    plan = result.plan.model_copy(update={"params": {**result.plan.params, "interrupted": True}})
-    return replace(result, plan=plan, stats={**result.stats, "interrupted": True})
+        known = [(simulate(problem, p).step_ms, p) for p in (start, unbucketed_plan(problem))
+                 if p is not None and not verify(problem, p)]
+        step_ms, plan = min(known, key=lambda known_plan: known_plan[0])
+        result = SolveResult(plan=plan, status="FEASIBLE", objective=step_ms, bound=None, gap=None,
+                             wall_s=time.perf_counter() - began)
+    return replace(result, plan=mark_interrupted(result.plan), stats={**result.stats, "interrupted": True})
 
 
 def _positioned(problem, anchored, start, deadline: float, seed: int):
@@ -457,15 +457,16 @@ def _plan_figures(problem, plan) -> dict:
             "plan_peak_gb": _peak_gb(problem, plan)}
 
 
-def plan_row(folder: Path) -> dict | None:
+def plan_row(folder: Path, problem=None) -> dict | None:
     """The summary row of the folder's plan when it has one that counts -- a regular file that
     loads, is for the problem beside it and passes the verifier under the policy it records (as
     ``use`` will check it) -- else None (the problem is solved again). The row says
-    ``interrupted`` when Ctrl-C cut the plan's search short (solved again too)."""
+    ``interrupted`` when Ctrl-C cut the plan's search short (solved again too). ``problem``: the
+    folder's, when the caller has it loaded."""
     from planner.rules.verifier import recorded_policy, verify
 
     try:
-        problem = load_problem(folder / PROBLEM)
+        problem = problem if problem is not None else load_problem(folder / PROBLEM)
         plan = load_plan(folder / PLAN)
         if verify(problem, plan, **recorded_policy(plan)):  # another problem's fingerprint included
             return None

@@ -390,12 +390,14 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
     priced = {s: reprice(problem, s) for s in scenarios}
     candidates, wall_hit, interrupted = _step_candidates(problem, priced, options, hint, share, say)
     starts = {n: c for n, c in candidates.items() if c is not None}  # each verified (solve's, or the hint above)
+    judged = None
     try:
         judged = judge(problem, candidates, scenarios)
         indexes = {s: replay_index(p, contention_of(s)) for s, p in priced.items()}
     except KeyboardInterrupt:  # the candidates found are judged all the same (a second Ctrl-C leaves)
         interrupted = True
-        judged = judge(problem, candidates, scenarios)
+        if judged is None:
+            judged = judge(problem, candidates, scenarios)
 
     def worst_regret_pct(plan: Plan) -> float:
         return 100 * max(step_ms(p, rebound(plan, p), indexes[s]) / judged.best[s] - 1 for s, p in priced.items())
