@@ -63,9 +63,11 @@ def non_negative_integer(value, name: str) -> None:
         raise ArgumentError(name, f"{name} must be a non-negative integer, not {value!r}")
 
 
-def deadline(value, name: str = "deadline") -> None:
-    """A ``time.perf_counter()`` value, or inf for none: nan never compares, so a search would
-    never stop on it; -inf and a string are mistakes."""
+def deadline(value, name: str = "deadline", *, optional: bool = False) -> None:
+    """A ``time.perf_counter()`` value, or inf for none (or None with ``optional``): nan never
+    compares, so a search would never stop on it; -inf and a string are mistakes."""
+    if value is None and optional:
+        return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value == -math.inf:
         raise ArgumentError(name, f"{name} must be a time.perf_counter() value or inf, not {value!r}")
 
@@ -82,7 +84,14 @@ def plans_of(problem, plans, name: str = "plans") -> None:
     if not isinstance(plans, (list, tuple)):
         raise ArgumentError(name, f"{name} must be a list of plans, not {type(plans).__name__}")
     for k, plan in enumerate(plans):
-        problem_and_plan(problem, plan, f"{name}[{k}]")
+        plan_of(problem, plan, f"{name}[{k}]")
+
+
+def plan_of(problem, plan, name: str = "plan", *, optional: bool = False) -> None:
+    """``plan`` is a Plan of ``problem`` (or None with ``optional``): ``problem_and_plan``'s types,
+    then ``PlanMismatchError`` for a plan made for another problem."""
+    problem_and_plan(problem, plan, name, optional=optional)
+    if plan is not None:
         check_plan_matches(problem, plan)
 
 

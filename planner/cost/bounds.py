@@ -193,7 +193,7 @@ def key_lower_bounds(problem: Problem, protect_partly: bool = False, deadline: f
     ``deadline``: as ``bin_packing_bound``'s (the bounds may only be looser for it)."""
     arguments.problem_and_plan(problem, None, optional=True)
     arguments.flag(protect_partly, "protect_partly")
-    _check_deadline(deadline)
+    arguments.deadline(deadline, optional=True)
     intervals = merge_intervals(problem, protect_partly)
     out: dict[tuple, int] = {}
     for group_key, cs in _by_key(problem).items():
@@ -598,7 +598,7 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     protect_partly: the floor holds for either policy) when the caller has them. ``deadline``:
     the chain floor stops there (``chain_floor``); the floor stays valid, only looser."""
     arguments.problem_and_plan(problem, None, optional=True)
-    _check_deadline(deadline)
+    arguments.deadline(deadline, optional=True)
     need = need if need is not None else key_lower_bounds(problem)
     reach = reach or bucket_reach(problem)
     price = priced_bytes(problem, reach)
@@ -628,7 +628,7 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     ``step_floor`` assumes anchored buckets (a bucket's reach), so it does not hold for positioned
     plans."""
     arguments.problem_and_plan(problem, None, optional=True)
-    _check_deadline(deadline)
+    arguments.deadline(deadline, optional=True)
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
     stream: dict[str, float] = {}
     launches = 0
@@ -647,12 +647,6 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     scope = within_peak("every plan with any positions", peak_memory_bytes)
     return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
                      chain_ms=chain, scope=scope)
-
-
-def _check_deadline(deadline) -> None:
-    """None (no deadline) or a ``time.perf_counter()`` value: nan would never stop a search."""
-    if deadline is not None:
-        arguments.deadline(deadline)
 
 
 def within_peak(plans: str, peak_memory_bytes: int | None) -> str:

@@ -399,9 +399,7 @@ def peak_bytes(problem: Problem, plan: Plan | None = None) -> int:
 def _problem_and_plan(problem, plan) -> None:
     """The public entry points' check: a Problem, and a Plan of it or None (a dict or another
     problem's plan would fail deep inside, naming neither)."""
-    arguments.problem_and_plan(problem, plan, optional=True)
-    if plan is not None:
-        arguments.check_plan_matches(problem, plan)
+    arguments.plan_of(problem, plan, optional=True)
 
 
 def rule10_extra(problem: Problem, plan: Plan) -> list[int]:

@@ -282,9 +282,7 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
         if not (isinstance(pair, tuple) and len(pair) == 2):
             raise ArgumentError(f"candidates[{name!r}]", f"candidates[{name!r}] must be a (problem, plan) pair")
         # a plan of another problem would be priced on the wrong graph (``rebound`` rebinds it)
-        arguments.problem_and_plan(pair[0], pair[1], f"plans[{name!r}]", optional=True)
-        if pair[1] is not None:
-            arguments.check_plan_matches(*pair)
+        arguments.plan_of(pair[0], pair[1], f"plans[{name!r}]", optional=True)
     scenarios = _scenarios(scenarios)
 
     priced: dict[tuple[str, str], Problem] = {}
@@ -332,9 +330,7 @@ def _step_candidates(problem: Problem, priced: dict[str, Problem], options: Solv
 def _robust_arguments(problem, scenarios, options, hint, progress) -> list[str]:
     """``robust_plan``'s arguments, before any search: one ``ArgumentError`` naming the argument,
     ``PlanMismatchError`` for a hint of another problem; the scenarios as strings."""
-    arguments.problem_and_plan(problem, hint, "hint", optional=True)
-    if hint is not None:
-        arguments.check_plan_matches(problem, hint)
+    arguments.plan_of(problem, hint, "hint", optional=True)
     scenarios = _scenarios(scenarios)
     if not isinstance(options, SolveOptions):
         raise ArgumentError("options", f"options must be a planner.SolveOptions, not {type(options).__name__}")

@@ -289,9 +289,7 @@ def _validate(problem: Problem, options: SolveOptions, **plans) -> None:
         raise ValueError(f"options must be a planner.SolveOptions, not {type(options).__name__}")
     fallback_plans = plans.pop("fallback_plans")
     for name, plan in plans.items():
-        arguments.problem_and_plan(problem, plan, name, optional=True)
-        if plan is not None:
-            check_plan_matches(problem, plan)
+        arguments.plan_of(problem, plan, name, optional=True)
     # fallback plans are only type-checked: one of another problem breaks rule 1 and is left out
     # (sweeps pass the plans they have; none of them must stop the solve)
     if not isinstance(fallback_plans, (tuple, list)):
