@@ -27,7 +27,7 @@ from typing import Callable
 from ortools.sat.python import cp_model
 
 import planner.core.arguments as arguments
-from planner.core.arguments import PlanMismatchError, check_plan_matches  # re-exported: planner.search.solver's API
+from planner.core.arguments import PlanMismatchError  # re-exported: planner.search.solver's API
 from planner.search.result import SolveResult, gap_of  # SolveResult re-exported: planner.search.solver's API
 from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
