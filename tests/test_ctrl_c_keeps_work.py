@@ -26,7 +26,7 @@ from planner.jobs.interrupted import save_plan
 from planner.core.problem import unbucketed_plan
 from planner.jobs.plan_dir import PLAN, PROBLEM, problem_dir
 from planner.rules.verifier import recorded_policy
-from tests.support import PROBLEMS, ROOT, run_cli, start_cli
+from tests.support import PROBLEMS, ROOT, run_cli, run_script, start_cli
 
 FSDP8 = PROBLEMS / "llama3-8b-fsdp-8--ab-ib8.json.gz"  # 224 collectives
 FSDP8_GREEDY = PROBLEMS / "llama3-8b-fsdp-8--ab-ib8-greedy-plan.json.gz"
@@ -160,34 +160,13 @@ def test_a_cut_short_plan_goes_beside_finished_work_inputs_and_faster_cut_short_
     assert save_plan(unbucketed_plan(problem), tmp_path / "b.json", problem) == tmp_path / "b.json"
 
 
+@pytest.mark.slow  # a child process: it sends SIGINT to itself
 def test_the_command_line_raises_the_first_ctrl_c_only_and_redelivers_one_python_dropped():
-    """In this process: the latch main() installs, with the test's own handler put back after."""
-    from types import SimpleNamespace
-
-    from bucketplan.cli.ctrl_c import CtrlC
-
-    ours = signal.getsignal(signal.SIGINT)
-    latch = CtrlC.install()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
-        os.kill(os.getpid(), signal.SIGINT)  # during the wind-down: counted, not raised
-        time.sleep(0.2)
-        assert latch.count == 2
-        # a KeyboardInterrupt Python dropped ("Exception ignored in" a weakref callback) comes again,
-        # after the hook has returned (raised inside it, it would be dropped again)
-        latch._on_unraisable(SimpleNamespace(exc_value=KeyboardInterrupt()))
-        with pytest.raises(KeyboardInterrupt):
-            time.sleep(1)
-    finally:
-        latch.uninstall(exiting=True)
-        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # after a Ctrl-C: the exit stays 130
-        signal.signal(signal.SIGINT, ours)
-    inside = CtrlC.install()
-    inside.count = 1
-    inside.uninstall()  # main() called inside a program: its handler back
-    assert signal.getsignal(signal.SIGINT) == ours
+    result = run_script("ctrl_c_latch", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == [
+        "first raises True", "second raises False", "count 2", "dropped one comes again True",
+        "after the hook returned True", "exiting: ignored True", "inside a program: its handler back True", "ok"]
 
 
 # --- each command, at a chosen moment --------------------------------------------------------

@@ -8,7 +8,8 @@ import contextlib
 import sys
 import time
 
-from bucketplan.cli.common import (SCENARIOS_HELP, BestPlan, CLIError, built, gigabytes, memory_line,
+from bucketplan.cli.best_plan import BestPlan
+from bucketplan.cli.common import (SCENARIOS_HELP, CLIError, built, gigabytes, memory_line,
                                    with_bound, inputs_of, output_file, positive, progress)
 
 OBJECTIVES = ["count", "exposure", "step"]
