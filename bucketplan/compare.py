@@ -25,14 +25,16 @@ import planner
 from planner.search import planners
 import planner.core.io
 from planner.core.io import atomic_write_text, replace_dir_atomically
-from planner.cost.bounds import free_position_floor, step_floor
+from planner.cost.bounds import step_floor
 from planner.cost.memory import peak_bytes
 from planner.core.options import SolveOptions
-from planner.search.position_search import position_search
-from planner.search.result import gap_of
+from planner.search import planning
+from planner.search.planning import Budget, PlanSpec
+from planner.search.position_search import PeakNotReached
 from planner.search.repair import repair
 from planner.cost.simulator import simulate, write_chrome_trace
-from planner.jobs.interrupted import beside, mark_interrupted
+from planner.jobs.interrupted import beside
+from planner.search.result import mark_interrupted
 from planner.jobs.progress import LiveLine
 from bucketplan.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
 from bucketplan.report import plots
@@ -188,8 +190,8 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
         row.plans.append(pre_step_row(name, prob_pre, row.plans[0].plan, time_limit_s, say))
         announce(POSITIONED_LABEL)
         row.plans.append(positioned_row(name, prob, prob_pre, row, time_limit_s, say))
-        row.floor_ms = min(row.floor_ms, free_position_floor(prob).floor_ms,  # positioned plans: their own floor
-                           free_position_floor(prob_pre).floor_ms)
+        row.floor_ms = min(row.floor_ms, planning.floor(prob).floor_ms,  # positioned plans: their own floor
+                           planning.floor(prob_pre).floor_ms)
         _flag_over_default_peak(row)
         _simulate_rows(row, prob, traces_to)
         if steps is not None:
@@ -273,7 +275,8 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
 
 
 def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: float, say) -> PlanRow:
-    """The positioned search (``planner.search.position_search``) within the peak memory of torch's default
+    """``planner.plan``'s free positions (the positioned search from the plans of the rows above, no
+    CP-SAT search of its own) within the peak memory of torch's default
     pipeline (``planner.cost.memory``, on its own problem; or the unbucketed schedule's, if higher): a
     plan never holds more than what torch would run. Half the time on torch's schedule, from the
     per-block seed and the plans there (CP-SAT's, torch's greedy), half on torch's pre-bucketed
@@ -286,19 +289,20 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: fl
     found = []
     t0 = time.perf_counter()
     for k, problem in enumerate((prob, prob_pre)):
-        starts = [p.plan for p in row.plans if p.problem is problem and p.plan is not None]
-        deadline = t0 + time_limit_s * (k + 1) / 2
+        starts = tuple(p.plan for p in row.plans if p.problem is problem and p.plan is not None)
+        seconds = t0 + time_limit_s * (k + 1) / 2 - time.perf_counter()  # the first half's leftover too
+        spec = PlanSpec(mode="free", budget=Budget(max(seconds, 1e-3)), starts=starts, anchored_start=False,
+                        policy=planner.Policy(keep_overlap=False, peak_memory_bytes=budget))
         try:
-            found.append((position_search(problem, starts, peak_memory_bytes=budget, deadline=deadline), problem))
-        except ValueError:  # nothing on this schedule fits the budget
+            found.append((planner.plan(problem, spec), problem))
+        except PeakNotReached:  # nothing on this schedule fits the budget
             continue
         _stop_if_interrupted(found[-1][0].stats, PlanRow(POSITIONED_LABEL, problem, found[-1][0].plan,
                                                          time.perf_counter() - t0))
     result, problem = min(found, key=lambda f: f[0].objective)
-    floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
     where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
-    return PlanRow(POSITIONED_LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE", round(floor, 3),
-                   gap_of(result.objective, floor),
+    return PlanRow(POSITIONED_LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE",
+                   round(result.bound, 3), result.gap,
                    f"on {where}, within torch default's peak ({budget / 1e9:.3f} GB); local search, best from "
                    f"{result.stats['best_from']}")
 

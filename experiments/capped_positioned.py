@@ -27,7 +27,7 @@ from experiments.common import git_revision, machine, markdown_table, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.search.position_search import default_peak_budget, position_search
-from planner.search.positioned_solve import CAPPED_WINDOW, CappedSearch, solve_capped
+from planner.search.positioned_solve import CAPPED_WINDOW, CappedModelOptions, solve_capped
 
 PRESET = "h100-8nodes"
 
@@ -100,7 +100,7 @@ def run_case(workload: str, order: str, search_s: float, cpsat_s: float, out: Pa
     t2 = time.perf_counter()
     floor = free_position_floor(problem, peak_memory_bytes=cap)  # any positions, within the cap
     capped = solve_capped(problem, [searched.plan], peak_memory_bytes=cap, time_limit_s=cpsat_s,
-                          floor_ms=floor.floor_ms, search=CappedSearch(window=window))
+                          floor_ms=floor.floor_ms, search=CappedModelOptions(window=window))
     t3 = time.perf_counter()
     tag = out / (f"{workload}--{order}-order" + (f"--seed-{seed}" if seed else "")
                  + (f"--evaluations-{evaluations}" if evaluations is not None else ""))

@@ -22,6 +22,7 @@ from planner.core.problem import (
     Timeline,
     collectives_after,
 )
+from planner.search.planning import Budget, PlanSpec, plan
 from planner.search.position_search import position_search
 from planner.search.repair import repair
 from planner.cost.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
@@ -29,9 +30,9 @@ from planner.search.solver import PlanMismatchError, SolveResult, solve
 from planner.rules.verifier import RULES, Report, Violation, check, verify
 
 __all__ = [
-    "RULES", "SCHEMA_VERSION", "Bucket", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile",
-    "Node", "Plan", "PlanMismatchError", "Policy", "PositionSearchOptions", "Problem", "Report",
+    "RULES", "SCHEMA_VERSION", "Bucket", "Budget", "BucketingCost", "Collective", "CollectiveBuffers", "Link", "MemoryProfile",
+    "Node", "Plan", "PlanMismatchError", "PlanSpec", "Policy", "PositionSearchOptions", "Problem", "Report",
     "SchemaError", "Simulation", "SolveOptions", "SolveResult", "Timeline", "Violation", "atomic_write_text",
-    "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "position_search", "repair", "save", "simulate", "solve",
+    "check", "collectives_after", "load_plan", "load_problem", "lower_bound", "plan", "position_search", "repair", "save", "simulate", "solve",
     "to_chrome_trace", "verify", "write_chrome_trace",
 ]

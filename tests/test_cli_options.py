@@ -16,7 +16,8 @@ from bucketplan.cli import build_parser
 from bucketplan.cli import check as check_command
 from bucketplan.cli import options as shared
 from bucketplan.cli import solve as solve_command
-from planner.core.options import PositionSearchOptions, SolveOptions, field_names
+from planner.core.options import SolveOptions
+from planner.search.planning import Budget, PlanSpec
 
 OWN = (argparse._HelpAction, argparse._VersionAction)
 
@@ -40,9 +41,17 @@ def test_every_solve_flag_sets_an_options_field_or_is_a_named_non_option():
     assert flags == mapped | other, (sorted(flags - mapped - other), sorted((mapped | other) - flags))
 
 
-def test_every_options_field_has_a_flag_or_is_named_as_the_library_s_alone():
-    fields = {f"SolveOptions.{f}" for f in field_names(SolveOptions)} | {
-        f"PositionSearchOptions.{f}" for f in field_names(PositionSearchOptions)}
+def _spec_fields() -> set[str]:
+    """The fields of planner.PlanSpec, those of its budget and policy as ``budget.x``/``policy.x``."""
+    out = set()
+    for f in dataclasses.fields(PlanSpec):
+        inner = {"budget": Budget, "policy": planner.Policy}.get(f.name)
+        out |= {f"{f.name}.{g.name}" for g in dataclasses.fields(inner)} if inner else {f.name}
+    return out
+
+
+def test_every_spec_field_has_a_flag_or_is_named_as_the_library_s_alone():
+    fields = _spec_fields()
     set_by_flags = {f for fs in solve_command.FLAG_FIELDS.values() for f in fs}
     library_only = set(solve_command.LIBRARY_ONLY)
     assert set_by_flags <= fields and library_only <= fields and not set_by_flags & library_only
@@ -52,18 +61,22 @@ def test_every_options_field_has_a_flag_or_is_named_as_the_library_s_alone():
 def test_each_solve_flag_lands_in_its_field():
     args = _command("solve").parse_args([
         "p.json", "-o", "plan.json", "--time-limit", "7", "--objective", "exposure", "--workers", "3",
-        "--seed", "5", "--deterministic", "--window", "4", "--protect-partly", "--memory-budget-gb", "1.5",
-        "--positions", "free", "--keep-overlap"])
-    assert solve_command.solve_options(args) == SolveOptions(
-        time_limit_s=7.0, objective="exposure", workers=3, seed=5, window=4, deterministic=True,
+        "--seed", "5", "--deterministic", "--window", "4", "--protect-partly", "--memory-budget-gb", "1.5"])
+    assert solve_command.plan_spec(args) == PlanSpec(
+        mode="anchored", objective="exposure", budget=Budget(7.0, deterministic=True), workers=3, seed=5, window=4,
         policy=planner.Policy(protect_partly=True, memory_budget_bytes=1_500_000_000))
-    positioned = solve_command.position_options(args)
-    # --deterministic: a number of evaluations, set once the problem is loaded (how many depends on
-    # its size: position_search.deterministic_evaluations)
-    assert positioned.seed == 5 and positioned.keep_overlap and positioned.max_evaluations is None
-    # the defaults are the library's, but for the objective (the command line's is step)
-    defaults = solve_command.solve_options(_command("solve").parse_args(["p.json", "-o", "plan.json"]))
-    assert defaults == dataclasses.replace(SolveOptions(), objective="step")
+    free = _command("solve").parse_args([
+        "p.json", "-o", "plan.json", "--positions", "free", "--keep-overlap", "--peak-memory-gb", "2",
+        "--seed", "5"])
+    assert solve_command.plan_spec(free) == PlanSpec(
+        mode="free", seed=5, policy=planner.Policy(keep_overlap=True, peak_memory_bytes=2_000_000_000))
+    proved = _command("solve").parse_args(["p.json", "-o", "plan.json", "--positions", "free", "--prove", "9"])
+    assert solve_command.plan_spec(proved) == PlanSpec(mode="free", prove_s=9.0,
+                                                       policy=planner.Policy(keep_overlap=False))
+    # the defaults are the library's, but for the objective (the command line's is step, as the spec's)
+    defaults = solve_command.plan_spec(_command("solve").parse_args(["p.json", "-o", "plan.json"]))
+    assert defaults == PlanSpec(policy=planner.Policy())
+    assert defaults.anchored_options() == dataclasses.replace(SolveOptions(), objective="step")
     assert _command("solve").parse_args(["p.json", "-o", "x", "--window", "none"]).window == "none"
 
 

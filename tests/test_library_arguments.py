@@ -15,7 +15,7 @@ from planner.cost import bounds, memory
 from planner.search import polish as polish_module
 from planner.search import position_search as ps
 from planner.search import scenarios
-from planner.search.positioned_solve import CappedSearch, solve_capped
+from planner.search.positioned_solve import CappedModelOptions, solve_capped
 from tests.support import data_problem
 
 NAN = float("nan")
@@ -60,11 +60,11 @@ def _polish(**kw):
 # (id, call(problem, own plan, other problem's plan), exception, what the message must name)
 CASES = [
     # the positioned CP-SAT search's options and keywords
-    ("CappedSearch workers -1", lambda P, U, O: CappedSearch(workers=-1), ValueError, "workers"),
-    ("CappedSearch workers 20000", lambda P, U, O: CappedSearch(workers=20000), ValueError, "workers"),
-    ("CappedSearch workers 2.5", lambda P, U, O: CappedSearch(workers=2.5), ValueError, "workers"),
-    ("CappedSearch window -1", lambda P, U, O: CappedSearch(window=-1), ValueError, "window"),
-    ("CappedSearch deterministic 'no'", lambda P, U, O: CappedSearch(deterministic="no"), ValueError,
+    ("CappedModelOptions workers -1", lambda P, U, O: CappedModelOptions(workers=-1), ValueError, "workers"),
+    ("CappedModelOptions workers 20000", lambda P, U, O: CappedModelOptions(workers=20000), ValueError, "workers"),
+    ("CappedModelOptions workers 2.5", lambda P, U, O: CappedModelOptions(workers=2.5), ValueError, "workers"),
+    ("CappedModelOptions window -1", lambda P, U, O: CappedModelOptions(window=-1), ValueError, "window"),
+    ("CappedModelOptions deterministic 'no'", lambda P, U, O: CappedModelOptions(deterministic="no"), ValueError,
      "deterministic"),
     ("solve_capped time_limit_s nan", _capped(time_limit_s=NAN), ValueError, "time_limit_s"),
     ("solve_capped time_limit_s 0", _capped(time_limit_s=0), ValueError, "time_limit_s"),
@@ -156,7 +156,7 @@ def test_the_checks_leave_good_arguments_alone(case):
     polish of no evaluation (a deterministic solve's share may round to none), a judge of the
     problem's own plan and of the unbucketed schedule."""
     P, U, _ = case
-    assert CappedSearch(window=0, workers=1).window == 0
+    assert CappedModelOptions(window=0, workers=1).window == 0
     assert polish_module.polish(P, [U], deadline=_later(), max_evaluations=0).plan.buckets == ()
     assert scenarios.judge(P, {"u": U, "none": None}, ["torch"]).steps["u"]["torch"] == pytest.approx(
         planner.simulate(P).step_ms)

@@ -129,7 +129,7 @@ def test_a_deterministic_positioned_solve_writes_the_same_bytes_twice(tmp_path, 
 
 def test_the_annealing_takes_slower_plans_and_returns_the_fastest_it_saw(get_scheduled, monkeypatch):
     """With a budget left after the first descent (``ANNEAL_MIN_EVALUATIONS``, lowered here) the
-    search anneals (``_Search.anneal``): it moves to slower plans too, so what it ends on need not
+    search anneals (``LocalSearch.anneal``): it moves to slower plans too, so what it ends on need not
     be its best; the answer must be the fastest legal plan it judged, seeds included. A budget
     below that ends as before annealing: no slower plan is ever taken."""
     from planner.search import position_search as module
@@ -164,10 +164,10 @@ def _record_judged_steps(monkeypatch, interrupt_at: int | None = None) -> list[f
     seen: list[float] = []
     judge = module._Search.judge
 
-    def recording(self, buckets):
+    def recording(self, buckets, than=float("inf")):
         if self.stats["evaluations"] == interrupt_at:
             raise KeyboardInterrupt
-        judged = judge(self, buckets)
+        judged = judge(self, buckets, than)
         if judged is not None:
             seen.append(judged[1])
         return judged

@@ -390,7 +390,7 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
     the plan it started from, and its bound lies between free_position_floor and its step."""
     from planner.cost.bounds import free_position_floor
     from planner.cost.memory import peak_bytes
-    from planner.search.positioned_solve import CappedSearch, solve_capped
+    from planner.search.positioned_solve import CappedModelOptions, solve_capped
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)
@@ -398,7 +398,7 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
                             peak_memory_bytes=cap, deadline=time.perf_counter() + 60)
     floor = free_position_floor(problem).floor_ms
     result = solve_capped(problem, [start.plan], peak_memory_bytes=cap, time_limit_s=8, floor_ms=floor,
-                          search=CappedSearch(workers=1))
+                          search=CappedModelOptions(workers=1))
     assert not planner.verify(problem, result.plan, **positioned_policy(cap).as_params())
     assert result.peak_bytes == peak_bytes(problem, result.plan) <= cap
     assert result.objective == planner.simulate(problem, result.plan).step_ms <= start.objective
@@ -408,17 +408,17 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
 
 @pytest.mark.slow  # a search and two solves of the capped model
 def test_a_deterministic_capped_solve_gives_the_same_answer_twice(get_scheduled):
-    """CappedSearch(deterministic=True): the limit is CP-SAT's deterministic time, so two solves
+    """CappedModelOptions(deterministic=True): the limit is CP-SAT's deterministic time, so two solves
     from the same plan return the same plan, byte for byte, status and bound."""
     from planner.cost.memory import peak_bytes
-    from planner.search.positioned_solve import CappedSearch, solve_capped
+    from planner.search.positioned_solve import CappedModelOptions, solve_capped
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)
     start = position_search(problem, [], planner.PositionSearchOptions(seed=1, max_evaluations=100),
                             peak_memory_bytes=cap, deadline=time.perf_counter() + 60)
     runs = [solve_capped(problem, [start.plan], peak_memory_bytes=cap, time_limit_s=0.5,
-                         search=CappedSearch(deterministic=True)) for _ in range(2)]
+                         search=CappedModelOptions(deterministic=True)) for _ in range(2)]
     assert runs[0].plan.model_dump_json() == runs[1].plan.model_dump_json()
     assert (runs[0].status, runs[0].bound) == (runs[1].status, runs[1].bound)
     assert not runs[0].stats["wall_limit_hit"]

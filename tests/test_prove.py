@@ -41,7 +41,7 @@ def test_prove_writes_a_verified_plan_with_the_candidate_space_bound(tmp_path, c
     assert f"{step:.3f} ms (simulated)" in printed  # the step reported is the plan written's
 
 
-@pytest.mark.long  # two runs, 12 s; CappedSearch's own determinism is in the default run (test_positioned)
+@pytest.mark.long  # two runs, 12 s; CappedModelOptions's own determinism is in the default run (test_positioned)
 def test_prove_deterministic_writes_the_same_bytes_twice(tmp_path, capsys):
     outs = [tmp_path / f"plan{k}.json" for k in (1, 2)]
     for out in outs:

@@ -57,7 +57,7 @@ class BestPlan:
                     else f"interrupted: wrote the best verified plan so far, marked interrupted, to {self.written}")
         if self.plan is None or self.problem is None:
             return "interrupted before a plan was found"
-        from planner.jobs.interrupted import mark_interrupted
+        from planner.search.result import mark_interrupted
 
         try:
             written = self.write(mark_interrupted(self.plan))

@@ -16,35 +16,39 @@ OBJECTIVES = ["count", "exposure", "step"]
 OBJECTIVE_HELP = ("step: the simulated step time in ms; count: the number of collectives; "
                   "exposure: exposed communication summed per bucket, without stream queuing")
 
-# The options field(s) each flag sets (planner.core.options; a field of the same name in both objects
-# is set by one flag), checked once when the object is built; tests/test_cli_options.py walks the
-# parser against these tables and the options' fields.
+# The PlanSpec field(s) each flag sets (planner.search.planning; "budget.x" and "policy.x" are
+# fields of its budget and policy), checked once when the spec is built; tests/test_cli_options.py
+# walks the parser against these tables and the spec's fields.
 FLAG_FIELDS = {
-    "--time-limit": ("SolveOptions.time_limit_s",),
-    "--objective": ("SolveOptions.objective",),
-    "--workers": ("SolveOptions.workers",),
-    "--seed": ("SolveOptions.seed", "PositionSearchOptions.seed"),
-    "--deterministic": ("SolveOptions.deterministic", "PositionSearchOptions.max_evaluations"),
-    "--window": ("SolveOptions.window",),
-    "--protect-partly": ("SolveOptions.policy.protect_partly",),
-    "--memory-budget-gb": ("SolveOptions.policy.memory_budget_bytes",),
-    "--keep-overlap": ("PositionSearchOptions.keep_overlap",),
+    "--time-limit": ("budget.seconds",),
+    "--deterministic": ("budget.deterministic",),
+    "--objective": ("objective",),
+    "--workers": ("workers",),
+    "--seed": ("seed",),
+    "--window": ("window",),
+    "--protect-partly": ("policy.protect_partly",),
+    "--memory-budget-gb": ("policy.memory_budget_bytes",),
+    "--keep-overlap": ("policy.keep_overlap",),
+    "--peak-memory-gb": ("policy.peak_memory_bytes",),
+    "--positions": ("mode",),
+    "--robust": ("mode", "scenarios"),
+    "--prove": ("prove_s",),
+    "--hint": ("hint",),
 }
-# the flags that set no options field, and what each is instead
+# the flags that set no field of the spec, and what each is instead
 NOT_OPTIONS = {
     "problem": "the problem file",
     "--output": "the plan file written",
-    "--hint": "a plan: solve's hint and a start of the positioned search",
-    "--positions": "which searches run: solve alone, or position_search after it",
-    "--peak-memory-gb": "position_search's peak_memory_bytes, the budget it searches within",
-    "--prove": "solve_capped's time_limit_s, after the positioned search",
-    "--robust": "the scenarios of planner.search.scenarios.robust_plan, which runs instead of solve",
     "--quiet": "solve's progress (none)",
 }
 # the fields no flag sets, and what the command line uses
 LIBRARY_ONLY = {
-    "SolveOptions.probe": "on: a count search probes its bound with the time left",
-    "PositionSearchOptions.per_block": "on: the positioned search starts from the per-block plan too",
+    "probe": "on: a count search probes its bound with the time left",
+    "per_block": "on: the positioned search starts from the per-block plan too",
+    "starts": "none beyond --hint and CP-SAT's anchored plan",
+    "anchored_start": "on: CP-SAT's anchored step plan starts the positioned search",
+    "fallback_plans": "none beyond --hint",
+    "count_plan": "none: a step search finds its own fewest-collectives plan",
 }
 
 
@@ -105,22 +109,14 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     # every flag and the output path are checked before anything is loaded or solved: a bad
     # one must not cost the search's minutes, nor surface as a traceback from CP-SAT or the save
-    options = solve_options(args)
     from bucketplan.cli.rules import check_combinations
 
     check_combinations(args)  # the table solve-dir applies too
-    if args.prove is not None:
-        positive(args.prove, "--prove")
-    peak = gigabytes(args.peak_memory_gb, "--peak-memory-gb")
-    positioned = position_options(args) if args.positions == "free" else None
+    spec = plan_spec(args)
     output_file(args.output, "-o", inputs_of(args))  # never over the problem, --hint or a measured file
     best = BestPlan(args.output, args)
     try:
-        if args.robust is not None:
-            from bucketplan.cli.solve_robust import robust_and_report
-
-            return robust_and_report(args, options, best)
-        return _solve_and_report(args, options, positioned, peak, best)
+        return _plan_and_report(args, spec, best)
     except KeyboardInterrupt:
         # a search stopped by Ctrl-C returns its plan and is reported as usual; this one came
         # between stages (loading, a floor, a model's build, the report): keep what is held
@@ -128,27 +124,30 @@ def run(args) -> int:
         return 130
 
 
-def solve_options(args):
-    """The SolveOptions of the flags (FLAG_FIELDS), built and checked once."""
-    from planner.core.options import SolveOptions
+def plan_spec(args):
+    """The PlanSpec of the flags (FLAG_FIELDS), built and checked once; the hint is loaded with
+    the problem (``_plan_and_report``)."""
     from planner.core.policy import Policy
+    from planner.search.planning import Budget, PlanSpec
 
     flags = {f.rpartition(".")[2]: flag for flag, fs in FLAG_FIELDS.items() for f in fs}
-    policy = built(Policy, {"protect_partly": args.protect_partly, "memory_budget_bytes": gigabytes(
-        args.memory_budget_gb, "--memory-budget-gb", zero_ok=True)}, flags)  # 0: nothing extra stays alive
-    return built(SolveOptions, {"time_limit_s": args.time_limit, "objective": args.objective,
-                                "workers": args.workers, "seed": args.seed, "window": _window(args.window),
-                                "deterministic": args.deterministic, "policy": policy}, flags)
+    free = args.positions == "free"
+    scenarios = ()
+    if args.robust is not None:
+        from bucketplan.cli.solve_robust import robust_scenarios
 
-
-def position_options(args):
-    """The PositionSearchOptions of the flags (FLAG_FIELDS). With --deterministic the search is
-    limited by evaluations instead of seconds; how many depends on the problem's size, so
-    ``position_search_and_report`` sets them once the problem is loaded
-    (``deterministic_evaluations`` of the positioned share of --time-limit)."""
-    from planner.core.options import PositionSearchOptions
-
-    return PositionSearchOptions(seed=args.seed, keep_overlap=args.keep_overlap)
+        scenarios = robust_scenarios(args)
+    policy = {"protect_partly": args.protect_partly,
+              "memory_budget_bytes": gigabytes(args.memory_budget_gb, "--memory-budget-gb", zero_ok=True)}
+    if free:  # a positioned plan prices lost overlap unless --keep-overlap, within --peak-memory-gb
+        policy.update(keep_overlap=args.keep_overlap, peak_memory_bytes=gigabytes(args.peak_memory_gb, "--peak-memory-gb"))
+    if args.prove is not None:
+        positive(args.prove, "--prove")
+    return built(PlanSpec, {
+        "mode": "robust" if scenarios else args.positions, "objective": args.objective,
+        "budget": built(Budget, {"seconds": args.time_limit, "deterministic": args.deterministic}, flags),
+        "policy": built(Policy, policy, flags), "prove_s": args.prove, "seed": args.seed, "workers": args.workers,
+        "window": _window(args.window), "scenarios": scenarios}, flags)
 
 
 def _window(value: str) -> int | str | None:
@@ -163,33 +162,44 @@ def _window(value: str) -> int | str | None:
                        f"not {value!r}") from None
 
 
-def _solve_and_report(args, options, positioned, peak: int | None, best: BestPlan) -> int:
-    """``bucketplan solve`` once its flags are checked: load, solve, write, report."""
+def _plan_and_report(args, spec, best: BestPlan) -> int:
+    """``bucketplan solve`` once its flags are checked: load, plan (``planner.plan``), write, report."""
     import dataclasses
 
     import planner
-    from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
     from planner.jobs.progress import LiveLine
-    from planner.search.solver import PlanMismatchError, solve
+    from planner.search.position_search import PeakNotReached
+    from planner.search.scenarios import ScenarioError
+    from planner.search.solver import PlanMismatchError
 
     t_start = time.perf_counter()
     problem = best.load_problem(args.problem)
-    hint = planner.load_plan(args.hint) if args.hint else None
+    spec = dataclasses.replace(spec, hint=planner.load_plan(args.hint) if args.hint else None)
     say = progress(args.quiet)
-    say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective "
-        f"{args.objective}, time limit {args.time_limit}s")
-    if positioned is not None:  # CP-SAT's anchored step plan is one start of the positioned search
-        options = dataclasses.replace(options, time_limit_s=options.time_limit_s * FREE_POSITIONS_CP_SAT_SHARE)
+    if spec.mode != "robust":  # the regret search says its own stages
+        say(f"solving {args.problem}: {len(problem.collectives)} collectives, objective {args.objective}, "
+            f"{spec.mode} positions, time limit {args.time_limit}s")
     try:
-        with LiveLine(say) if not args.quiet else contextlib.nullcontext(say) as live:
-            result = solve(problem, options, hint=hint, progress=live)
-    except PlanMismatchError as e:  # raised before any search (solve checks the hint first)
+        with LiveLine(say) if not args.quiet and spec.mode != "robust" else contextlib.nullcontext(say) as live:
+            result = planner.plan(problem, spec, progress=live, search_progress=live, on_plan=best.offer,
+                                  started=t_start)
+    except PlanMismatchError as e:  # raised before any search (plan checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
-    best.offer(result.plan)
-    if positioned is not None and not result.stats.get("interrupted"):
-        from bucketplan.cli.solve_positions import position_search_and_report
+    except PeakNotReached as e:  # nothing found within the peak (or proved that nothing fits)
+        raise CLIError(f"--peak-memory-gb: {e}") from None
+    except ScenarioError as e:
+        raise CLIError(f"{args.problem}: {e}") from None
+    if result.stats.get("note"):  # how a Ctrl-C left it, said beside the report
+        print(result.stats["note"], file=sys.stderr)
+    stage = result.stats.get("stage")
+    if stage == "robust":
+        from bucketplan.cli.solve_robust import robust_report
 
-        return position_search_and_report(args, problem, result, hint, positioned, peak, t_start, best)
+        return robust_report(result, best)
+    if stage == "free":
+        from bucketplan.cli.solve_positions import positioned_report
+
+        return positioned_report(problem, result, t_start, best)
     if result.plan is None:
         print(f"no plan: {result.summary()}")
         return 130 if result.stats.get("interrupted") else 1

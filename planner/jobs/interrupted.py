@@ -27,11 +27,6 @@ def is_interrupted(plan: Plan) -> bool:
     return bool(plan.params.get("interrupted"))
 
 
-def mark_interrupted(plan: Plan) -> Plan:
-    """``plan`` as a search cut short by Ctrl-C keeps it: ``params.interrupted``."""
-    return plan.model_copy(update={"params": {**plan.params, "interrupted": True}})
-
-
 def save_plan(plan: Plan, path: str | os.PathLike, problem: Problem,
               inputs: Iterable[tuple[str, str | os.PathLike]] = ()) -> Path:
     """Save ``plan`` (of ``problem``) and return where it went: ``path``, or beside it when ``plan``

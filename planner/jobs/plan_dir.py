@@ -37,8 +37,9 @@ from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, OutputFolderEr
                         folder_lock, load_plan, load_problem,
                         read_regular_text)
 import planner.core.arguments as arguments
-from planner.jobs.interrupted import mark_interrupted, save_plan
-from planner.core.options import PositionSearchOptions, SolveOptions
+from planner.jobs.interrupted import save_plan
+from planner.search.result import mark_interrupted
+from planner.core.options import SolveOptions
 from planner.jobs.tables import MEANING, TableStyle, write_table
 
 INDEX, LOCK = "index.jsonl", ".solve-dir.lock"
@@ -158,6 +159,17 @@ class SolveDirOptions:
             raise arguments.ArgumentError("positions", "positions free needs objective step (positions are chosen "
                                           "by the simulated step)")
 
+    def spec(self, start=None):
+        """The ``planner.plan`` spec of one problem's solve, from torch's greedy plan ``start``
+        (repaired if needed; None: none recorded): CP-SAT's hint and a plan the result is never
+        worse than; with free positions also a start of the positioned search, and the peak it
+        is held to (the higher of its and the unbucketed schedule's)."""
+        from planner.search.planning import Budget, PlanSpec
+
+        return PlanSpec(mode=self.positions, objective=self.objective, budget=Budget(self.time_limit_s),
+                        seed=self.seed, workers=self.workers or 2, hint=start,
+                        fallback_plans=(start,) if start is not None else ())
+
 
 @dataclass
 class SolveJob:
@@ -197,8 +209,7 @@ def _start_plan(problem, folder: Path):
 def solve_one(job: SolveJob) -> dict:
     """Solve one recorded problem; write plan.json (verified, carrying this row) and return its
     summary row."""
-    from planner.search.position_search import FREE_POSITIONS_CP_SAT_SHARE
-    from planner.search.solver import solve
+    from planner.search.planning import plan
 
     folder = Path(job.folder)
     row: dict = {"problem": folder.name}
@@ -210,23 +221,23 @@ def solve_one(job: SolveJob) -> dict:
             note += f" (a symlink to {os.readlink(folder / PROBLEM)[:200]!r})"
         return {**row, "status": "ERROR", "note": note}
     run = job.options
-    free = run.positions == "free"  # with the step objective: SolveDirOptions refuses any other
     began = time.perf_counter()
-    start, note, result = None, "", None
+    start, note, result, known = None, "", None, None
     try:
         start, note = _start_plan(problem, folder)
-        options = SolveOptions(time_limit_s=run.time_limit_s * (FREE_POSITIONS_CP_SAT_SHARE if free else 1.0),
-                               objective=run.objective, workers=run.workers, seed=run.seed)
-        result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else ())
-        if free and result.plan is not None and not result.stats.get("interrupted"):
-            result = _positioned(problem, result, start, began + run.time_limit_s, run.seed)
+
+        def kept(plan_) -> None:  # the best verified plan so far, for a Ctrl-C between stages
+            nonlocal known
+            known = plan_ if plan_ is not None else known
+
+        result = plan(problem, run.spec(start), on_plan=kept, started=began)
     except KeyboardInterrupt:  # between searches (a repair, a floor, seeding): the best plan known
-        result = _kept_at_ctrl_c(problem, result, start, began)
+        result = _kept_at_ctrl_c(problem, result, start, began, known)
     try:
         return _write_row(folder, problem, run, result, start, note)
     except KeyboardInterrupt:  # after the search (verifying, pricing, writing); a solve gets one
         # Ctrl-C (the driver forwards one), so writing again, marked interrupted, runs to its end
-        return _write_row(folder, problem, run, _kept_at_ctrl_c(problem, result, start, began), start, note)
+        return _write_row(folder, problem, run, _kept_at_ctrl_c(problem, result, start, began, known), start, note)
 
 
 def _write_row(folder: Path, problem, run: SolveDirOptions, result, start, note: str) -> dict:
@@ -271,39 +282,23 @@ def _write_row(folder: Path, problem, run: SolveDirOptions, result, start, note:
     return planned
 
 
-def _kept_at_ctrl_c(problem, result, start, began: float):
-    """A solve stopped by Ctrl-C outside a search, which keeps its own best: CP-SAT's plan when
-    its search had returned, else the faster of torch's start plan (when it verifies) and the
-    unbucketed one; marked interrupted."""
+def _kept_at_ctrl_c(problem, result, start, began: float, known=None):
+    """A solve stopped by Ctrl-C outside a search, which keeps its own best: the last verified
+    plan a stage found (``known``: CP-SAT's when its search had returned, the positioned
+    search's), else the faster of torch's start plan (when it verifies) and the unbucketed one;
+    marked interrupted."""
     from planner.core.problem import unbucketed_plan
     from planner.cost.simulator import simulate
-    from planner.rules.verifier import verify
+    from planner.rules.verifier import recorded_policy, verify
     from planner.search.result import SolveResult
 
     if result is None or result.plan is None:
-        known = [(simulate(problem, p).step_ms, p) for p in (start, unbucketed_plan(problem))
-                 if p is not None and not verify(problem, p)]
+        known = [(simulate(problem, p).step_ms, p) for p in (known, start, unbucketed_plan(problem))
+                 if p is not None and not verify(problem, p, **recorded_policy(p))]
         step_ms, plan = min(known, key=lambda known_plan: known_plan[0])
         result = SolveResult(plan=plan, status="FEASIBLE", objective=step_ms, bound=None, gap=None,
                              wall_s=time.perf_counter() - began)
     return replace(result, plan=mark_interrupted(result.plan), stats={**result.stats, "interrupted": True})
-
-
-def _positioned(problem, anchored, start, deadline: float, seed: int):
-    """The positioned search from CP-SAT's plan and torch's greedy plan, within the higher of their
-    peaks and the unbucketed one (``default_peak_budget``), as a SolveResult-like row source."""
-    from planner.cost.bounds import free_position_floor
-    from planner.search.position_search import default_peak_budget, position_search
-    from planner.search.result import gap_of
-
-    budget = default_peak_budget(problem, [start])
-    found = position_search(problem, [p for p in (anchored.plan, start) if p is not None],
-                            PositionSearchOptions(seed=seed), peak_memory_bytes=budget, deadline=deadline)
-    floor = free_position_floor(problem, peak_memory_bytes=budget)  # any positions, within the budget
-    return replace(anchored, plan=found.plan, status="FEASIBLE", objective=found.objective, bound=floor.floor_ms,
-                   gap=gap_of(found.objective, floor.floor_ms),
-                   stats={**anchored.stats, "positions": found.stats, "bound_scope": floor.scope,
-                          "interrupted": bool(found.stats.get("interrupted"))})
 
 
 # how long an interrupted run waits for the solves in flight to save their best plans (s): a

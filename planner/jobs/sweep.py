@@ -367,9 +367,8 @@ def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
     the plan again before it counts (the worker's answer is not trusted). ``progress``: the
     solver's incumbent/bound lines (in this process; a Ray worker's stay there)."""
     from planner.jobs.plan_dir import start_plan
-    from planner.core.options import SolveOptions
     from planner.core.problem import Plan, Problem
-    from planner.search.solver import solve
+    from planner.search.planning import Budget, PlanSpec, plan
 
     with peak_memory() as mem:
         t0 = time.perf_counter()
@@ -377,10 +376,9 @@ def run_task(task: Task, progress: Callable[[str], None] | None = None) -> dict:
         greedy = Plan.model_validate_json(task.greedy_json) if task.greedy_json else None
         start, note = start_plan(problem, greedy)
         s = task.settings
-        options = SolveOptions(time_limit_s=s.time_limit_s, objective=task.objective, workers=s.workers, seed=s.seed,
-                               deterministic=s.deterministic)
-        result = solve(problem, options, hint=start, fallback_plans=(start,) if start is not None else (),
-                       progress=progress)
+        spec = PlanSpec(objective=task.objective, budget=Budget(s.time_limit_s, s.deterministic), workers=s.workers,
+                        seed=s.seed, hint=start, fallback_plans=(start,) if start is not None else ())
+        result = plan(problem, spec, search_progress=progress)
     return {"plan_json": dumps(result.plan) if result.plan is not None else None, "status": result.status,
             "objective_value": result.objective, "bound": result.bound, "gap": result.gap,
             "wall_s": round(time.perf_counter() - t0, 2), "peak_rss_gb": mem["peak_rss_gb"],

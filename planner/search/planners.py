@@ -117,12 +117,12 @@ def _repaired_greedy(request: PlanRequest) -> PlannerOutput:
 
 def _cpsat(request: PlanRequest) -> PlannerOutput:
     from planner.core.options import SolveOptions
-    from planner.search.solver import solve
+    from planner.search.planning import PlanSpec, plan
 
     request.progress("solving with CP-SAT")
-    result = solve(request.problem, request.solve or SolveOptions(), hint=request.greedy,
-                   count_plan=request.count_plan, fallback_plans=request.fallback_plans,
-                   progress=request.search_progress)
+    spec = PlanSpec.of_solve_options(request.solve or SolveOptions(), hint=request.greedy,
+                                     count_plan=request.count_plan, fallback_plans=tuple(request.fallback_plans))
+    result = plan(request.problem, spec, search_progress=request.search_progress)
     return PlannerOutput(plan=result.plan, solve_result=result)
 
 
@@ -142,6 +142,47 @@ PLANNERS: dict[str, Planner] = _registry(
     Planner("cpsat", "CP-SAT's plan (planner.solve), applied by bucketplan", _cpsat),
     Planner("none", "torch's schedule, nothing merged", _unbucketed, TorchFinalize(collective_bucketing=False)),
 )
+
+
+# -- search modes: what ``planner.plan`` runs ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mode:
+    """A search mode of ``planner.plan`` (``PlanSpec.mode``): its name, a one-line description, and
+    the module and functions that check a spec and make its plan (imported when used: this
+    registry is read at every command's start). Adding a planner is an entry here and its module:
+    ``check(spec)`` refuses what the mode cannot honour (``ArgumentError``), ``run(problem, spec,
+    calls, started)`` returns a ``SolveResult`` whose plan is verified."""
+
+    name: str
+    description: str
+    module: str
+    run_name: str
+    check_name: str | None = None
+
+    def _function(self, name: str):
+        import importlib
+
+        return getattr(importlib.import_module(self.module), name)
+
+    def check(self, spec) -> None:
+        if self.check_name is not None:
+            self._function(self.check_name)(spec)
+
+    def run(self, problem, spec, calls, started: float):
+        return self._function(self.run_name)(problem, spec, calls, started)
+
+
+MODES: dict[str, Mode] = {m.name: m for m in (
+    Mode("anchored", "CP-SAT's plan, each bucket started and waited where torch scheduled a member",
+         "planner.search.solver", "plan_anchored", "check_anchored"),
+    Mode("free", "also where each bucket starts and waits: CP-SAT's anchored plan, then the positioned "
+         "search within a peak, bounded by the floor of every plan with any positions",
+         "planner.search.free_positions", "plan_free", "check"),
+    Mode("robust", "the least worst-case regret across cost scenarios",
+         "planner.search.scenarios", "plan_robust", "check_robust"),
+)}
 
 
 def names() -> tuple[str, ...]:

@@ -33,13 +33,9 @@ from planner.core.policy import Policy
 from planner.core.problem import Bucket, Collective, Plan, Problem
 from planner.cost.simulator import replay_index, step_ms
 from planner.rules.verifier import verify
+from planner.search.local_search import MIN_GAIN_MS, LocalSearch
 from planner.search.result import SolveResult
 
-# an improvement smaller than this is noise of float sums, not a faster step
-MIN_GAIN_MS = 1e-6
-# random moves per kick of the iterated local search (enough to leave a local optimum's basin,
-# few enough that the descent after it starts from a plan near the best one)
-KICK_MOVES = 3
 # anchored buckets remembered by member list (a move changes one or two lists; the rest are known);
 # bounded so that hours of search at 80 layers stay within memory
 BUCKETS_REMEMBERED = 100_000
@@ -139,20 +135,6 @@ def _apply(groups: list[list[str]], move: tuple, pos: dict[str, int]) -> list[li
     return sorted((g for g in out if g), key=lambda g: pos[g[0]])
 
 
-def _kick(groups: list[list[str]], key_of: dict[str, tuple], pos: dict[str, int],
-          rng: random.Random) -> list[list[str]]:
-    """KICK_MOVES random moves from ``groups`` (a move that would mix keys is skipped)."""
-    kicked = groups
-    for _ in range(KICK_MOVES):
-        moves = _moves(kicked, key_of)
-        if not moves:
-            break
-        trial = _apply(kicked, rng.choice(moves), pos)
-        if all(len({key_of[m] for m in g}) == 1 for g in trial):
-            kicked = trial
-    return kicked
-
-
 def reanchored(problem: Problem, plan: Plan) -> Plan:
     """A fast repair: keep every bucket's members, re-anchor them (``anchored``), and break up
     buckets the verifier still rejects. Never fewer buckets than ``plan``."""
@@ -179,10 +161,14 @@ def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_eva
     _validate(problem, starts, deadline, max_evaluations, seed, policy, progress, objective)
     t0 = time.perf_counter()
     plan, *restarts = starts
-    search = _LocalSearch(problem, plan, deadline=deadline, max_evaluations=max_evaluations, seed=seed,
-                          policy=policy, progress=progress, objective=objective)
-    stats = search.stats
-    best_plan, best_ms = search.iterate(plan, search.best_ms)
+    moves = _MembershipMoves(problem, plan, policy, objective)
+    start_ms = moves.score(plan)
+    stats = {"start_ms": round(start_ms, 6), "evaluations": 0, "accepted": 0, "rejected_by_verifier": 0,
+             "local_optimum": False}
+    search = LocalSearch(moves, rng=random.Random(seed), deadline=deadline, max_evaluations=max_evaluations,
+                         stats=stats, name="polish", progress=progress)
+    moves.stats, moves.rng = stats, search.rng
+    best_plan, best_ms = _iterate(search, moves, plan, start_ms)
     # Time left when the kicks stop finding anything: the same search from each other start.
     # Local optima differ by start (llama3-8b-fsdp-8 @ h100-8nodes: 249.0 ms from the unbucketed
     # schedule, 245.6 from the fewest-collectives plan), and the kicks end in seconds at 8 layers.
@@ -190,7 +176,7 @@ def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_eva
         if search.out_of_budget():
             break
         stats["restarts"] = stats.get("restarts", 0) + 1
-        found, found_ms = search.iterate(other, search.score(other))
+        found, found_ms = _iterate(search, moves, other, moves.score(other))
         if found_ms < best_ms - MIN_GAIN_MS:
             best_plan, best_ms = found, found_ms
             stats["restart_gains"] = stats.get("restart_gains", 0) + 1
@@ -217,24 +203,28 @@ def _validate(problem, starts, deadline, max_evaluations, seed, policy, progress
     arguments.callback(objective, "objective")
 
 
-class _LocalSearch:
-    """One polish run's state: the problem's lookups (computed once), the random stream, the
-    budget, the anchored buckets met so far, and ``stats``; ``best_ms`` is the best step found
-    so far from any start (progress says only what beats it)."""
+def _iterate(search: LocalSearch, moves: "_MembershipMoves", start: Plan, start_ms: float) -> tuple[Plan, float]:
+    """The engine's iterated local search from ``start`` (``KICKS_WITHOUT_GAIN`` fruitless kicks
+    end it). Why kicks: at 32 layers one descent ends in under a minute (measured on
+    llama3-8b-fsdp-32 @ h100-8nodes, 54 s) while a step search gives polish more."""
+    _, plan, ms = search.search(_groups(moves.problem, start), start, start_ms, kicks=KICKS_WITHOUT_GAIN)
+    return plan, ms
 
-    def __init__(self, problem: Problem, plan: Plan, *, deadline: float, max_evaluations: int | None, seed: int,
-                 policy: Policy, progress: Callable[[str], None] | None,
-                 objective: Callable[[Plan], float] | None = None):
-        self.problem, self.plan, self.policy, self.progress = problem, plan, policy, progress
-        self.deadline, self.max_evaluations = deadline, max_evaluations
-        self.rng = random.Random(seed)
+
+class _MembershipMoves:
+    """Polish's move set for ``planner.search.local_search``: a state is every collective's member
+    list (``_groups``); moves split, merge and shift the boundary member between same-key lists;
+    a state's plan anchors each list (``anchored_bucket``); the judge scores first and verifies
+    only a faster plan (the verifier is the costly part)."""
+
+    def __init__(self, problem: Problem, plan: Plan, policy: Policy, objective: Callable[[Plan], float] | None):
+        self.problem, self.plan, self.policy = problem, plan, policy
         self.pos = {c.name: c.start_pos for c in problem.collectives}
         self.key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
         self.where, self.index = anchoring(problem), replay_index(problem)  # of the problem alone: once
         self.score = objective or (lambda candidate: step_ms(problem, candidate, self.index))
-        self.best_ms = self.score(plan)
-        self.stats = {"start_ms": round(self.best_ms, 6), "evaluations": 0, "accepted": 0,
-                      "rejected_by_verifier": 0, "local_optimum": False}
+        self.stats: dict = {}  # the engine's (set once it is made)
+        self.rng = random.Random(0)  # the engine's (set once it is made)
         self.bucket_of: dict[tuple[str, ...], Bucket | None] = {}  # a move changes one or two lists
 
     def as_plan(self, gs: list[list[str]]) -> Plan | None:
@@ -251,64 +241,35 @@ class _LocalSearch:
                 buckets.append(self.bucket_of[members])
         return self.plan.model_copy(update={"buckets": tuple(buckets)})
 
-    def out_of_budget(self) -> bool:
-        return time.perf_counter() >= self.deadline or (self.max_evaluations is not None
-                                                        and self.stats["evaluations"] >= self.max_evaluations)
+    def _one_key(self, gs: list[list[str]]) -> bool:
+        return all(len({self.key_of[m] for m in g}) == 1 for g in gs)  # never mixes keys (rule 2)
 
-    def feasible(self, plan: Plan) -> bool:
-        return not verify(self.problem, plan, **self.policy.as_params())
+    def neighbours(self, gs: list[list[str]]):
+        moves = _moves(gs, self.key_of)
+        self.rng.shuffle(moves)
+        for move in moves:
+            trial = _apply(gs, move, self.pos)
+            yield move[0], trial if self._one_key(trial) else None
 
-    def descend(self, current: Plan, current_ms: float, gs: list[list[str]]) -> tuple[Plan, float, list[list[str]]]:
-        """First-improvement moves from a verified plan until a sweep finds none or the budget ends."""
-        stats, key_of = self.stats, self.key_of
-        while not self.out_of_budget():
-            moves = _moves(gs, key_of)
-            self.rng.shuffle(moves)
-            for move in moves:
-                if self.out_of_budget():
-                    return current, current_ms, gs
-                trial = _apply(gs, move, self.pos)
-                if any(len({key_of[m] for m in g}) > 1 for g in trial):  # never mixes keys (rule 2)
-                    continue
-                candidate = self.as_plan(trial)
-                if candidate is None:
-                    continue
-                stats["evaluations"] += 1
-                ms = self.score(candidate)
-                if ms < current_ms - MIN_GAIN_MS:
-                    if not self.feasible(candidate):
-                        stats["rejected_by_verifier"] += 1
-                        continue
-                    current, current_ms, gs = candidate, ms, trial
-                    stats["accepted"] += 1
-                    if ms < self.best_ms - MIN_GAIN_MS:  # the best of the whole run: say so
-                        self.best_ms = ms
-                        if self.progress:
-                            self.progress(f"polish: {move[0]} -> {ms:.3f} ms")
-                    break
-            else:
-                stats["local_optimum"] = True
-                return current, current_ms, gs
-        return current, current_ms, gs
+    def random_move(self, gs: list[list[str]]) -> list[list[str]] | None:
+        moves = _moves(gs, self.key_of)
+        if not moves:
+            return None
+        trial = _apply(gs, self.rng.choice(moves), self.pos)
+        return trial if self._one_key(trial) else None
 
-    def iterate(self, start: Plan, start_ms: float) -> tuple[Plan, float]:
-        """Descent from ``start``, then an iterated local search: kick the best plan with a few
-        random moves (kept only if the verifier accepts the kicked plan) and descend again. Why:
-        at 32 layers one descent ends in under a minute (measured on llama3-8b-fsdp-32 @
-        h100-8nodes, 54 s) while a step search gives polish more."""
-        top_plan, top_ms, top_groups = self.descend(start, start_ms, _groups(self.problem, start))
-        fruitless = 0
-        while not self.out_of_budget() and fruitless < KICKS_WITHOUT_GAIN:
-            fruitless += 1
-            kicked = _kick(top_groups, self.key_of, self.pos, self.rng)
-            candidate = self.as_plan(kicked)
-            self.stats["kicks"] = self.stats.get("kicks", 0) + 1
-            self.stats["evaluations"] += 1  # a kick costs about one evaluation, kept or not: the budget ends
-            if candidate is None or not self.feasible(candidate):
-                continue
-            current, current_ms, groups = self.descend(candidate, self.score(candidate), kicked)
-            if current_ms < top_ms - MIN_GAIN_MS:
-                top_plan, top_ms, top_groups = current, current_ms, groups
-                self.stats["kick_gains"] = self.stats.get("kick_gains", 0) + 1
-                fruitless = 0
-        return top_plan, top_ms
+    def judge(self, gs: list[list[str]], than: float) -> tuple[Plan, float] | None:
+        candidate = self.as_plan(gs)
+        if candidate is None:
+            return None
+        self.stats["evaluations"] += 1
+        ms = self.score(candidate)
+        if ms >= than - MIN_GAIN_MS:  # no better: not worth the verifier
+            return None
+        if verify(self.problem, candidate, **self.policy.as_params()):
+            self.stats["rejected_by_verifier"] += 1
+            return None
+        return candidate, ms
+
+    def escape(self, gs, score: float):
+        return None

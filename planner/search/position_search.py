@@ -45,15 +45,13 @@ from planner.core.policy import Policy
 from planner.core.problem import Bucket, Plan, Problem, with_buckets
 from planner.cost.simulator import replay_index, step_ms
 from planner.rules.verifier import Verifier, verify
+from planner.search.local_search import MIN_GAIN_MS, LocalSearch
 from planner.search.pipeline import ChainCosts, best_split
 from planner.search.result import SolveResult
 
-# an improvement smaller than this is float noise, not a faster step
-MIN_GAIN_MS = 1e-6
 # pinned-node steps a start or wait is shifted by (a block of a Llama layer is ~100 pinned nodes)
 SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# random moves per kick, and fruitless kicks in a row that end a search without a deadline
-KICK_MOVES = 3
+# fruitless kicks in a row that end a search without a deadline (polish: 50; its moves are fewer)
 KICKS_WITHOUT_GAIN = 200
 # the annealing's temperature, as a share of the step it starts from: from ANNEAL_START down to
 # ANNEAL_END, geometrically over the rest of the budget (a move slower by d ms is taken with
@@ -106,6 +104,11 @@ LEGALIZE_ROUNDS = 50
 # (4,043: 1,020,000). A third of the least, so a loaded machine still ends within the time limit
 # or near it (the wall-clock guard is solver.DETERMINISTIC_WALL_FACTOR times it)
 EVALUATION_NODES_PER_S = 225_000
+
+
+class PeakNotReached(ValueError):
+    """No plan within the peak asked for: either proved (the peak is below every plan's,
+    ``peak_memory_floor``) or not found in time (the message says the lowest peak reached)."""
 
 
 def deterministic_evaluations(problem: Problem, seconds: float) -> int:
@@ -237,7 +240,6 @@ class _Search:
     def __init__(self, problem: Problem, template: Plan, budget: int | None, deadline: float,
                  options: PositionSearchOptions):
         self.problem, self.template, self.budget = problem, template, budget
-        self.deadline, self.max_evaluations = deadline, options.max_evaluations
         self.rng = random.Random(options.seed)
         self.ix = _Index(problem)
         self.policy = positioned_policy(budget, options.keep_overlap)
@@ -253,13 +255,17 @@ class _Search:
         self.chain_costs = ChainCosts(problem, self.ix.replay)
         # every candidate's peak and rules, each one or two buckets from the last
         self.memory, self.verifier = MemoryCounter(problem), Verifier(problem)
+        # the loops: descent, kicks and annealing over this move set (neighbours, random_move,
+        # judge, escape below)
+        self.engine = LocalSearch(self, rng=self.rng, deadline=deadline, max_evaluations=options.max_evaluations,
+                                  stats=self.stats, name="positioned search")
 
     def out_of_budget(self) -> bool:
-        return time.perf_counter() >= self.deadline or (
-            self.max_evaluations is not None and self.stats["evaluations"] >= self.max_evaluations)
+        return self.engine.out_of_budget()
 
-    def judge(self, buckets: list[Bucket]) -> tuple[Plan, float] | None:
-        """The plan and its step if it is legal and within the budget, else None."""
+    def judge(self, buckets: list[Bucket], than: float = math.inf) -> tuple[Plan, float] | None:
+        """The plan and its step if it is legal and within the budget, else None (whatever
+        ``than``: every legal plan is judged, for the fastest seen and the annealing)."""
         self.stats["evaluations"] += 1
         try:
             plan = _as_plan(self.template, buckets)
@@ -488,141 +494,63 @@ class _Search:
             out[nxt] = _bucket(ix, other.members + b.members[-1:], other.issue_before, other.wait_before)
         return out
 
+    # -- the move set of planner.search.local_search ---------------------------------------------
+    def neighbours(self, buckets: list[Bucket]):
+        """Random moves: a local optimum, as far as sampled, after ``20 x buckets`` in a row
+        without gain."""
+        for _ in range(20 * len(buckets) + 1):
+            yield "move", self.move(buckets)
+
+    def random_move(self, buckets: list[Bucket]) -> list[Bucket] | None:
+        return self.move(buckets)
+
+    def escape(self, buckets: list[Bucket], ms: float) -> tuple[list[Bucket], Plan, float] | None:
+        """At a local optimum, first the best split of a chain of gathers."""
+        resplit = self.best_resplit(buckets, ms)
+        if resplit is not None:
+            self.stats["resplits"] += 1
+        return resplit
+
     def descend(self, buckets: list[Bucket], best: tuple[Plan, float],
                 kicks: int = KICKS_WITHOUT_GAIN) -> tuple[list[Bucket], Plan, float]:
-        """Random moves, each kept when faster and legal, until the budget ends or ``kicks`` kicks
-        in a row found nothing (0: the first local optimum no re-split improves)."""
-        plan, ms = best
-        fruitless, since_gain = 0, 0
-        current, current_ms = buckets, ms
-        while not self.out_of_budget():
-            trial = self.move(current)
-            judged = self.judge(trial) if trial is not None else None
-            if judged is not None and judged[1] < current_ms - MIN_GAIN_MS:
-                current, current_ms = trial, judged[1]
-                self.stats["accepted"] += 1
-                since_gain = 0
-                if current_ms < ms - MIN_GAIN_MS:
-                    plan, ms, buckets = judged[0], current_ms, current
-                    fruitless = 0
-                continue
-            since_gain += 1
-            if since_gain > 20 * len(current):  # a local optimum for these moves, as far as sampled: kick
-                resplit = self.best_resplit(buckets, ms)  # first the best split of a chain of gathers
-                if resplit is not None:
-                    buckets, plan, ms = resplit
-                    current, current_ms = buckets, ms
-                    self.stats["resplits"] += 1
-                    fruitless, since_gain = 0, 0
-                    continue
-                if fruitless >= kicks:
-                    break
-                self.stats["kicks"] += 1
-                fruitless += 1
-                since_gain = 0
-                kicked = buckets
-                for _ in range(KICK_MOVES):
-                    trial = self.move(kicked)
-                    kicked = trial if trial is not None else kicked
-                judged = self.judge(kicked)
-                if judged is not None:
-                    current, current_ms = kicked, judged[1]
-                else:
-                    current, current_ms = buckets, ms
-        return buckets, plan, ms
-
-    def budget_used(self, since_evaluations: int, since_s: float) -> float | None:
-        """The share of the search's budget used since ``since_evaluations`` evaluations and
-        ``since_s`` (``time.perf_counter``): evaluations against ``max_evaluations`` when that is
-        set (the reproducible limit), else the clock against the deadline; None with neither (no
-        schedule to anneal over)."""
-        if self.max_evaluations is not None:
-            left = self.max_evaluations - since_evaluations
-            return (self.stats["evaluations"] - since_evaluations) / left if left > 0 else 1.0
-        if math.isfinite(self.deadline):
-            left = self.deadline - since_s
-            return (time.perf_counter() - since_s) / left if left > 0 else 1.0
-        return None
+        """The engine's iterated local search from ``buckets`` (judged: ``best``) until the budget
+        ends or ``kicks`` kicks in a row found nothing (0: the first local optimum no re-split
+        improves)."""
+        return self.engine.search(buckets, *best, kicks=kicks)
 
     def descend_then_anneal(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
         """From a seed, its first local optimum by descent, as before annealing; then, when the
         budget left is ``ANNEAL_MIN_EVALUATIONS`` or more (at the descent's rate, under a clock),
         all of it annealed from the seed again, in one run per ``ANNEAL_RUN_EVALUATIONS`` of it (at
         least one), each over an equal share (``ANNEAL_START`` and ``ANNEAL_RUN_EVALUATIONS`` say
-        why). The fastest of them all; a shorter budget is left to the caller (``descend``'s kicks)."""
+        why). The fastest of them all; a shorter budget is left to the caller (``descend``'s kicks).
+
+        Why annealing and not only kicks: at a local optimum a kick of three random moves from the
+        best plan rarely leaves its basin, so the search levels off within seconds and the rest of
+        the budget finds little (module constants: measured)."""
+        engine = self.engine
         from_evaluations, from_s = self.stats["evaluations"], time.perf_counter()
         found = self.descend(buckets, best, kicks=0)
-        left = self.evaluations_left(from_evaluations, from_s)
+        left = engine.evaluations_left(from_evaluations, from_s)
         if left < ANNEAL_MIN_EVALUATIONS:
             return found
         runs = max(1, int(left // ANNEAL_RUN_EVALUATIONS)) if math.isfinite(left) else 1
-        limits = (self.deadline, self.max_evaluations)
+        limits = (engine.deadline, engine.max_evaluations)
         evaluations0, t0 = self.stats["evaluations"], time.perf_counter()
         try:
             for run in range(1, runs + 1):  # run k stops at k / runs of what was left
-                if self.max_evaluations is not None:
-                    self.max_evaluations = evaluations0 + (limits[1] - evaluations0) * run // runs
+                if engine.max_evaluations is not None:
+                    engine.max_evaluations = evaluations0 + (limits[1] - evaluations0) * run // runs
                 else:
-                    self.deadline = t0 + (limits[0] - t0) * run / runs
-                annealed = self.anneal(buckets, best)
+                    engine.deadline = t0 + (limits[0] - t0) * run / runs
+                annealed = engine.anneal(buckets, *best, start=ANNEAL_START, end=ANNEAL_END,
+                                         escape_every=RESPLIT_EVERY)
                 self.stats["anneals"] = run
                 if annealed[2] < found[2] - MIN_GAIN_MS:
                     found = annealed
         finally:
-            self.deadline, self.max_evaluations = limits
+            engine.deadline, engine.max_evaluations = limits
         return found
-
-    def evaluations_left(self, since_evaluations: int, since_s: float) -> float:
-        """The evaluations the budget has left: counted under ``max_evaluations``, else the time
-        left at the rate since ``since_evaluations`` and ``since_s``; inf with neither limit."""
-        if self.max_evaluations is not None:
-            return self.max_evaluations - self.stats["evaluations"]
-        if not math.isfinite(self.deadline):
-            return math.inf
-        spent = time.perf_counter() - since_s
-        rate = (self.stats["evaluations"] - since_evaluations) / spent if spent > 0 else 0.0
-        return rate * max(self.deadline - time.perf_counter(), 0.0)
-
-    def anneal(self, buckets: list[Bucket], best: tuple[Plan, float]) -> tuple[list[Bucket], Plan, float]:
-        """Random moves until the budget ends, each taken when legal and faster, or slower by d
-        ms with probability exp(-d / T), T falling from ``ANNEAL_START`` to ``ANNEAL_END`` of
-        ``best``'s step over the budget (``budget_used``); every ``RESPLIT_EVERY`` evaluations,
-        the current plan's best re-split when faster. The fastest plan seen is the answer.
-
-        Why not first improvement and kicks (``descend``): at a local optimum a kick of three
-        random moves from the best plan rarely leaves its basin, so the search levels off within
-        seconds and the rest of the budget finds little (module constants: measured)."""
-        plan, ms = best
-        current, current_ms = buckets, ms
-        hot, cold = max(ANNEAL_START * ms, 1e-9), max(ANNEAL_END * ms, 1e-9)  # a step of 0 ms: no division by 0
-        since_evaluations, since_s = self.stats["evaluations"], time.perf_counter()
-        next_resplit = since_evaluations + RESPLIT_EVERY
-        while not self.out_of_budget():
-            if self.stats["evaluations"] >= next_resplit:
-                next_resplit = self.stats["evaluations"] + RESPLIT_EVERY
-                resplit = self.best_resplit(current, current_ms)
-                if resplit is not None:
-                    current, _, current_ms = resplit
-                    self.stats["resplits"] += 1
-                    if current_ms < ms - MIN_GAIN_MS:
-                        buckets, plan, ms = resplit
-                continue
-            temperature = hot * (cold / hot) ** min(self.budget_used(since_evaluations, since_s), 1.0)
-            trial = self.move(current)
-            judged = self.judge(trial) if trial is not None else None
-            if judged is None:
-                continue
-            slower = judged[1] - current_ms
-            if slower < -MIN_GAIN_MS:
-                self.stats["accepted"] += 1
-            elif self.rng.random() < math.exp(-max(slower, 0.0) / temperature):
-                self.stats["accepted_slower"] = self.stats.get("accepted_slower", 0) + 1
-            else:
-                continue
-            current, current_ms = trial, judged[1]
-            if current_ms < ms - MIN_GAIN_MS:
-                buckets, plan, ms = current, judged[0], current_ms
-        return buckets, plan, ms
 
 
 def default_peak_budget(problem: Problem, plans=(), keep_overlap: bool = False) -> int:
@@ -651,7 +579,7 @@ def _floor_within(problem: Problem, peak_memory_bytes: int | None) -> int:
     it is refused before any search, since that is proved."""
     floor = peak_memory_floor(problem) if peak_memory_bytes is not None else 0
     if peak_memory_bytes is not None and floor > peak_memory_bytes:
-        raise ValueError(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes: every plan peaks at "
+        raise PeakNotReached(f"no plan of this problem fits a peak of {peak_memory_bytes} bytes: every plan peaks at "
                          f"{floor} bytes or more ({_gb(floor)}: the graph's own memory and the all_gathers every "
                          f"plan holds; the unbucketed schedule peaks at {_gb(peak_bytes(problem, None))})")
     return floor
@@ -663,7 +591,7 @@ def _nothing_found(search: _Search, peak_memory_bytes: int, floor: int, seconds:
     lowest = search.lowest_legal_peak()
     lowest = _gb(lowest) if lowest is not None else "none measured"
     late = search.out_of_budget()
-    raise ValueError(f"no plan within a peak of {peak_memory_bytes} bytes ({_gb(peak_memory_bytes)}) found "
+    raise PeakNotReached(f"no plan within a peak of {peak_memory_bytes} bytes ({_gb(peak_memory_bytes)}) found "
                      + (f"before the time limit ({seconds:.1f} s)" if late else f"in {seconds:.1f} s")
                      + f"; the lowest peak reached was {lowest} (no plan can peak below {_gb(floor)})"
                      + ("; give it more time" if late else ""))
@@ -690,7 +618,7 @@ def position_search(problem: Problem, starts: list[Plan], options: PositionSearc
     reproducible ``max_evaluations`` limit, the per-block seed, ``keep_overlap``) until
     ``deadline`` (a ``time.perf_counter`` value). The result is verified under the positioned
     policy (``positioned_policy``), which its ``params`` record; if nothing fits the budget the
-    unbucketed schedule is returned when it does, else ValueError. ``keep_overlap``: every
+    unbucketed schedule is returned when it does, else ``PeakNotReached``. ``keep_overlap``: every
     candidate keeps torch's overlap too (rules 4, 7 and 8), so a bucket may start where no member
     did and still keep what hid each member (torch's own count on its folded-conversion unit test,
     where every anchored plan keeps one collective more). The result's ``objective`` is the plan's

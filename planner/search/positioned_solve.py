@@ -68,7 +68,7 @@ def _fullest(problem: Problem, plan: Plan | None, most: int, over: int | None = 
 
 
 @dataclass(frozen=True)
-class CappedSearch:
+class CappedModelOptions:
     """How ``solve_capped`` searches: CP-SAT's ``workers``; the candidate space's ``window`` (the
     same-key neighbours a bucket may take members from besides those of the plans given);
     ``deterministic``: the time limit counts CP-SAT's deterministic time, the wall clock only
@@ -88,7 +88,7 @@ class CappedSearch:
 
 
 def solve_capped(problem: Problem, plans: list[Plan], *, peak_memory_bytes: int | None, time_limit_s: float,
-                 floor_ms: float = 0.0, say=None, search: CappedSearch = CappedSearch()) -> SolveResult:
+                 floor_ms: float = 0.0, say=None, search: CappedModelOptions = CappedModelOptions()) -> SolveResult:
     """The fastest plan of the candidate space of ``plans`` within ``peak_memory_bytes``
     (module docstring), from the fastest of ``plans`` within it, which must exist: a start the
     search keeps if it finds nothing better. The result: the plan's simulated step (``objective``,
@@ -137,8 +137,8 @@ def _validate(problem, plans, peak_memory_bytes, time_limit_s, floor_ms, say, se
     arguments.positive_number(time_limit_s, "time_limit_s")
     arguments.positive_number(floor_ms, "floor_ms", zero_ok=True)
     arguments.callback(say, "say")
-    if not isinstance(search, CappedSearch):
-        raise arguments.ArgumentError("search", f"search must be a CappedSearch, not {type(search).__name__}")
+    if not isinstance(search, CappedModelOptions):
+        raise arguments.ArgumentError("search", f"search must be a CappedModelOptions, not {type(search).__name__}")
 
 
 @dataclass
@@ -150,7 +150,7 @@ class _CappedRun:
     found: Candidates
     cap: int | None
     floor_ms: float
-    search: CappedSearch
+    search: CappedModelOptions
     policy: dict  # the positioned policy's verify arguments
     params: dict  # the params of the plans the model writes
     best: Plan  # the fastest plan within the cap so far (at first the fastest given)

@@ -45,3 +45,8 @@ def gap_of(objective: float | None, bound: float | None) -> float | None:
     if objective == 0:
         return 0.0
     return max(0.0, (objective - bound) / abs(objective))
+
+
+def mark_interrupted(plan: Plan) -> Plan:
+    """``plan`` as a search cut short by Ctrl-C keeps it: ``params.interrupted``."""
+    return plan.model_copy(update={"params": {**plan.params, "interrupted": True}})

@@ -416,3 +416,37 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
         raise AssertionError(f"robust plan fails the verifier: {violations[0]}")
     final = judge(problem, {**candidates, "robust": plan}, scenarios)
     return RobustResult(plan, final, time.perf_counter() - t0, wall_hit, interrupted)
+
+
+# -- the robust mode of planner.plan (planner.search.planners.MODES) --------------------------------
+
+
+def check_robust(spec) -> None:
+    """What a robust spec must be (``planning.PlanSpec``): its scenarios, each scenario's step
+    search choosing its own window, on the wall clock (the regret search has no deterministic
+    limit), anchored plans."""
+    _scenarios(list(spec.scenarios))
+    if spec.objective != "step":
+        raise ArgumentError("objective", "the robust search judges plans by their step: objective step")
+    if spec.window != "auto":
+        raise ArgumentError("window", "each scenario's step search chooses its own window: window 'auto'")
+    if spec.budget.deterministic:
+        raise ArgumentError("deterministic", "the regret search stops on the wall clock: no deterministic budget")
+    for name, default in (("prove_s", None), ("starts", ()), ("per_block", True), ("anchored_start", True),
+                          ("count_plan", None), ("fallback_plans", ())):
+        if getattr(spec, name) != default:
+            raise ArgumentError(name, f"{name} is not the robust mode's")
+
+
+def plan_robust(problem: Problem, spec, calls, started: float):
+    """``robust_plan`` for ``spec``, as a ``SolveResult``: its objective the plan's worst-case
+    regret, the judged candidates in ``stats['robust']`` (a ``RobustResult``); no bound."""
+    from planner.search.result import SolveResult
+
+    found = robust_plan(problem, list(spec.scenarios), spec.anchored_options(), hint=spec.hint,
+                        progress=calls.progress)
+    calls.on_plan(found.plan)
+    return SolveResult(plan=found.plan, status="FEASIBLE", objective=found.judged.worst_regret("robust"),
+                       bound=None, gap=None, wall_s=found.wall_s,
+                       stats={"stage": "robust", "robust": found, "interrupted": found.interrupted,
+                              "wall_limit_hit": found.wall_limit_hit})

@@ -873,3 +873,28 @@ def configured_solver(workers: int, seed: int, wall_s: float, deterministic_s: f
     return solver
 
 
+
+
+# -- the anchored mode of planner.plan (planner.search.planners.MODES) ------------------------------
+
+
+def check_anchored(spec) -> None:
+    """What an anchored spec must be (``planning.PlanSpec``): the CP-SAT model keeps torch's
+    overlap and has no peak cap, and the free and robust modes' fields are theirs."""
+    from planner.core.policy import Policy
+
+    if spec.policy is not None and spec.policy != Policy(**{f: getattr(spec.policy, f) for f in SolveOptions.POLICY_FIELDS}):
+        raise arguments.ArgumentError("policy", "the anchored CP-SAT search keeps torch's overlap and has no peak "
+                                                "cap: keep_overlap and peak_memory_bytes are the free mode's")
+    for name, default in (("prove_s", None), ("starts", ()), ("scenarios", ()), ("per_block", True),
+                          ("anchored_start", True)):
+        if getattr(spec, name) != default:
+            raise arguments.ArgumentError(name, f"{name} is not the anchored mode's")
+
+
+def plan_anchored(problem: Problem, spec, calls, started: float) -> SolveResult:
+    """CP-SAT's plan for ``spec`` (``solve`` with its options, hint, count plan and fallbacks)."""
+    result = solve(problem, spec.anchored_options(), hint=spec.hint, count_plan=spec.count_plan,
+                   fallback_plans=spec.fallback_plans, progress=calls.search_progress)
+    calls.on_plan(result.plan)
+    return result
