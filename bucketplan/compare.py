@@ -30,7 +30,7 @@ from planner.cost.memory import peak_bytes
 from planner.core.options import SolveOptions
 from planner.search import planning
 from planner.search.planning import Budget, PlanSpec
-from planner.search.position_search import PeakNotReached
+from planner.search.free.position_search import PeakNotReached
 from planner.search.repair import repair
 from planner.cost.simulator import simulate, write_chrome_trace
 from planner.jobs.interrupted import beside
@@ -254,8 +254,10 @@ def _row_options(time_limit_s: float, objective: str) -> SolveOptions:
 
 
 def _solved_row(label: str, request: planners.PlanRequest, note: str = "") -> PlanRow:
-    """A row planned by the registry's ``cpsat`` (``request.greedy`` is its hint)."""
-    res = planners.get("cpsat").plan(request).solve_result
+    """A row planned by ``planner.plan``'s anchored mode (``request.greedy`` is its hint)."""
+    res = planner.plan(request.problem, PlanSpec.of_solve_options(
+        request.solve, hint=request.greedy, count_plan=request.count_plan,
+        fallback_plans=tuple(request.fallback_plans)), search_progress=request.search_progress)
     note = "; ".join(x for x in (note, "stopped by the wall clock" if res.stats.get("wall_limit_hit") else "") if x)
     row = PlanRow(label, request.problem, res.plan, res.wall_s, res.status, res.bound, res.gap, note,
                   bound_unit="collectives" if request.solve.objective == "count" else "ms")

@@ -5,7 +5,7 @@ For each workload on h100-8nodes, two compute orders and caps: torch's schedule 
 greedy (default pipeline) plan's peak, and the graph's own order (torch's scheduler not run, as
 torch's manual per-block pass runs) within that order's unbucketed peak, which is torch manual's
 peak by torch's estimator (13.493 GB at fsdp-8, 8.214 at fsdp-2). Each row: the positioned
-search's plan within the cap (``--search`` s), then ``planner.search.positioned_solve.solve_capped``
+search's plan within the cap (``--search`` s), then ``planner.search.free.capped.solve_capped``
 from it (``--cpsat`` s): its step, CP-SAT's status and bound over the capped candidate space, the
 floor over every plan with any positions (``free_position_floor``, release/deadline included),
 and the plan's peak by ``planner.cost.memory`` beside torch's estimator on the graph the plan was
@@ -26,8 +26,8 @@ import planner
 from experiments.common import git_revision, machine, markdown_table, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
-from planner.search.position_search import default_peak_budget, position_search
-from planner.search.positioned_solve import CAPPED_WINDOW, CappedModelOptions, solve_capped
+from planner.search.free.position_search import default_peak_budget, position_search
+from planner.search.free.capped import CAPPED_WINDOW, CappedModelOptions, solve_capped
 
 PRESET = "h100-8nodes"
 

@@ -4,7 +4,7 @@ For each workload on one cluster preset: trace and schedule with torch (pre-buck
 extract the problem (with its memory profile and block labels), run torch's manual per-block
 pass on a fresh trace and take its own problem's step and peak (both by our simulator and
 ``planner.cost.memory``, which equals torch's estimator on applied graphs: tests/test_memory.py), then
-run ``planner.search.position_search`` with the manual plan's peak as the budget, from the per-block seed
+run ``planner.search.free.position_search`` with the manual plan's peak as the budget, from the per-block seed
 and torch's greedy plan, for ``--seconds`` of wall time on one core. Writes ``table.md``,
 ``rows.jsonl`` and per workload the problem and the positioned plan (gzipped) to ``--out``.
 
@@ -24,7 +24,7 @@ from experiments.capped_positioned import torch_order_peak
 from experiments.common import append_row, git_revision, machine, read_rows, save_gz
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import memory_timeline
-from planner.search.position_search import position_search
+from planner.search.free.position_search import position_search
 from planner.search.result import gap_of
 
 
@@ -107,7 +107,7 @@ def table(rows: list[dict]) -> str:
               "problem's links; compute at the preset's rates). *torch manual*: torch's manual per-block pass "
               "(`overlap_manual_scheduling`, prefetch and deferred reduce_scatter waits) on its own graph; *torch default*: "
               "FSDP pre-bucketing + greedy on its own pre-bucketed graph; peaks by `planner.cost.memory` on each row's own "
-              "problem. *positioned*: `planner.search.position_search` with the peak of the fastest torch row as its budget "
+              "problem. *positioned*: `planner.search.free.position_search` with the peak of the fastest torch row as its budget "
               "(the first two rows, run before torch default was measured here: torch manual's, the fastest of "
               "those rows in `bucketplan compare`), peak GB its own, verified under its recorded policy (rules 4, 7, "
               "8 off). *free-position floor*: `planner.cost.bounds.free_position_floor`, no positioned plan is faster; "

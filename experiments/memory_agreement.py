@@ -21,7 +21,7 @@ from pathlib import Path
 import planner
 from experiments.common import git_revision, machine
 from planner.cost.memory import memory_timeline, peak_bytes
-from planner.search.position_search import position_search
+from planner.search.free.position_search import position_search
 
 
 def _applied(name: str, preset: str, plan) -> tuple[planner.Problem, int]:

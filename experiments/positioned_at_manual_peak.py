@@ -7,7 +7,7 @@ Where torch's manual per-block pass peaks at another height, that row is not jud
 manual pass at equal memory (issue 26: "within torch manual's peak no slower than torch
 manual"): lower (no plan of ours fits), or higher (the manual pass buys its speed with memory our
 row was not given). For each case of the run where no plan of ours within the manual row's peak
-is as fast as it, this runs ``planner.search.position_search`` within the manual pass's peak: on the
+is as fast as it, this runs ``planner.search.free.position_search`` within the manual pass's peak: on the
 committed problem (torch's schedule, from the committed plans on it) where its unbucketed schedule
 fits, and on the graph's own order (``fxglue.manual.fixed_order_problem``: torch's scheduler not
 run, so compute is not pulled forward under collectives and the peak is lower, as in torch's
@@ -31,7 +31,7 @@ from experiments.positioned_acceptance import DEFAULT, MANUAL, _best_within, cas
 from bucketplan.compare import _slug
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
-from planner.search.position_search import position_search
+from planner.search.free.position_search import position_search
 from bucketplan.report import PlanRow, WorkloadRow, table_rows
 
 LABEL = "bucketplan (step, free positions, manual's peak)"

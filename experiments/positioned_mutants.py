@@ -1,4 +1,4 @@
-"""Mutation run of the positioned CP-SAT model: each constraint of ``planner/search/positioned.py``
+"""Mutation run of the positioned CP-SAT model: each constraint of ``planner/search/free/model.py``
 dropped in turn, and ``tests/test_positioned.py`` run against the mutant.
 
 A mutant is *killed* when some test fails; one that survives is either an equivalent mutant (the
@@ -28,7 +28,7 @@ from pathlib import Path
 from experiments.common import git_revision, machine, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGET = "planner/search/positioned.py"
+TARGET = "planner/search/free/model.py"
 TESTS = "tests/test_positioned.py"
 # (id, the statement dropped, exactly as it stands in TARGET, what it says)
 MUTANTS = [

@@ -36,7 +36,7 @@ from planner.core.options import SolveOptions
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.search import planners
-from planner.search.position_search import position_search, positioned_policy
+from planner.search.free.position_search import position_search, positioned_policy
 from planner.search.result import SolveResult, gap_of
 from planner.search.scenarios import describe, rebound, reprice
 from planner.rules.verifier import verify

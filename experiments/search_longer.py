@@ -6,7 +6,7 @@
 
 The presets runs give each search 10-30 s; at 32 layers the positioned search makes about 45
 evaluations a second, so those rows are far from what it finds with time. This starts
-``planner.search.position_search`` from one committed plan of the case (and the per-block seed), on
+``planner.search.free.position_search`` from one committed plan of the case (and the per-block seed), on
 that plan's own problem (found by its fingerprint among the case's problem files: torch's schedule,
 or the graph's own order), within the exact peak (``planner.cost.memory``) of the row ``--within``
 (default torch manual's), for ``--seconds`` of wall clock on one core. The row: the plan's step, its
@@ -27,7 +27,7 @@ from experiments.positioned_acceptance import MANUAL, row_peak_bytes
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.rules.verifier import verify
-from planner.search.position_search import position_search, positioned_policy
+from planner.search.free.position_search import position_search, positioned_policy
 from planner.search.result import gap_of
 
 

@@ -31,7 +31,7 @@ import torch.fx as fx
 from torch.utils._ordered_set import OrderedSet
 
 import planner
-from planner.core.positions import is_positioned
+from planner.core.positions import final_order
 from planner.rules.verifier import RULES, recorded_policy, verify
 
 
@@ -42,53 +42,6 @@ class PlanError(ValueError):
         super().__init__(message)
         self.rule = rule
         self.bucket = bucket
-
-
-def _final_pinned_order(problem: planner.Problem, plan: planner.Plan) -> list[tuple[str, int | None, str]]:
-    """Pinned events in final order: (node name, bucket or None, 'start'|'wait'|'node').
-
-    A bucket's merged start replaces its start anchor's start; its other members' starts
-    vanish; likewise for waits. A bucket that names a position (``planner.core.positions``) puts its
-    start or wait just before that node instead, waits ahead of starts, starts in plan order; a
-    lone collective that names one moves there itself.
-    """
-    colls = {c.name: c for c in problem.collectives}
-    start_anchor: dict[str, int] = {}
-    wait_anchor: dict[str, int] = {}
-    starts_before: dict[str, list[int]] = {}
-    waits_before: dict[str, list[int]] = {}
-    dropped: set[str] = set()
-    for b, bucket in enumerate(plan.buckets):
-        if len(bucket.members) < 2 and not is_positioned(bucket):
-            continue
-        if bucket.issue_before is not None:
-            starts_before.setdefault(bucket.issue_before, []).append(b)
-            dropped.add(bucket.start)
-        else:
-            start_anchor[bucket.start] = b
-        if bucket.wait_before is not None:
-            waits_before.setdefault(bucket.wait_before, []).append(b)
-            dropped.add(colls[bucket.wait].wait)
-        else:
-            wait_anchor[colls[bucket.wait].wait] = b
-        for m in bucket.members:
-            if m != bucket.start:
-                dropped.add(m)
-            if m != bucket.wait:
-                dropped.add(colls[m].wait)
-            if len(bucket.members) > 1:  # folded into the bucket's copy-in, at its start
-                dropped.update(colls[m].folded)
-    order = []
-    for n in problem.nodes:
-        order += [(colls[plan.buckets[b].wait].wait, b, "wait") for b in waits_before.get(n.name, [])]
-        order += [(plan.buckets[b].start, b, "start") for b in starts_before.get(n.name, [])]
-        if n.name in start_anchor:
-            order.append((n.name, start_anchor[n.name], "start"))
-        elif n.name in wait_anchor:
-            order.append((n.name, wait_anchor[n.name], "wait"))
-        elif n.name not in dropped:
-            order.append((n.name, None, "node"))
-    return order
 
 
 def _final_chain(graph: fx.Graph, plan: planner.Plan, order, replaced: dict, coalesced_waits: dict,
@@ -271,7 +224,7 @@ def apply_plan(
         more = f" (and {len(violations) - 1} more violations)" if len(violations) > 1 else ""
         raise PlanError(f"{v}{more}", rule=v.rule, bucket=v.bucket)
 
-    order = _final_pinned_order(problem, plan)
+    order = final_order(problem, plan)  # planner.core.positions: the one definition of the final order
     _check_contracted_graph_acyclic(graph, problem, plan, order)
 
     by_name = {n.name: n for n in graph.nodes}

@@ -1,7 +1,7 @@
 """Which transformer block, and which phase, each collective of a traced step belongs to.
 
 Why this exists: torch's manual per-block pass (``fxglue.manual``) buckets by block, and the
-positioned search (``planner.search.position_search``) seeds its plans the same way, so the problem
+positioned search (``planner.search.free.position_search``) seeds its plans the same way, so the problem
 records each collective's block and phase at extraction (``Collective.module`` / ``phase``). A
 traced step carries no module stack (``make_fx`` records none), so a collective is mapped to the
 parameter it moves: an all_gather to the one placeholder it derives from (torch's FSDP

@@ -23,7 +23,7 @@ from planner.core.problem import (
     collectives_after,
 )
 from planner.search.planning import Budget, PlanSpec, plan
-from planner.search.position_search import position_search
+from planner.search.free.position_search import position_search
 from planner.search.repair import repair
 from planner.cost.simulator import Simulation, simulate, to_chrome_trace, write_chrome_trace
 from planner.search.solver import PlanMismatchError, SolveResult, solve

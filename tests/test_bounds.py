@@ -107,7 +107,7 @@ def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(d
     named start and wait): the floor is at most the simulated step of each the verifier accepts
     under the positioned policy, and at least free_position_floor's compute part where it binds."""
     from planner.cost.bounds import release_deadline_floor
-    from planner.search.position_search import positioned_policy
+    from planner.search.free.position_search import positioned_policy
     from tests.brute import positioned_plans
 
     from tests.strategies import folded_conversions
@@ -187,7 +187,7 @@ def _on_a_3_ms_link(collectives: tuple, nodes: tuple) -> planner.Problem:
 
 def _best_positioned_step(problem: planner.Problem) -> float:
     """The best simulated step of every plan with any positions the verifier accepts (brute force)."""
-    from planner.search.position_search import positioned_policy
+    from planner.search.free.position_search import positioned_policy
     from tests.brute import positioned_plans
 
     rules = positioned_policy(None).as_params()
@@ -379,7 +379,7 @@ def test_the_pipeline_floor_is_never_above_any_plan_of_a_chain_of_three_gathers(
     import random
 
     from planner.cost.bounds import release_deadline_floor
-    from planner.search.position_search import positioned_policy
+    from planner.search.free.position_search import positioned_policy
     from tests.brute import positioned_plans
     from tests.test_gather_split import gather_chain
 
@@ -398,7 +398,7 @@ def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     that issues the gather bucket later (an independent review's case: step 22.01 ms, where the
     release floor read 32.01)."""
     from planner.cost.bounds import free_position_floor, release_deadline_floor
-    from planner.search.position_search import positioned_policy
+    from planner.search.free.position_search import positioned_policy
 
     def node(**k):
         return planner.Node(**{"est_ms": 0.0, **k})
@@ -437,7 +437,7 @@ def test_the_memory_capped_floor_is_never_above_a_plan_within_the_cap(data):
     plan's simulated step (the plan is within the cap), and never below the uncapped floor."""
     from planner.cost.bounds import release_deadline_floor
     from planner.cost.memory import peak_bytes
-    from planner.search.position_search import positioned_policy
+    from planner.search.free.position_search import positioned_policy
     from tests.brute import positioned_plans
     from tests.strategies import exact_memory, gathers_before_use
 

@@ -1,4 +1,4 @@
-"""planner.search.pipeline.best_split: the split of a chain of gathers issued together that the
+"""planner.search.free.gather_split.best_split: the split of a chain of gathers issued together that the
 simulator finds fastest, checked against every split into consecutive buckets simulated by
 ``planner.simulate``; and the positioned search starts from it."""
 
@@ -12,8 +12,8 @@ import pytest
 
 import planner
 from planner.core.options import PositionSearchOptions
-from planner.search.pipeline import ChainCosts, best_split
-from planner.search.position_search import position_search, positioned_policy
+from planner.search.free.gather_split import ChainCosts, best_split
+from planner.search.free.position_search import position_search, positioned_policy
 
 
 def gather_chain(sizes: list[int], compute_ms: list[float], latency_ms: float = 1.0,

@@ -224,14 +224,14 @@ def test_check_plan_takes_each_ranks_plan_solved_offline(tmp_path, capsys):
 
 
 def _positioned_check(tmp_path, capsys, workload: str) -> None:
-    """`extract --tiny`, a positioned plan per rank (``planner.search.position_search`` with an evaluation
+    """`extract --tiny`, a positioned plan per rank (``planner.search.free.position_search`` with an evaluation
     limit, so the plan does not depend on the machine's load), `check --plan`: a plan that issues
     and waits buckets where it names, applied on gloo ranks, leaves loss and gradients bitwise."""
     import time
 
     import planner
     from bucketplan.cli import main
-    from planner.search.position_search import position_search
+    from planner.search.free.position_search import position_search
 
     out = tmp_path / "tiny"
     assert main(["extract", workload, "--tiny", "--ranks", "2", "-o", str(out), "-q"]) == 0

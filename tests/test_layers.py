@@ -161,3 +161,25 @@ def test_no_public_function_takes_more_than_6_keyword_arguments():
                 if not f.name.startswith("_") and keywords > MAX_KEYWORDS:
                     long.append(f"{path.relative_to(ROOT)}:{f.lineno} {f.name} ({keywords})")
     assert not long, long
+
+
+def test_no_private_name_crosses_a_module_boundary_in_planner():
+    """What one module of planner/ takes from another is public: a ``_name`` imported from
+    another module (``from planner.x import _y``) or read off one (``x._y``) is a helper that
+    wants a public home (issue 60)."""
+    crossing = []
+    for module, path in _modules().items():
+        if not module.startswith("planner"):
+            continue
+        tree = ast.parse(path.read_text())
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        imported |= {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                     and (n.module or "").startswith("planner") for a in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("planner"):
+                crossing += [f"{module}: from {n.module} import {a.name}" for a in n.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+            elif isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in imported \
+                    and n.attr.startswith("_") and not n.attr.startswith("__"):
+                crossing.append(f"{module}:{n.lineno} {n.value.id}.{n.attr}")
+    assert not crossing, crossing

@@ -13,9 +13,9 @@ import planner
 from planner.core.arguments import PlanMismatchError
 from planner.cost import bounds, memory
 from planner.search import polish as polish_module
-from planner.search import position_search as ps
+from planner.search.free import position_search as ps
 from planner.search import scenarios
-from planner.search.positioned_solve import CappedModelOptions, solve_capped
+from planner.search.free.capped import CappedModelOptions, solve_capped
 from tests.support import data_problem
 
 NAN = float("nan")

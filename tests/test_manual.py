@@ -169,7 +169,7 @@ def test_the_graph_order_problem_keeps_the_traced_order_and_a_positioned_plan_on
     from fxglue.manual import fixed_order_problem
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, prepare
-    from planner.search.position_search import position_search
+    from planner.search.free.position_search import position_search
 
     traced = trace("llama3-8b-fsdp-2")
     graph_order = [n.name for n in traced.gm.graph.nodes]

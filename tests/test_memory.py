@@ -141,7 +141,7 @@ def _positioned_agrees(name: str, evaluations: int) -> None:
 
     from fxglue.pipeline import prepare
     from planner.cost.memory import peak_bytes
-    from planner.search.position_search import position_search
+    from planner.search.free.position_search import position_search
 
     prepared = prepare(name, preset="h100-8nodes")
     problem = prepared.problem
@@ -179,7 +179,7 @@ def test_a_graph_order_plan_agrees_and_every_view_aliases_its_input():
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, resolve_preset
     from planner.core.options import PositionSearchOptions
-    from planner.search.position_search import position_search
+    from planner.search.free.position_search import position_search
 
     preset = resolve_preset("h100-8nodes")
     traced = trace("llama3-8b-fsdp-2", world_size=preset.world_size, tp=preset.tp)

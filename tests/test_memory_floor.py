@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import planner
 from planner.cost.bounds import peak_memory_floor
 from planner.cost.memory import peak_bytes
-from planner.search.position_search import position_search, positioned_policy
+from planner.search.free.position_search import position_search, positioned_policy
 from tests.strategies import problems
 
 GB = 10**9

@@ -1,4 +1,4 @@
-"""The positioned search (planner.search.position_search) and the free-position floor: verified results
+"""The positioned search (planner.search.free.position_search) and the free-position floor: verified results
 within the memory budget, never slower than their seeds, and a floor never above a brute-force
 optimum over every positioned plan of tiny problems."""
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 import planner
 from planner.cost.bounds import free_position_floor
 from planner.cost.memory import memory_timeline, peak_bytes
-from planner.search.position_search import per_block_seed, position_search
+from planner.search.free.position_search import per_block_seed, position_search
 from tests.brute import positioned_plans
 from tests.strategies import problems
 
@@ -132,7 +132,7 @@ def test_the_annealing_takes_slower_plans_and_returns_the_fastest_it_saw(get_sch
     search anneals (``LocalSearch.anneal``): it moves to slower plans too, so what it ends on need not
     be its best; the answer must be the fastest legal plan it judged, seeds included. A budget
     below that ends as before annealing: no slower plan is ever taken."""
-    from planner.search import position_search as module
+    from planner.search.free import position_search as module
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     budget = peak_bytes(problem, None)
@@ -159,7 +159,7 @@ def test_the_annealing_takes_slower_plans_and_returns_the_fastest_it_saw(get_sch
 def _record_judged_steps(monkeypatch, interrupt_at: int | None = None) -> list[float]:
     """The step of every legal plan the positioned search judges from now on, in a list that fills
     as it runs; with ``interrupt_at``, a Ctrl-C when that many evaluations were made."""
-    from planner.search import position_search as module
+    from planner.search.free import position_search as module
 
     seen: list[float] = []
     judge = module._Search.judge
@@ -186,7 +186,7 @@ def test_ctrl_c_while_annealing_returns_the_fastest_plan_judged(get_scheduled, m
     """An annealing run ends on no particular plan, so Ctrl-C during one (here at the 900th
     evaluation, well into it) must return the fastest legal plan judged until then, marked
     interrupted, not the seed the run started from."""
-    from planner.search import position_search as module
+    from planner.search.free import position_search as module
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     budget = peak_bytes(problem, None)
@@ -210,7 +210,7 @@ def test_a_counter_and_a_verifier_kept_across_plans_answer_as_fresh_ones(data):
     verifier made for that plan alone names."""
     from planner.cost.memory import INSTANTS_PER_POSITION, MemoryCounter, memory_at
     from planner.rules.verifier import Verifier
-    from planner.search.position_search import positioned_policy
+    from planner.search.free.position_search import positioned_policy
     from tests.strategies import exact_memory, gathers_before_use
 
     if data.draw(st.booleans()):
@@ -267,7 +267,7 @@ def _overcap_hint(problem: planner.Problem) -> planner.Plan:
 def test_the_default_budget_comes_only_from_plans_that_verify():
     """A hint that breaks rule 3 peaks 1.9 GB above the unbucketed schedule: its peak is no budget
     (the unbucketed schedule's is); a legal plan that peaks higher still sets it."""
-    from planner.search.position_search import default_peak_budget, positioned_policy
+    from planner.search.free.position_search import default_peak_budget, positioned_policy
     from tests.support import data_problem
     from tests.test_memory_floor import _spike
 

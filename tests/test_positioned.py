@@ -1,4 +1,4 @@
-"""planner.search.positioned: the step model with positions prices a plan exactly as planner.simulate does
+"""planner.search.free.model: the step model with positions prices a plan exactly as planner.simulate does
 (within its ns of rounding), its optimum over a tiny problem's candidate space is the brute-force
 optimum of the plans in that space, and its bound is never above it."""
 
@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from ortools.sat.python import cp_model
 
 import planner
-from planner.search.position_search import position_search, positioned_policy
-from planner.search.positioned import (add_positioned_step, build_positioned_model, candidates, hint_fully,
+from planner.search.free.position_search import position_search, positioned_policy
+from planner.search.free.model import (add_positioned_step, build_positioned_model, candidates, hint_fully,
                                 model_step_ms)
 from tests.brute import positioned_plans
 from tests.strategies import exact_memory, gathers_before_use, problems, two_gathers
@@ -124,7 +124,7 @@ def _solved_to_optimality(problem: planner.Problem, found_places, cap: int | Non
     """(handle, solver, plan) of the model over ``found_places`` (within ``cap`` at ``instants``,
     if given) solved to optimality: the plan verifies and the model's objective is its simulated
     step, within the model's ns of rounding."""
-    from planner.search.positioned import MemoryCap
+    from planner.search.free.model import MemoryCap
 
     h = build_positioned_model(problem, found_places, window=64)
     add_positioned_step(h)
@@ -350,7 +350,7 @@ def test_the_memory_cap_counts_a_fixed_plan_as_planner_memory_does(get_scheduled
     planner.cost.memory's figure there, at the plan's fullest instants and at others; and a cap one byte
     below its peak, at the peak's instant, makes the plan impossible."""
     from planner.cost.memory import memory_at, memory_profile, own_memory
-    from planner.search.positioned import MemoryCap
+    from planner.search.free.model import MemoryCap
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     own = own_memory(problem)
@@ -390,7 +390,7 @@ def test_the_capped_solve_returns_a_verified_plan_within_the_cap_and_a_bound_bel
     the plan it started from, and its bound lies between free_position_floor and its step."""
     from planner.cost.bounds import free_position_floor
     from planner.cost.memory import peak_bytes
-    from planner.search.positioned_solve import CappedModelOptions, solve_capped
+    from planner.search.free.capped import CappedModelOptions, solve_capped
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)
@@ -411,7 +411,7 @@ def test_a_deterministic_capped_solve_gives_the_same_answer_twice(get_scheduled)
     """CappedModelOptions(deterministic=True): the limit is CP-SAT's deterministic time, so two solves
     from the same plan return the same plan, byte for byte, status and bound."""
     from planner.cost.memory import peak_bytes
-    from planner.search.positioned_solve import CappedModelOptions, solve_capped
+    from planner.search.free.capped import CappedModelOptions, solve_capped
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)
@@ -431,7 +431,7 @@ def test_the_most_time_of_early_buckets_is_never_below_a_split_of_their_bytes(po
     """most_time_ms, the time the phase cuts allow buckets started early: never below the time of
     any split of ``budget`` bytes into at most ``k`` buckets (a brute force over a grid of splits),
     on a table link whose curve may rise and fall."""
-    from planner.search.positioned_cuts import most_time_ms
+    from planner.search.free.cuts import most_time_ms
 
     table = {"all_gather": [(0, at_zero), *sorted({b: t for b, t in points}.items())]}
     link = planner.Link(pg="0", group_size=2, table=table)
@@ -498,10 +498,10 @@ def test_a_gather_whose_own_places_are_over_the_cap_may_still_join_a_bucket():
 def test_the_cuts_keep_every_plan_within_the_cap_and_price_it_as_the_simulator(get_scheduled):
     """On llama3-8b-fsdp-2 within its unbucketed schedule's peak: every plan of _fsdp2_plans and of
     the per-block seeds that is within the cap stays a solution of the capped model once fixed (no
-    cut of planner.search.positioned_cuts removes it), priced as planner.simulate prices it."""
+    cut of planner.search.free.cuts removes it), priced as planner.simulate prices it."""
     from planner.cost.memory import peak_bytes
-    from planner.search.position_search import per_block_seed
-    from planner.search.positioned import MemoryCap
+    from planner.search.free.position_search import per_block_seed
+    from planner.search.free.model import MemoryCap
 
     problem = get_scheduled("llama3-8b-fsdp-2", preset="h100-8nodes").problem
     cap = peak_bytes(problem)

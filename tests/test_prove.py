@@ -1,5 +1,5 @@
 """``solve --positions free --prove SECONDS``: after the positioned search, CP-SAT over the candidate
-space of the search's plan within the same peak (``planner.search.positioned_solve.solve_capped``).
+space of the search's plan within the same peak (``planner.search.free.capped.solve_capped``).
 The plan written is verified, within the peak, no slower than the search's, and carries two bounds
 named apart: the floor over every plan with any positions (``bound``) and the candidate space's
 (``candidate_bound``), the first never above the second, the second never above the plan's step;

@@ -202,7 +202,7 @@ def test_torch_merges_a_gather_whose_folded_conversion_hides_and_a_positioned_pl
     assert report.feasible, report.violations
     assert (report.quality.hidden_kept, report.quality.hidden_relations) == (3, 3)
     # the positioned search held to torch's overlap (rules 4, 7, 8) finds torch's count itself
-    from planner.search.position_search import position_search
+    from planner.search.free.position_search import position_search
 
     found = position_search(p, [], planner.PositionSearchOptions(max_evaluations=2000, keep_overlap=True),
                             peak_memory_bytes=None, deadline=time.perf_counter() + 60).plan

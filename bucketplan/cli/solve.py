@@ -1,6 +1,6 @@
-"""``bucketplan solve``: one problem's plan with CP-SAT (status, objective, bound, gap); its
-flags are all checked before anything is loaded. ``--positions free`` continues in
-solve_positions.py, ``--robust`` in solve_robust.py."""
+"""``bucketplan solve``: one problem's plan by ``planner.plan`` (status, objective, bound, gap); its
+flags are all checked before anything is loaded, as one ``PlanSpec``. ``--positions free`` is
+reported by solve_free.py, ``--robust`` by solve_robust.py."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def add_parser(sub) -> None:
     s.add_argument("--positions", choices=["anchored", "free"], default="anchored",
                    help="anchored (the default): each bucket starts and waits where torch "
                         "scheduled one of its members; free: also choose where "
-                        "(planner.search.position_search, step objective only), within --peak-memory-gb; "
+                        "(planner.search.free.position_search, step objective only), within --peak-memory-gb; "
                         "apply, check and use merge such plans where they name")
     s.add_argument("--keep-overlap", action="store_true",
                    help="with --positions free: keep torch's overlap too (rules 4, 7 and 8: a "
@@ -96,7 +96,7 @@ def add_parser(sub) -> None:
     s.add_argument("--prove", type=float, default=None, metavar="SECONDS",
                    help="with --positions free: after the search, up to SECONDS more of CP-SAT over "
                         "the candidate space of the search's plan within the same peak "
-                        "(planner.search.positioned_solve): a faster plan of that space, or the proof "
+                        "(planner.search.free.capped): a faster plan of that space, or the proof "
                         "that none is (OPTIMAL). Practical at a few layers (llama3-8b-fsdp-2: seconds); "
                         "with --deterministic, SECONDS of CP-SAT's deterministic time (default: none)")
     s.add_argument("--robust", metavar="A,B,...",
@@ -168,7 +168,7 @@ def _plan_and_report(args, spec, best: BestPlan) -> int:
 
     import planner
     from planner.jobs.progress import LiveLine
-    from planner.search.position_search import PeakNotReached
+    from planner.search.free.position_search import PeakNotReached
     from planner.search.scenarios import ScenarioError
     from planner.search.solver import PlanMismatchError
 
@@ -197,7 +197,7 @@ def _plan_and_report(args, spec, best: BestPlan) -> int:
 
         return robust_report(result, best)
     if stage == "free":
-        from bucketplan.cli.solve_positions import positioned_report
+        from bucketplan.cli.solve_free import positioned_report
 
         return positioned_report(problem, result, t_start, best)
     if result.plan is None:

@@ -9,7 +9,7 @@ its flags (``bucketplan/cli/solve.py`` lists which flag sets which field).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import planner.core.arguments as arguments
 from planner.core.arguments import ArgumentError
@@ -58,7 +58,7 @@ class SolveOptions:
 
 @dataclass(frozen=True)
 class PositionSearchOptions:
-    """How ``planner.search.position_search`` searches, its memory budget and clock apart: ``seed`` of its
+    """How ``planner.search.free.position_search`` searches, its memory budget and clock apart: ``seed`` of its
     random moves, ``max_evaluations`` (the reproducible limit; None: the deadline alone),
     ``per_block`` (start from the per-block plan too) and ``keep_overlap`` (every candidate keeps
     torch's overlap, rules 4, 7 and 8)."""
@@ -74,15 +74,3 @@ class PositionSearchOptions:
             arguments.positive_number(self.max_evaluations, "max_evaluations")
         arguments.flag(self.per_block, "per_block")
         arguments.flag(self.keep_overlap, "keep_overlap")
-
-
-def field_names(options_type) -> tuple[str, ...]:
-    """The fields of an options type, those of its ``policy`` that it takes spelled
-    ``policy.<name>``."""
-    out = []
-    for f in fields(options_type):
-        if f.name == "policy":
-            out += [f"policy.{name}" for name in options_type.POLICY_FIELDS]
-        else:
-            out.append(f.name)
-    return tuple(out)

@@ -98,3 +98,28 @@ def place_of(fpos: float) -> int:
     """The scheduled position of the node an event at ``fpos`` sits before (or at): what compute
     ran before it is the compute scheduled before that position."""
     return math.ceil(fpos)
+
+
+def final_order(problem: Problem, plan: Plan) -> list[tuple[str, int | None, str]]:
+    """The pinned events of ``plan``'s final schedule, in order: ``(node name, bucket index or
+    None, "start" | "wait" | "node")``. A merged or positioned bucket's start is named by its start
+    anchor, its wait by its wait anchor's wait node, each at ``bucket_positions``; its members'
+    other starts and waits, and the conversions folded into its copy-in (two or more members), are
+    no events of their own; every other pinned node keeps its position. Several starts (or waits)
+    before one node keep the plan's order. ``plan`` must be well-formed (the verifier's rules 1
+    and 5): what ``fxglue.apply`` lays the graph out by."""
+    colls = {c.name: c for c in problem.collectives}
+    node_pos = {n.name: n.pos for n in problem.nodes}
+    events: list[tuple[float, int, str, int | None, str]] = []  # (position, plan order, name, bucket, what)
+    gone: set[str] = set()
+    for b, bucket in enumerate(plan.buckets):
+        if len(bucket.members) < 2 and not is_positioned(bucket):
+            continue
+        start, wait = bucket_positions(bucket, colls, node_pos)
+        events += [(start, b, bucket.start, b, "start"), (wait, b, colls[bucket.wait].wait, b, "wait")]
+        gone.update(*((m, colls[m].wait) for m in bucket.members))
+        if len(bucket.members) > 1:
+            gone.update(f for m in bucket.members for f in colls[m].folded)
+    events += [(n.pos, -1, n.name, None, "node") for n in problem.nodes if n.name not in gone]
+    events.sort(key=lambda e: (e[0], e[1]))
+    return [(name, b, what) for _, _, name, b, what in events]

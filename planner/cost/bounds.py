@@ -33,6 +33,7 @@ from ortools.sat.python import cp_model
 
 import planner.core.arguments as arguments
 from planner.core.problem import Problem
+from planner.cost.curves import curve
 
 # Deterministic effort for one key's bin packing (CP-SAT's deterministic time, one worker: the
 # bound is reproducible). Measured: the 8-layer MoE keys (4-5 distinct sizes, 27-53 items) prove
@@ -324,7 +325,7 @@ def per_byte_floor(link, kind: str) -> Callable[[int], float]:
     c/b + s is monotone), so the infimum is at a breakpoint or at M (no concavity needed). The
     running minimum over the breakpoints is computed once (torch's NCCL tables have ~600 points
     per kind, and a 405B problem 3,410 collectives to price)."""
-    points = [b for b, _ in link.table[kind] if b > 0] if link.table is not None else []
+    points = curve(link, kind).bends(0)
     bs = np.array(points, dtype=float)
     best = np.minimum.accumulate([link.time_ms(kind, b) / b for b in points]) if points else np.array([])
 
@@ -356,11 +357,9 @@ def _least_time_per_unit_count(link, kind: str, unit: int, largest: int) -> np.n
     lo = np.arange(spans, dtype=np.int64) * unit + 1
     hi = np.minimum(np.arange(1, spans + 1, dtype=np.int64) * unit, largest)
     cost = np.minimum([link.time_ms(kind, int(b)) for b in lo], [link.time_ms(kind, int(b)) for b in hi])
-    if link.table is not None:
-        for b, _ in link.table[kind]:
-            if 1 <= b <= largest:
-                p = -(-int(b) // unit)
-                cost[p - 1] = min(cost[p - 1], link.time_ms(kind, int(b)))
+    for b in curve(link, kind).bends(0, largest + 1):
+        p = -(-int(b) // unit)
+        cost[p - 1] = min(cost[p - 1], link.time_ms(kind, int(b)))
     return cost
 
 
@@ -487,10 +486,10 @@ def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray
     intercepts ``c`` and slopes ``s``. The slopes searched are those of the chords from every
     breakpoint to ``total`` (and 0); c(s) = min over breakpoints of f(b) - s*b (f is linear
     between breakpoints, so the minimum over [0, total] is at one of them)."""
-    if link.table is None:
-        fixed = link.fixed_ms(kind)
-        return np.array([fixed]), np.array([(link.time_ms(kind, total) - fixed) / max(total, 1)])
-    pts = [(b, t) for b, t in link.table[kind] if b < total] + [(total, link.time_ms(kind, total))]
+    cv = curve(link, kind)
+    if cv.is_line:
+        return np.array([cv.fixed_ms]), np.array([(cv.time_ms(total) - cv.fixed_ms) / max(total, 1)])
+    pts = [(b, cv.time_ms(b)) for b in (0, *cv.bends(0, total)) if b < total] + [(total, cv.time_ms(total))]
     bs = np.array([b for b, _ in pts], dtype=float)
     ts = np.array([t for _, t in pts], dtype=float)
     span = total - bs[:-1]

@@ -160,7 +160,7 @@ def member_buffers(problem: Problem, c: Collective, merged: bool) -> list[tuple[
     """(allocated, freed, bytes) of every buffer ``c`` accounts for in a bucket: alone
     (``merged`` False) or with others, its share of the bucket's buffers (module docstring). The
     one definition of where buffers live: ``memory`` evaluates it per plan, the CP-SAT memory cap
-    (``planner.search.positioned``) per candidate start and wait."""
+    (``planner.search.free.model``) per candidate start and wait."""
     b = buffers_of(problem, c)
     S, W = End("S"), End("W")
     wait_bytes, wait_last_use = b.wait_bytes or 0, b.wait_last_use if b.wait_last_use is not None else NEVER
@@ -233,7 +233,7 @@ class MemoryCounter:
     each) is computed once, each bucket's buffers are remembered by its members and merged start
     and wait, and the sum over instants is done with numpy.
 
-    Why: the positioned search (``planner.search.position_search``) counts tens of thousands of
+    Why: the positioned search (``planner.search.free.position_search``) counts tens of thousands of
     plans, each one or two buckets away from the last; recounting every buffer in Python took
     about 70% of each of its evaluations on llama3-8b-fsdp-8 (3.4 ms of a plan's ~5 ms)."""
 

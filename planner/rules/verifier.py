@@ -135,7 +135,7 @@ class Verifier:
     dependency edges, each collective's memory buffers) is derived once, and rule 6's answer for a
     bucket is remembered by its members.
 
-    Why: the positioned search (``planner.search.position_search``) verifies tens of thousands of
+    Why: the positioned search (``planner.search.free.position_search``) verifies tens of thousands of
     plans, each a bucket or two away from the last; deriving all of it again took about two thirds
     of each of its evaluations on llama3-8b-fsdp-8 (rule 6's reachability pass over the graph
     alone, 40%). Nothing here is shared with a planner: the memo holds this module's own answers."""

@@ -343,32 +343,28 @@ def _by_first(pairs) -> dict[int, list[int]]:
     return out
 
 
+def _exactly_one_choice(m: cp_model.CpModel, choice: dict, implied, value: dict, weight) -> int:
+    """For each ``i`` of ``choice`` ((i, a) -> bool): exactly one ``a`` chosen; choosing ``a != i``
+    implies ``implied(i, a)``; ``value[i]`` is the chosen ``weight(a)``. The number of ``i``."""
+    by_i = _by_first(choice)
+    for i, options in by_i.items():
+        build_tick()
+        m.add_exactly_one(choice[i, a] for a in options)
+        for a in options:
+            if a != i:
+                m.add_implication(choice[i, a], implied(i, a))
+        m.add(value[i] == sum(weight(a) * choice[i, a] for a in options))
+    return len(by_i)
+
+
 def _one_bucket_per_collective(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
     """Structure: each collective is in exactly one bucket, whose anchor anchors it; FS is that anchor's start."""
-    x = v.x
-    by_i = _by_first(x)
-    for i, anchors in by_i.items():
-        build_tick()
-        m.add_exactly_one(x[i, a] for a in anchors)
-        for a in anchors:
-            if a != i:
-                m.add_implication(x[i, a], x[a, a])
-        m.add(v.fs[i] == sum(colls[a].s * x[i, a] for a in anchors))
-    return len(by_i)
+    return _exactly_one_choice(m, v.x, lambda i, a: v.x[a, a], v.fs, lambda a: colls[a].s)
 
 
 def _one_wait_anchor_per_bucket(m: cp_model.CpModel, v: _Variables, colls: list[_Coll]) -> int:
     """Structure (rule 5): each bucket has exactly one wait anchor, a member; BW is its wait."""
-    x, y = v.x, v.y
-    ys = _by_first(y)
-    for a, bs in ys.items():
-        build_tick()
-        m.add_exactly_one(y[a, b] for b in bs)
-        for b in bs:
-            if b != a:
-                m.add_implication(y[a, b], x[b, a])
-        m.add(v.bw[a] == sum(colls[b].w * y[a, b] for b in bs))
-    return len(ys)
+    return _exactly_one_choice(m, v.y, lambda a, b: v.x[b, a], v.bw, lambda b: colls[b].w)
 
 
 def _members_wait_with_their_bucket(m: cp_model.CpModel, v: _Variables) -> int:

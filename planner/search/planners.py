@@ -116,13 +116,15 @@ def _repaired_greedy(request: PlanRequest) -> PlannerOutput:
 
 
 def _cpsat(request: PlanRequest) -> PlannerOutput:
+    # the anchored mode's search itself (``MODES['anchored']`` runs the same): this registry is
+    # what the front door (``planner.search.planning``) reads, so it never calls the front door
     from planner.core.options import SolveOptions
-    from planner.search.planning import PlanSpec, plan
+    from planner.search.solver import solve
 
     request.progress("solving with CP-SAT")
-    spec = PlanSpec.of_solve_options(request.solve or SolveOptions(), hint=request.greedy,
-                                     count_plan=request.count_plan, fallback_plans=tuple(request.fallback_plans))
-    result = plan(request.problem, spec, search_progress=request.search_progress)
+    result = solve(request.problem, request.solve or SolveOptions(), hint=request.greedy,
+                   count_plan=request.count_plan, fallback_plans=request.fallback_plans,
+                   progress=request.search_progress)
     return PlannerOutput(plan=result.plan, solve_result=result)
 
 
@@ -179,7 +181,7 @@ MODES: dict[str, Mode] = {m.name: m for m in (
          "planner.search.solver", "plan_anchored", "check_anchored"),
     Mode("free", "also where each bucket starts and waits: CP-SAT's anchored plan, then the positioned "
          "search within a peak, bounded by the floor of every plan with any positions",
-         "planner.search.free_positions", "plan_free", "check"),
+         "planner.search.free.planner", "plan_free", "check"),
     Mode("robust", "the least worst-case regret across cost scenarios",
          "planner.search.scenarios", "plan_robust", "check_robust"),
 )}

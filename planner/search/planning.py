@@ -160,7 +160,7 @@ def plan(problem: Problem, spec: PlanSpec = PlanSpec(), *, progress: Callable[[s
     (a ``time.perf_counter`` value; None: now), its plan verified, its ``bound`` (ms, with
     ``bound_scope``) and ``gap``. A plan made for another problem (hint, starts) raises
     ``PlanMismatchError`` before any search; a peak no plan was found within raises
-    ``planner.search.position_search.PeakNotReached`` (what it proves and what it reached).
+    ``planner.search.free.position_search.PeakNotReached`` (what it proves and what it reached).
     A Ctrl-C during a search returns its best verified plan so far (``stats['interrupted']``); one
     between stages propagates after ``on_plan`` has seen every plan found."""
     from planner.search import planners

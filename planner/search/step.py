@@ -42,6 +42,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from planner.cost.bounds import BucketReach, bucket_reach, per_byte_floors
+from planner.cost.curves import curve
 from planner.search.cpsat import ModelHandle, build_tick
 from planner.core.problem import Link, Plan, Problem, copy_bytes
 
@@ -78,8 +79,7 @@ def to_ns(ms: float) -> int:
 def _highest_ms(link: Link, kind: str, lo: int, hi: int) -> float:
     """The most a collective of ``kind`` costs on ``link`` at any bytes in [lo, hi] (a curve is
     linear between its breakpoints)."""
-    inner = (b for b, _ in link.table[kind] if lo < b < hi) if link.table is not None else ()
-    return max(link.time_ms(kind, b) for b in (lo, max(lo, hi), *inner))
+    return max(link.time_ms(kind, b) for b in (lo, max(lo, hi), *curve(link, kind).bends(lo, hi)))
 
 
 def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int = 50,
@@ -92,9 +92,10 @@ def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int 
     def f_ns(b: int) -> float:
         return link.time_ms(kind, b) * NS_PER_MS
 
-    if link.table is None or hi <= lo:
-        c = f_ns(0) if link.table is None else f_ns(lo)
-        s = (f_ns(1 << 30) - f_ns(0)) / (1 << 30) if link.table is None else 0.0
+    cv = curve(link, kind)
+    if cv.is_line or hi <= lo:
+        c = f_ns(0) if cv.is_line else f_ns(lo)
+        s = (f_ns(1 << 30) - f_ns(0)) / (1 << 30) if cv.is_line else 0.0
         return _scaled([(c, s)], hi, magnitude_log2, rounded)
     ratio = (hi / max(lo, 1)) ** (1 / (CHORD_POINTS - 1))
     pts = sorted({lo, hi, *(min(hi, int(lo * ratio**k)) for k in range(CHORD_POINTS))})
@@ -103,7 +104,7 @@ def duration_lines(link: Link, kind: str, lo: int, hi: int, magnitude_log2: int 
         s = (f_ns(b1) - f_ns(b0)) / (b1 - b0)
         lines.append((f_ns(b0) - s * b0, s))
     # how far the minimum of the chords rises above the curve, at every breakpoint in range
-    checks = [lo, hi] + [b for b, _ in link.table[kind] if lo < b < hi]
+    checks = [lo, hi] + cv.bends(lo, hi)
     excess = max(0.0, max(min(c + s * b for c, s in lines) - f_ns(b) for b in checks))
     return _scaled([(c - excess - 1, s) for c, s in lines], hi, magnitude_log2, rounded)
 
@@ -126,8 +127,8 @@ def _interpolating_chords(link: Link, kind: str, lo: int, hi: int, tol_ns: float
     [lo, hi], each as long as it stays under ``f`` and within ``tol_ns`` of it at every breakpoint it
     spans (``f`` is linear between breakpoints and where a falling last segment reaches 0, so it
     does everywhere)."""
-    points = link.table[kind]
-    inner = [b for b, _ in points if lo < b < hi]
+    points = curve(link, kind).points()
+    inner = curve(link, kind).bends(lo, hi)
     (b_a, t_a), (b_b, t_b) = points[-2], points[-1]
     if t_b < t_a:  # extended past the last breakpoint it falls, and stops at 0 (Link.time_ms):
         # linear up to floor(zero), 0 from ceil(zero) (a chord across the zero would lie above it)
@@ -190,7 +191,7 @@ def duration_pieces(link: Link, kind: str, lo: int, hi: int, slack_bytes: int,
         # the model reads the lines at a bucket's bytes rounded down, up to slack_bytes under its
         # true bytes: a falling line is read as if that far along (no change without a slack)
         lines = [(c + s * slack_bytes if s < 0 else c, s) for c, s in lines]
-        past = [b1 + slack_bytes] + [b for b, _ in link.table[kind] if b1 < b < b1 + slack_bytes]
+        past = [b1 + slack_bytes] + curve(link, kind).bends(b1, b1 + slack_bytes)
         excess = max(0.0, *(min(c + s * b for c, s in lines) - link.time_ms(kind, b) * NS_PER_MS for b in past))
         out.append((b0, b1, [(c - excess, s) for c, s in lines]))
     return out
@@ -301,7 +302,7 @@ def _anchor_terms(pricing: _Pricing, a: int, members: list[int], folded_ns: cp_m
             cin[i], cout[i] = to_ns(cost.copy_ms(pair[0])), to_ns(cost.copy_ms(pair[1]))
         copy_in = sum(cin[i] * x[i, a] for i in joiners) + cin[a] * merged
         copy_out = sum(cout[i] * x[i, a] for i in joiners) + cout[a] * merged
-    if link.table is None:
+    if curve(link, ca.kind).is_line:
         # an α-β link is a line: its fixed part once, each member's bytes (exact up to ns)
         fixed = link.fixed_ms(ca.kind)
         dur = to_ns(fixed) * x[a, a] + sum(to_ns(link.time_ms(ca.kind, wires[i]) - fixed) * x[i, a] for i in members)
@@ -417,7 +418,7 @@ def pieces_by_key(problem: Problem, handle: ModelHandle, members: dict[int, list
     spans: dict[tuple, list[int]] = {}
     for a in anchors:
         ca = problem.collectives[colls[a].idx]
-        if problem.link(ca.pg).table is None:
+        if curve(problem.link(ca.pg), ca.kind).is_line:
             continue
         wires = [problem.collectives[colls[i].idx].wire_bytes for i in members[a]]
         lo, hi, n = spans.setdefault((ca.pg, ca.kind), [ca.wire_bytes, ca.wire_bytes, 0])

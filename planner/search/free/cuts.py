@@ -1,4 +1,4 @@
-"""Valid inequalities of the positioned step model (``planner.search.positioned``): constraints every
+"""Valid inequalities of the positioned step model (``planner.search.free.model``): constraints every
 plan of the candidate space meets, added so that CP-SAT's bound sees what its relaxation misses.
 
 Why this exists: the model's clock is a max-plus chain whose stalls and stream order hold only
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from planner.cost.curves import curve
 from planner.cost.memory import INSTANTS_PER_POSITION, MemoryCounter, buffers_of
 from planner.core.problem import Link
 from planner.search.step import NS_PER_MS, to_ns
@@ -168,8 +169,7 @@ def most_time_ms(link: Link, kind: str, budget: int, k: int) -> float:
         return 0.0
     if budget <= 0:
         return k * link.time_ms(kind, 0)
-    table = link.table.get(kind, []) if link.table is not None else []
-    marks = sorted({0, budget, *(b for b, _ in table if 0 < b < budget)})
+    marks = sorted({0, budget, *curve(link, kind).bends(0, budget)})
     hull: list[tuple[int, float]] = []  # the upper concave hull of the curve's points (monotone chain)
     for b, t in ((b, link.time_ms(kind, b)) for b in marks):
         while len(hull) >= 2 and ((hull[-1][0] - hull[-2][0]) * (t - hull[-2][1])

@@ -30,7 +30,7 @@ def check(spec) -> None:
 def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
     """The free-positions plan ``spec`` asks for (``planning.PlanSpec``), from ``started``."""
     from planner.search.planning import anchored_seconds
-    from planner.search.position_search import default_peak_budget, deterministic_evaluations, position_search
+    from planner.search.free.position_search import default_peak_budget, deterministic_evaluations, position_search
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR, solve
 
     policy = spec.policy or Policy(keep_overlap=False)
@@ -86,7 +86,7 @@ def _proved(problem: Problem, spec, calls, searched: SolveResult, floor_ms: floa
     """CP-SAT over the candidate space of the search's plan within ``budget`` for ``prove_s``
     seconds (``solve_capped``): a faster plan of that space, or the proof that none is. Its status
     and bound travel in ``stats['proof']`` and the plan's ``params['candidate_bound']``."""
-    from planner.search.positioned_solve import CappedModelOptions, solve_capped
+    from planner.search.free.capped import CappedModelOptions, solve_capped
 
     calls.progress(f"CP-SAT over the search plan's candidate space within {budget / GB:.3f} GB, "
                    + (f"{spec.prove_s:g} s of deterministic time" if spec.budget.deterministic

@@ -3,7 +3,7 @@ waits, among candidate places, and minimizes ``planner.simulate``'s step exactly
 
 Why this exists: the plans that beat torch's manual per-block pass issue a block's gathers a block
 ahead and wait reduce_scatters late, which no anchored plan can (``planner.core.positions``). A local
-search found them (``planner.search.position_search``) but cannot say how far they are from the best.
+search found them (``planner.search.free.position_search``) but cannot say how far they are from the best.
 Here the same plans are a CP-SAT model, so a solve returns a plan *and* a bound valid over every
 plan of the candidate space.
 
@@ -26,7 +26,7 @@ holds its group's FIFO stream from ``max(issue, the stream's frontier)`` for its
 frontier is a running maximum of the ends of the buckets started before, per group); a wait
 there stalls ``T`` until its bucket ends, then its copy-out runs. Durations, launches and copies
 are ``planner.search.step``'s terms (exact for α-β links, within ns for tables). Inequalities every
-plan of the space meets (``planner.search.positioned_cuts``: tails, places over the cap, phases)
+plan of the space meets (``planner.search.free.cuts``: tails, places over the cap, phases)
 give CP-SAT's bound what the relaxation of this chain misses.
 """
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from ortools.sat.python import cp_model
 
 from planner.cost.bounds import BucketReach
-from planner.search.positioned_cuts import (RoomProfile, StepTerms, add_phase_cuts, add_tail_cuts,
+from planner.search.free.cuts import (RoomProfile, StepTerms, add_phase_cuts, add_tail_cuts,
                                             exclude_places_over_cap, folded_conversions)
 from planner.search.cpsat import ModelHandle, prepare_collectives, build_tick
 from planner.core.problem import Bucket, Plan, Problem
@@ -148,7 +148,7 @@ class PositionedHandle:
     stats: dict = field(default_factory=dict)
     final: cp_model.LinearExprT = 0
     slack_ns: int = 0
-    step: StepTerms | None = None  # what add_positioned_step built (planner.search.positioned_cuts reads it)
+    step: StepTerms | None = None  # what add_positioned_step built (planner.search.free.cuts reads it)
     ranks: dict[int, tuple] = field(default_factory=dict)  # issue_ranks: several starts at one place
 
     def extract(self, solver: cp_model.CpSolver, *, params: dict, created: str = "") -> Plan:

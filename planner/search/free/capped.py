@@ -1,7 +1,7 @@
 """The fastest plan of the candidate space within a memory cap, with CP-SAT's proof of how close
-it is: ``planner.search.positioned``'s step model and memory cap, started from the best plan given.
+it is: ``planner.search.free.model``'s step model and memory cap, started from the best plan given.
 
-Why this exists: the positioned search (``planner.search.position_search``) finds fast plans under a
+Why this exists: the positioned search (``planner.search.free.position_search``) finds fast plans under a
 peak budget but proves nothing, and treats the peak as a filter. Here the same plans are hints of
 one CP-SAT model whose constraints include the cap, so the answer carries a bound over every plan
 of the candidate space within the cap (``Candidates``: the members' own places, prefetch and
@@ -26,9 +26,9 @@ from ortools.sat.python import cp_model
 import planner.core.arguments as arguments
 from planner.cost.bounds import within_peak
 from planner.cost.memory import memory_profile, peak_bytes
-from planner.search.position_search import positioned_policy
-from planner.search.positioned_cuts import add_phase_cuts
-from planner.search.positioned import (Candidates, MemoryCap, PositionedHandle, add_positioned_step,
+from planner.search.free.position_search import positioned_policy
+from planner.search.free.cuts import add_phase_cuts
+from planner.search.free.model import (Candidates, MemoryCap, PositionedHandle, add_positioned_step,
                                        build_positioned_model, candidates, hint_fully, model_step_ms)
 from planner.core.problem import Plan, Problem
 from planner.cost.simulator import step_ms

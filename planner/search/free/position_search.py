@@ -18,7 +18,7 @@ simulated annealing from the seed over the rest of the time or evaluation budget
   after the next one's start (defer), or a few pinned nodes earlier or later;
 - membership moves: merge with the next same-key bucket, split in two, move the boundary member;
 - at a local optimum (before a kick; annealing: every ``RESPLIT_EVERY`` evaluations), and on
-  every seed: re-splits of gathers as one pipeline (``planner.search.pipeline.best_split``): each
+  every seed: re-splits of gathers as one pipeline (``planner.search.free.gather_split.best_split``): each
   chain issued at one time, each prefix of it in the order due, and each phase's gathers of one
   key lifted to where its first is issued;
 - a candidate counts when it is within the budget and accepted by the independent verifier under
@@ -46,7 +46,7 @@ from planner.core.problem import Bucket, Plan, Problem, with_buckets
 from planner.cost.simulator import replay_index, step_ms
 from planner.rules.verifier import Verifier, verify
 from planner.search.local_search import MIN_GAIN_MS, LocalSearch
-from planner.search.pipeline import ChainCosts, best_split
+from planner.search.free.gather_split import ChainCosts, best_split
 from planner.search.result import SolveResult
 
 # pinned-node steps a start or wait is shifted by (a block of a Llama layer is ~100 pinned nodes)
@@ -55,38 +55,20 @@ SHIFTS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 KICKS_WITHOUT_GAIN = 200
 # the annealing's temperature, as a share of the step it starts from: from ANNEAL_START down to
 # ANNEAL_END, geometrically over the rest of the budget (a move slower by d ms is taken with
-# probability exp(-d / temperature)). Measured on llama3-8b-fsdp-8 @ h100-8nodes within torch
-# default's peak (14.527 GB), 300 s from nothing, where first improvement with kicks levelled off
-# at 183.28-188.83 ms (its best plan after ~15 s, kicks around it finding little in the rest):
-# annealing the whole budget from the seed (222.4 ms: 2.2 ms down to 0.022) gave 176.34, 181.77,
-# 176.30 and 179.67 ms on seeds 0-3 of the search (177.83 and 181.25 in experiments.capped_positioned
-# on seeds 0-1); from the first descent's local optimum instead, 180.04 and 184.12 (seeds 0-1);
-# starting at 2% from the seed, 184.16 and 208.01 (seeds 0 and 2). Over a short budget (2,400
-# evaluations, the deterministic 30 s) annealing from the seed did worse than the descent (seeds
-# 0-2: 191.77, 202.94, 185.22 against 184.32, 194.51, 186.27): hence the descent first, and
-# ANNEAL_MIN_EVALUATIONS
+# probability exp(-d / temperature)). Why annealing, from the seed, after a first descent, and
+# these values: measured, docs/results.md "The positioned search's constants"
 ANNEAL_START = 0.01
 ANNEAL_END = 1e-4
 # evaluations between re-splits of the annealing's current plan (each costs up to RESPLITS)
 RESPLIT_EVERY = 3000
 # the least budget left after the first descent, in evaluations, that is annealed (from the seed
-# again); less goes on with first improvement and kicks. On llama3-8b-fsdp-8 (~160 evaluations a
-# second) a 300 s search has ~40,000 left, a 60 s one ~5,000, where annealing from the seed and
-# the kicks gave alike (seeds 0-2: 181.18, 186.68, 182.98 against 184.24, 184.10, 180.54 ms)
+# again); less goes on with first improvement and kicks (a short budget annealed did worse:
+# docs/results.md "The positioned search's constants")
 ANNEAL_MIN_EVALUATIONS = 20_000
 # the evaluations per annealing run: a budget of several is annealed from the seed in as many runs,
-# the fastest plan of all the answer. Runs of one budget end far apart (near 176.3 or near 181.6 ms
-# below), so the best of several beats one longer run. On llama3-8b-fsdp-8 within torch default's
-# peak (14.527 GB), 300 s from nothing at ~850 evaluations a second (~250,000): one run gave 178.57
-# and 181.86 ms on seeds 0-1 (experiments.capped_positioned); two runs 181.55 then 176.36 (seed 1)
-# and 181.79 then 176.30 (seed 2); runs of ~50,000 (this value) 177.34 and 176.64 (seeds 0-1).
-# Runs of ~40,000 (the whole 300 s at the earlier ~160 a second) had ended at 176.3-181.8 on seeds
-# 0-3, so a run this long loses little
+# the fastest plan of all the answer (runs of one budget end far apart, so the best of several
+# beats one longer run: docs/results.md "The positioned search's constants")
 ANNEAL_RUN_EVALUATIONS = 50_000
-# the share of a free-positions solve's time limit that CP-SAT's anchored step search gets; its plan
-# seeds the positioned search, which gets the rest (bucketplan solve and solve-dir --positions free;
-# on llama3-8b-fsdp-8 @ h100-8nodes the positioned search found its best from the per-block seed)
-FREE_POSITIONS_CP_SAT_SHARE = 0.2
 # re-split candidates judged per seed and per kick, the longest chains first (each is an
 # evaluation: the per-block seed of llama3-8b-fsdp-8 offers about 230, which took half of the 500
 # evaluations `bucketplan compare` gives the search at 5 s)
@@ -98,11 +80,9 @@ UNBUCKETED = "unbucketed"
 LEGALIZE_ROUNDS = 50
 # evaluations per second of time limit in a deterministic search (``max_evaluations``), times the
 # problem's pinned nodes: an evaluation (a replay, a peak and a verification) costs about linearly
-# in the graph's size. Measured on this 2-core machine with a second job running, 40 s from
-# nothing within the unbucketed peak (presets_v2 @ h100-8nodes): 2,328 a second at llama3-8b-fsdp-2
-# (293 nodes: 682,000 node-evaluations a second), 725 at fsdp-8 (1,043: 756,000), 252 at fsdp-32
-# (4,043: 1,020,000). A third of the least, so a loaded machine still ends within the time limit
-# or near it (the wall-clock guard is solver.DETERMINISTIC_WALL_FACTOR times it)
+# in the graph's size. A third of the least rate measured (docs/results.md "The positioned
+# search's constants"), so a loaded machine still ends within the time limit or near it (the
+# wall-clock guard is solver.DETERMINISTIC_WALL_FACTOR times it)
 EVALUATION_NODES_PER_S = 225_000
 
 
@@ -379,7 +359,7 @@ class _Search:
         first due (the forward's without the backward's gathers prefetched with them), and per
         phase and key whose gathers are issued at more than one time (all of them lifted): the
         chain's first place and ``buckets`` with those buckets split again as
-        ``planner.search.pipeline.best_split`` says, every new bucket issued there and waited at
+        ``planner.search.free.gather_split.best_split`` says, every new bucket issued there and waited at
         its anchor, or just before its first consumer (the splits that would change nothing left
         out; the ``RESPLITS`` that split the most collectives)."""
         ix, due, ahead = self.ix, self.chain_costs.due, self.chain_costs.ahead
