@@ -29,14 +29,13 @@ from planner.search.result import SolveResult
 # How each mode that runs stages in turn shares its budget of time: stage -> share. One table, so
 # no caller splits a budget again.
 # - free positions: CP-SAT's anchored step search gets ``anchored`` of the budget, at most
-#   ``anchored_max_s`` seconds; the positioned search gets the rest. Why so little: at 8 layers the
-#   positioned search's best plan comes from the per-block seed, not from CP-SAT's plan
-#   (llama3-8b-fsdp-8 @ h100-8nodes within torch default's peak; CP-SAT's step search spends
-#   minutes in presolve there and returns a plan far slower than the seed), and the annealing gains
-#   with every run of ``ANNEAL_RUN_EVALUATIONS`` it gets (``position_search``: 300 s from the
-#   seeds reached 176.3-177.3 ms, while the command line's former 0.2 share of 300 s, 60 s, to
-#   CP-SAT reached 182.1). At 2 layers CP-SAT's anchored plan is found and proved in seconds, so
-#   the cap costs nothing there. Measured figures: docs/results.md, "Time shares".
+#   ``anchored_max_s`` seconds; the positioned search gets the rest. Why a cap: on an 8-layer
+#   FSDP step the positioned search's best plan comes from the per-block seed, not from CP-SAT's
+#   anchored plan, and it gains with the evaluations it gets (the annealing runs); CP-SAT's plan
+#   matters where no per-block seed exists (a graph without module names) and is found in seconds.
+#   Measured (experiments/results/time_shares): llama3-8b-fsdp-8 @ h100-8nodes within torch
+#   default's peak, 300 s, seeds 0-1: this table from the command line 180.73 and 179.65 ms, every
+#   second to the positioned search 180.78 and 180.58 (gaps to the floor 3.6-4.2%).
 # - robust: each scenario's step search an equal share, and one more share for the regret search
 #   (``planner.search.scenarios.robust_plan`` splits it so).
 TIME_SHARES = {
