@@ -22,9 +22,8 @@ from pathlib import Path
 import planner
 from experiments.capped_positioned import torch_order_peak
 from experiments.common import append_row, git_revision, machine, read_rows, save_gz
-from planner.cost.bounds import free_position_floor
 from planner.cost.memory import memory_timeline
-from planner.search.free.position_search import position_search
+from planner.search import planning
 from planner.search.result import gap_of
 
 
@@ -55,17 +54,20 @@ def run(name: str, preset: str, seconds: float, out: Path, manual: bool = True) 
     budget = torch_rows[fastest][1]  # at no more memory than the fastest torch row
     prep_s = time.perf_counter() - t0
     t1 = time.perf_counter()
-    result = position_search(problem, [greedy], peak_memory_bytes=budget, deadline=t1 + seconds)
+    result = planner.plan(problem, planner.PlanSpec(mode="free", budget=planner.Budget(seconds), hint=greedy,
+                                                    anchored_start=False,
+                                                    policy=planner.Policy(keep_overlap=False, peak_memory_bytes=budget)),
+                          started=t1)
     search_s = time.perf_counter() - t1
     assert not planner.verify(problem, result.plan, **planner.rules.verifier.recorded_policy(result.plan))
     save_gz(problem, out / name / f"{preset}--problem.json.gz")
     save_gz(result.plan, out / name / f"{preset}--positioned-plan.json.gz")
     gb = 1e9
-    capped_floor = free_position_floor(problem, peak_memory_bytes=budget).floor_ms
+    capped_floor = result.bound  # the floor over every plan with any positions within the budget
     row = {"workload": name, "preset": preset, "unbucketed_ms": planner.simulate(problem).step_ms,
            "unbucketed_peak_gb": memory_timeline(problem).peak_bytes / gb, "fastest_torch": fastest,
            "positioned_ms": result.objective, "positioned_peak_gb": result.peak_bytes / gb,
-           "free_floor_ms": free_position_floor(problem).floor_ms, "search_s": search_s, "prepare_s": prep_s,
+           "free_floor_ms": planning.floor(problem).floor_ms, "search_s": search_s, "prepare_s": prep_s,
            # the floor over every plan with any positions within the budget, and the plan's gap to it
            "capped_floor_ms": capped_floor, "capped_gap": gap_of(result.objective, capped_floor),
            # the plan applied to a fresh trace: torch's own estimator's peak (planner.cost.memory's is positioned_peak_gb)

@@ -33,10 +33,9 @@ import planner
 from experiments.common import append_row, git_revision, machine, markdown_table, read_rows, save_gz
 from experiments.positioned_acceptance import DEFAULT, GREEDY, MANUAL, row_problem_and_plan
 from planner.core.options import SolveOptions
-from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.search import planners
-from planner.search.free.position_search import position_search, positioned_policy
+from planner.search.free.position_search import PeakNotReached, positioned_policy
 from planner.search.result import SolveResult, gap_of
 from planner.search.scenarios import describe, rebound, reprice
 from planner.rules.verifier import verify
@@ -90,9 +89,11 @@ def search_case(plans: dict, cap: int, seconds: float) -> tuple[planner.Problem,
         priced = reprice(problem, SCENARIO)
         anchored = _cpsat(priced, rebound(torch_plan, priced), seconds)
         starts = [p for p in (anchored, rebound(torch_plan, priced)) if p is not None]
+        spec = planner.PlanSpec(mode="free", budget=planner.Budget(seconds), starts=tuple(starts), anchored_start=False,
+                                policy=planner.Policy(keep_overlap=False, peak_memory_bytes=cap))
         try:
-            result = position_search(priced, starts, peak_memory_bytes=cap, deadline=time.perf_counter() + seconds)
-        except ValueError:  # nothing on this schedule fits the cap
+            result = planner.plan(priced, spec)
+        except PeakNotReached:  # nothing on this schedule fits the cap
             continue
         found.append((priced, result, where))
     return min(found, key=lambda f: f[1].objective)
@@ -107,7 +108,7 @@ def run_case(folder: Path, workload: str, preset: str, seconds: float, out: Path
     problem, result, where = search_case(plans, cap, seconds)
     wrong = verify(problem, result.plan, **positioned_policy(cap).as_params())
     assert not wrong, f"{workload}: the plan kept breaks a rule: {wrong[0]}"
-    floor = free_position_floor(problem, peak_memory_bytes=cap).floor_ms
+    floor = result.bound  # free_position_floor within the cap, on the plan's problem
     save_gz(result.plan, out / f"{workload}--{preset}-plan.json.gz")
     save_gz(problem, out / f"{workload}--{preset}-problem.json.gz")
     best_torch = min(TORCH_ROWS[1:], key=lambda k: torch[k][0])

@@ -24,10 +24,9 @@ from pathlib import Path
 import planner
 from experiments.common import append_row, case_problems, git_revision, load_gz, machine, markdown_table, read_rows, save_gz
 from experiments.positioned_acceptance import MANUAL, row_peak_bytes
-from planner.cost.bounds import free_position_floor
 from planner.cost.memory import peak_bytes
 from planner.rules.verifier import verify
-from planner.search.free.position_search import position_search, positioned_policy
+from planner.search.free.position_search import positioned_policy
 from planner.search.result import gap_of
 
 
@@ -36,11 +35,14 @@ def run(case: Path, plan_file: str, within: str, seconds: float, out: Path) -> d
     problem_file, problem = case_problems(case)[start.problem_fingerprint]
     cap = row_peak_bytes(case, within)
     t0 = time.perf_counter()
-    result = position_search(problem, [start], peak_memory_bytes=cap, deadline=t0 + seconds)
+    result = planner.plan(problem, planner.PlanSpec(mode="free", budget=planner.Budget(seconds), starts=(start,),
+                                                    anchored_start=False,
+                                                    policy=planner.Policy(keep_overlap=False, peak_memory_bytes=cap)),
+                          started=t0)
     wall = time.perf_counter() - t0
     wrong = verify(problem, result.plan, **positioned_policy(cap).as_params())
     assert not wrong, f"the plan kept breaks a rule: {wrong[0]}"
-    floor = free_position_floor(problem, peak_memory_bytes=cap).floor_ms
+    floor = result.bound  # free_position_floor within the cap
     name = case.name
     save_gz(result.plan, out / f"{name}-plan.json.gz")
     return {"case": name, "problem": problem_file, "from": plan_file, "start_ms": round(planner.simulate(problem, start).step_ms, 3),

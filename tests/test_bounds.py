@@ -12,8 +12,8 @@ from tests.brute import feasible_plans
 from tests.strategies import problems
 
 
-@pytest.mark.slow  # brute force over 150 problems of up to 6 collectives: ~15 s
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow  # brute force over 60 problems of up to 6 collectives: ~15 s (150 took 30-45 s)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
 def test_chain_floor_never_exceeds_the_best_simulated_plan(problem):
     # measured over 600 examples of this strategy: the ordered floor was the tightest part of the
@@ -50,7 +50,7 @@ def test_chain_floor_is_exact_on_a_chain():
 
 
 @pytest.mark.parametrize("by", ["grid", "projection"])
-@settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True))
 def test_every_feasible_bucket_is_within_reach(by, problem):
     # the reach is a superset argument; every plan the verifier accepts must respect it, for each
@@ -428,8 +428,8 @@ def test_a_folded_conversion_counts_where_it_runs_not_where_it_was_scheduled():
     assert free_position_floor(problem).floor_ms <= step + 1e-9
 
 
-@pytest.mark.slow  # 10-18 s: a floor per distinct peak of every plan of each example
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.slow  # ~10 s: a floor per distinct peak of every plan of each example (60 examples took 20-27 s)
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_memory_capped_floor_is_never_above_a_plan_within_the_cap(data):
     """Brute force over every plan with free positions of a tiny problem with an exact memory

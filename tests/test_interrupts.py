@@ -78,6 +78,9 @@ def fsdp8(tmp_path) -> Path:
     return folder
 
 
+@pytest.mark.long  # ~30 s (a whole compare first); the default run's test_ctrl_c_keeps_work.py
+# (test_any_ctrl_c_sequence_keeps_finished_work_and_the_best_verified_plan[compare]) checks the same:
+# a finished compare folder byte for byte as it was after Ctrl-Cs at random moments, exit 130
 def test_ctrl_c_in_compare_leaves_a_finished_run_as_it_was(fsdp8, tmp_path):
     out = tmp_path / "compare"
     finished = run_cli("compare", fsdp8 / "problem.json", "-o", out, "--time-limit", "1", "-q", timeout=BOUND_S)

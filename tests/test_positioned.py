@@ -295,7 +295,7 @@ def _legal_plans(problem: planner.Problem) -> list[planner.Plan]:
     return [p for p in positioned_plans(problem) if not planner.verify(problem, p, **RULES)]
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
                                        costs=True).flatmap(exact_memory))
 def test_the_profile_peak_is_the_most_any_instant_holds(problem):
@@ -445,7 +445,7 @@ def test_the_most_time_of_early_buckets_is_never_below_a_split_of_their_bytes(po
     assert most_time_ms(link, "all_gather", budget, k) >= most - 1e-9
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
                                        costs=True).flatmap(exact_memory), st.integers(0, 100))
 def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(problem, pick):
