@@ -100,7 +100,7 @@ def test_a_member_of_size_zero_is_within_reach_beside_a_full_bucket():
     assert step_floor(problem).floor_ms <= planner.simulate(problem, plan).step_ms + 1e-12
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_the_release_deadline_floor_is_never_above_any_plan_with_any_positions(data):
     """Brute force over every plan with free positions of a tiny problem (every partition, anchor,

@@ -11,7 +11,11 @@ from tests.conftest import fresh_schedule, scheduled
 
 pytestmark = pytest.mark.slow  # traces and schedules every small built-in workload
 
-SMALL = [f"llama3-8b-{v}-{n}" for v in ("fsdp", "2d", "ddp") for n in (2, 8)]
+# the 8-layer steps but FSDP's (which test_polish schedules anyway) are the 2-layer ones deeper:
+# the same extraction, in the long run only (`-m long`)
+SMALL = [f"llama3-8b-{v}-{n}" if (v, n) != ("2d", 8) and (v, n) != ("ddp", 8)
+         else pytest.param(f"llama3-8b-{v}-{n}", marks=pytest.mark.long)
+         for v in ("fsdp", "2d", "ddp") for n in (2, 8)]
 
 
 def _hf_small():
@@ -19,7 +23,8 @@ def _hf_small():
         from fxglue.models.hf_models import workloads
     except ImportError:  # the `models` extra is not installed
         return []
-    return [n for n in workloads() if n.endswith(("-2", "-8"))]
+    return [n if n.endswith("-2") else pytest.param(n, marks=pytest.mark.long)  # -8: as SMALL's
+            for n in workloads() if n.endswith(("-2", "-8"))]
 EXPECTED_KINDS = {"fsdp": {"all_gather", "reduce_scatter"}, "2d": {"all_gather", "reduce_scatter", "all_reduce"},
                   "ddp": {"all_reduce"}}
 

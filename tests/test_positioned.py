@@ -445,7 +445,7 @@ def test_the_most_time_of_early_buckets_is_never_below_a_split_of_their_bytes(po
     assert most_time_ms(link, "all_gather", budget, k) >= most - 1e-9
 
 
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
                                        costs=True).flatmap(exact_memory), st.integers(0, 100))
 def test_within_a_cap_the_optimum_is_the_brute_force_one_and_the_bound_holds(problem, pick):
