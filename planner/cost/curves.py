@@ -52,10 +52,8 @@ class Curve:
         return bs[start:stop]
 
     def points(self) -> list[tuple[int, float]]:
-        """A table's own breakpoints ``(bytes, ms)``, from 0 (a line: its two ends at 0 and 1 GiB)."""
-        if self.is_line:
-            return [(0, self.fixed_ms), (1 << 30, self.time_ms(1 << 30))]
-        return list(self.link.table[self.kind])
+        """A table's own breakpoints ``(bytes, ms)``, from 0 (a line has none: ``is_line``)."""
+        return [] if self.is_line else list(self.link.table[self.kind])
 
 
 def curve(link: Link, kind: str) -> Curve:

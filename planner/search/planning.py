@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import planner.core.arguments as arguments
 from planner.core.arguments import ArgumentError
@@ -123,6 +123,14 @@ class PlanSpec:
             if not isinstance(getattr(self, name), tuple):
                 raise ArgumentError(name, f"{name} must be a tuple, not {type(getattr(self, name)).__name__}")
         planners.MODES[self.mode].check(self)
+
+    def only_defaults(self, names: tuple[str, ...], mode: str) -> None:
+        """Refuse (``ArgumentError`` naming the field) any of ``names`` set away from its default:
+        a field another mode reads, which ``mode`` would otherwise ignore."""
+        defaults = {f.name: f.default for f in fields(self)}
+        for name in names:
+            if getattr(self, name) != defaults[name]:
+                raise ArgumentError(name, f"{name} is not the {mode} mode's")
 
     def anchored_options(self, seconds: float | None = None, objective: str | None = None) -> SolveOptions:
         """CP-SAT's options for this spec's anchored search of ``seconds`` (None: the whole

@@ -161,13 +161,12 @@ def polish(problem: Problem, starts: Sequence[Plan], *, deadline: float, max_eva
     _validate(problem, starts, deadline, max_evaluations, seed, policy, progress, objective)
     t0 = time.perf_counter()
     plan, *restarts = starts
-    moves = _MembershipMoves(problem, plan, policy, objective)
+    stats = {"evaluations": 0, "accepted": 0, "rejected_by_verifier": 0, "local_optimum": False}
+    moves = _MembershipMoves(problem, plan, policy, objective, stats, random.Random(seed))
     start_ms = moves.score(plan)
-    stats = {"start_ms": round(start_ms, 6), "evaluations": 0, "accepted": 0, "rejected_by_verifier": 0,
-             "local_optimum": False}
-    search = LocalSearch(moves, rng=random.Random(seed), deadline=deadline, max_evaluations=max_evaluations,
+    stats["start_ms"] = round(start_ms, 6)
+    search = LocalSearch(moves, rng=moves.rng, deadline=deadline, max_evaluations=max_evaluations,
                          stats=stats, name="polish", progress=progress)
-    moves.stats, moves.rng = stats, search.rng
     best_plan, best_ms = _iterate(search, moves, plan, start_ms)
     # Time left when the kicks stop finding anything: the same search from each other start.
     # Local optima differ by start (llama3-8b-fsdp-8 @ h100-8nodes: 249.0 ms from the unbucketed
@@ -217,14 +216,14 @@ class _MembershipMoves:
     a state's plan anchors each list (``anchored_bucket``); the judge scores first and verifies
     only a faster plan (the verifier is the costly part)."""
 
-    def __init__(self, problem: Problem, plan: Plan, policy: Policy, objective: Callable[[Plan], float] | None):
+    def __init__(self, problem: Problem, plan: Plan, policy: Policy, objective: Callable[[Plan], float] | None,
+                 stats: dict, rng: random.Random):
         self.problem, self.plan, self.policy = problem, plan, policy
+        self.stats, self.rng = stats, rng  # the engine's too
         self.pos = {c.name: c.start_pos for c in problem.collectives}
         self.key_of = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
         self.where, self.index = anchoring(problem), replay_index(problem)  # of the problem alone: once
         self.score = objective or (lambda candidate: step_ms(problem, candidate, self.index))
-        self.stats: dict = {}  # the engine's (set once it is made)
-        self.rng = random.Random(0)  # the engine's (set once it is made)
         self.bucket_of: dict[tuple[str, ...], Bucket | None] = {}  # a move changes one or two lists
 
     def as_plan(self, gs: list[list[str]]) -> Plan | None:

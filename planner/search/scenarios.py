@@ -432,10 +432,7 @@ def check_robust(spec) -> None:
         raise ArgumentError("window", "each scenario's step search chooses its own window: window 'auto'")
     if spec.budget.deterministic:
         raise ArgumentError("deterministic", "the regret search stops on the wall clock: no deterministic budget")
-    for name, default in (("prove_s", None), ("starts", ()), ("per_block", True), ("anchored_start", True),
-                          ("count_plan", None), ("fallback_plans", ())):
-        if getattr(spec, name) != default:
-            raise ArgumentError(name, f"{name} is not the robust mode's")
+    spec.only_defaults(("prove_s", "starts", "per_block", "anchored_start", "count_plan", "fallback_plans"), "robust")
 
 
 def plan_robust(problem: Problem, spec, calls, started: float):

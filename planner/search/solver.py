@@ -886,10 +886,7 @@ def check_anchored(spec) -> None:
     if spec.policy is not None and spec.policy != Policy(**{f: getattr(spec.policy, f) for f in SolveOptions.POLICY_FIELDS}):
         raise arguments.ArgumentError("policy", "the anchored CP-SAT search keeps torch's overlap and has no peak "
                                                 "cap: keep_overlap and peak_memory_bytes are the free mode's")
-    for name, default in (("prove_s", None), ("starts", ()), ("scenarios", ()), ("per_block", True),
-                          ("anchored_start", True)):
-        if getattr(spec, name) != default:
-            raise arguments.ArgumentError(name, f"{name} is not the anchored mode's")
+    spec.only_defaults(("prove_s", "starts", "scenarios", "per_block", "anchored_start"), "anchored")
 
 
 def plan_anchored(problem: Problem, spec, calls, started: float) -> SolveResult:

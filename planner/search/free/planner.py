@@ -23,12 +23,12 @@ def check(spec) -> None:
 
     if spec.objective != "step":
         raise ArgumentError("objective", "free positions are chosen by the simulated step: objective step")
-    if spec.scenarios:
-        raise ArgumentError("scenarios", "scenarios are the robust mode's")
+    spec.only_defaults(("scenarios",), "free")
 
 
 def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
     """The free-positions plan ``spec`` asks for (``planning.PlanSpec``), from ``started``."""
+    from planner.cost.bounds import free_position_floor
     from planner.search.planning import anchored_seconds
     from planner.search.free.position_search import default_peak_budget, deterministic_evaluations, position_search
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR, solve
@@ -65,7 +65,7 @@ def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
             "note": f"interrupted before the positioned search had a plan, so CP-SAT's anchored plan "
                     f"({anchored.objective:.3f} ms; verified, not held to the peak)"})
     calls.on_plan(found.plan)
-    floor = _floor(problem, budget)
+    floor = free_position_floor(problem, peak_memory_bytes=budget)
     stats = {**found.stats, "stage": "free", "peak_budget_bytes": budget, "max_evaluations": evaluations,
              "searched_ms": found.objective, "bound_scope": floor.scope,
              "anchored": None if anchored is None else {"objective_ms": anchored.objective, "plan": anchored.plan}}
@@ -74,12 +74,6 @@ def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
         result = _proved(problem, spec, calls, result, floor.floor_ms, budget)
         calls.on_plan(result.plan)
     return replace(result, status="FEASIBLE", bound=floor.floor_ms, gap=gap_of(result.objective, floor.floor_ms))
-
-
-def _floor(problem: Problem, budget: int):
-    from planner.search.planning import floor
-
-    return floor(problem, budget)
 
 
 def _proved(problem: Problem, spec, calls, searched: SolveResult, floor_ms: float, budget: int) -> SolveResult:
