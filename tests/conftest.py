@@ -36,6 +36,14 @@ _running: list = []  # the test being run now
 _fast_seconds: dict[str, float] = collections.defaultdict(float)
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: absent without it
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker per CPU this process may run on. xdist's own
+    count is the physical cores where psutil is installed (1 on a 2-thread VM), the logical ones
+    where not; this makes it the same on every machine."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:

@@ -445,6 +445,7 @@ def test_the_most_time_of_early_buckets_is_never_below_a_split_of_their_bytes(po
     assert most_time_ms(link, "all_gather", budget, k) >= most - 1e-9
 
 
+@pytest.mark.slow  # peaks of every legal plan at every instant of the grid: 8-15 s
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
                                        costs=True).flatmap(exact_memory), st.integers(0, 100))
@@ -475,6 +476,7 @@ def _check_the_optimum_within(problem: planner.Problem, choose_cap) -> planner.P
     return found
 
 
+@pytest.mark.slow  # the brute force: 4,866 legal plans' peaks over 124 instants, about 15 s
 def test_a_gather_whose_own_places_are_over_the_cap_may_still_join_a_bucket():
     """Two gathers whose merge pays, and a spike of the graph's own bytes from the first start to
     past the second: neither may start at its own place within the cap, so the best plan merges
