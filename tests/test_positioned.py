@@ -295,6 +295,7 @@ def _legal_plans(problem: planner.Problem) -> list[planner.Plan]:
     return [p for p in positioned_plans(problem) if not planner.verify(problem, p, **RULES)]
 
 
+@pytest.mark.slow  # every legal plan's memory at every instant: 8-12 s
 @settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(gathers_before_use() | problems(max_collectives=2, max_compute=3, max_pgs=1, dtypes=("bfloat16",),
                                        costs=True).flatmap(exact_memory))
