@@ -185,14 +185,55 @@ def _on_a_3_ms_link(collectives: tuple, nodes: tuple) -> planner.Problem:
                            ).with_fingerprint()
 
 
-def _best_positioned_step(problem: planner.Problem) -> float:
+def _best_positioned_step(problem: planner.Problem, contention: float = 1.0) -> float:
     """The best simulated step of every plan with any positions the verifier accepts (brute force)."""
     from planner.search.free.position_search import positioned_policy
     from tests.brute import positioned_plans
 
     rules = positioned_policy(None).as_params()
-    return min(planner.simulate(problem, plan).step_ms for plan in positioned_plans(problem)
+    return min(planner.simulate(problem, plan, contention=contention).step_ms for plan in positioned_plans(problem)
                if not planner.verify(problem, plan, **rules))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(problems(max_collectives=2, max_compute=3, costs=True, dtypes=("bfloat16",)), st.sampled_from([1.0, 1.19, 2.0]))
+def test_under_contention_the_floors_are_never_above_any_plan(problem, factor):
+    """Brute force at contention F (compute F times slower while a collective is in flight): the
+    free-position floor raised by under_contention is at most the best step simulated at F of
+    every plan with any positions, and the anchored floor at most that of every anchored plan."""
+    from planner.cost.bounds import free_position_floor, under_contention
+
+    free = under_contention(free_position_floor(problem), factor)
+    assert free.floor_ms <= _best_positioned_step(problem, factor) + 1e-9
+    anchored = under_contention(step_floor(problem), factor)
+    best = min(planner.simulate(problem, p, contention=factor).step_ms for p in feasible_plans(problem))
+    assert anchored.floor_ms <= best + 1e-9, (anchored, best)
+
+
+def test_under_contention_the_floor_counts_the_compute_a_collective_slows():
+    """A 3 ms gather issued first, 3 ms of compute beside it, then its user (1 ms). At contention
+    2 the compute does half its work while the gather runs (1.5 ms by 3 ms), the rest after:
+    4.5 ms, the user ends at 5.5, and no plan does better (brute force: issued later, the gather is
+    exposed, 7 ms). The floors without contention prove 4 ms (the compute); under_contention proves
+    4 + 3 * (1 - 1/2) = 5.5, the optimum."""
+    from planner.cost.bounds import free_position_floor, under_contention
+
+    N = planner.Node
+    nodes = (N(name="ag", kind="start", pos=0, est_ms=0.0),
+             N(name="mm0", kind="compute", pos=1, est_ms=3.0),
+             N(name="w", kind="wait", pos=2, est_ms=0.0, deps=(0,)),
+             N(name="mm1", kind="compute", pos=3, est_ms=1.0, deps=(1, 2)))
+    gather = planner.Collective(name="ag", wait="w", kind="all_gather", pg="0", key="ag/0", dtype="bfloat16",
+                                size_bytes=100, wire_bytes=100, est_ms=3.0, exposed_ms=0.0, start_pos=0, wait_pos=2,
+                                status="hidden")
+    problem = _on_a_3_ms_link((gather,), nodes)
+    assert _best_positioned_step(problem, 2.0) == pytest.approx(5.5)
+    plain = free_position_floor(problem)
+    assert plain.floor_ms == pytest.approx(4.0)
+    raised = under_contention(plain, 2.0)
+    assert raised.floor_ms == pytest.approx(5.5) and raised.scope.endswith("at contention 2")
+    assert under_contention(step_floor(problem), 2.0).floor_ms == pytest.approx(5.5)
+    assert under_contention(plain, 1.0) is plain
 
 
 def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start_can_sit():

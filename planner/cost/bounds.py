@@ -481,6 +481,30 @@ class StepFloor:
     scope: str = "every plan with anchored positions"
 
 
+def under_contention(floor: StepFloor, contention: float) -> StepFloor:
+    """``floor`` (``step_floor``'s or ``free_position_floor``'s) as a floor of the step simulated at
+    ``contention`` F (``planner.simulate(..., contention=F)``: compute-stream work runs F times
+    slower while any collective is in flight). Two facts, whatever the plan:
+
+    - slowing work never ends anything earlier (the replay's times are maxima and sums of
+      durations that only grow with F), so ``floor.floor_ms`` still holds;
+    - let U be the time some collective is in flight and W the compute stream's work. Outside U
+      the work runs at rate 1 for at most S - U; inside U at rate 1/F. So W <= (S - U) + U / F,
+      i.e. S >= W + U * (1 - 1/F); U is at least any one stream's busy time.
+
+    So S >= compute_ms + max(comm_busy_ms) * (1 - 1/F). At F = 1 this is the floor itself."""
+    from planner.cost.simulator import check_contention
+
+    factor = check_contention(contention)
+    if factor == 1.0:
+        return floor
+    busy = max(floor.comm_busy_ms.values(), default=0.0)
+    overlapped = floor.compute_ms + busy * (1.0 - 1.0 / factor)
+    return StepFloor(floor_ms=max(floor.floor_ms, overlapped), compute_ms=floor.compute_ms,
+                     comm_busy_ms=floor.comm_busy_ms, chain_ms=floor.chain_ms, chain_cut=floor.chain_cut,
+                     scope=f"{floor.scope}, at contention {factor:g}")
+
+
 def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray]:
     """Lines g(b) = c + s*b with c >= 0 that lie below the link's cost curve f on [0, total]:
     intercepts ``c`` and slopes ``s``. The slopes searched are those of the chords from every
