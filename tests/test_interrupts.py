@@ -20,7 +20,7 @@ import pytest
 
 import planner
 from planner.jobs.plan_dir import PLAN, PROBLEM, problem_dir, SolveDirOptions, solve_dir
-from tests.support import PROBLEMS, ROOT, run_cli, start_cli
+from tests.support import PROBLEMS, ROOT, run_cli, run_script, start_cli
 
 pytestmark = pytest.mark.slow  # every command runs, and is interrupted, in a child process
 
@@ -249,3 +249,15 @@ def test_solve_dir_cli_reports_the_dead_solve_and_exits_1(tmp_path):
     assert f"no plan for 1 problem(s): {doomed.name[:12]}" in err
     assert "died (signal SIGKILL)" in (tmp_path / "summary.md").read_text()
     assert (healthy / PLAN).is_file() and not (doomed / PLAN).exists()
+
+
+@pytest.mark.slow  # a child process: it sends SIGINT to itself
+def test_a_ctrl_c_while_torch_loads_waits_for_the_import_to_end():
+    """Raised inside torch's import, a KeyboardInterrupt met pybind11 code that aborted the process
+    (SIGABRT, "terminate called after throwing an instance of 'pybind11::error_already_set'"; seen
+    at 1.0-1.2 s into `bucketplan workloads` on a loaded machine). The latch holds it until the
+    module has loaded and raises it then."""
+    result = run_script("ctrl_c_native_import", timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["raised after the body True", "torch deferred True", "json left alone True",
+                                          "finder removed True"]

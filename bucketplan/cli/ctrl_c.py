@@ -29,6 +29,9 @@ class CtrlC:
         self.previous, self.count = previous, 0
         self.raised_at: float | None = None
         self.previous_hook = None
+        self.deferring = False  # inside a native module's import: a Ctrl-C waits for its end
+        self.deferred = False  # one came meanwhile
+        self.finder = None
 
     @classmethod
     def install(cls) -> "CtrlC":
@@ -42,11 +45,16 @@ class CtrlC:
         latch = cls(signal.getsignal(signal.SIGINT))
         signal.signal(signal.SIGINT, latch._on_sigint)
         latch.previous_hook, sys.unraisablehook = sys.unraisablehook, latch._on_unraisable
+        latch.finder = _NativeImports(latch)
+        sys.meta_path.insert(0, latch.finder)
         return latch
 
     def _on_sigint(self, signum, frame) -> None:
         import time
 
+        if self.deferring:  # raised now, it would cross C++ that cannot pass it on: see _NativeImports
+            self.deferred = True
+            return
         self.count += 1
         if self.raised_at is None or self.raised_at + self.WIND_DOWN_S < time.monotonic():
             self.raised_at = time.monotonic()
@@ -79,10 +87,64 @@ class CtrlC:
         self.raised_at = math.inf  # from here on a Ctrl-C is only counted (math.inf: never past the wind-down)
         if self.previous is None:
             return
+        if self.finder in sys.meta_path:
+            sys.meta_path.remove(self.finder)
         sys.unraisablehook = self.previous_hook
         signal.signal(signal.SIGINT, signal.SIG_IGN if exiting else self.previous)
         if exiting and self.count:
             _forget_handled_keyboard_interrupt()
+
+
+class _NativeImports:
+    """A finder that defers Ctrl-C while a torch module is first imported. torch's C++ calls back
+    into Python as it registers its types; a KeyboardInterrupt raised there meets pybind11 code
+    that cannot pass it on, and the process aborts ("terminate called after throwing an instance
+    of 'pybind11::error_already_set'", SIGABRT): measured, `bucketplan workloads` sent SIGINT at
+    about 1.2 s, inside torch.distributed's import. So the signal is held until the module has
+    loaded and raised then, in Python, where the command line reports it (exit 130)."""
+
+    PREFIXES = ("torch",)
+
+    def __init__(self, latch: CtrlC):
+        self.latch = latch
+
+    def find_spec(self, name, path, target=None):
+        import importlib.util
+
+        if self.latch.deferring or name.split(".")[0] not in self.PREFIXES:
+            return None
+        sys.meta_path.remove(self)  # the real spec, from the finders after this one
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        spec.loader = _Deferring(spec.loader, self.latch)
+        return spec
+
+
+class _Deferring:
+    """A loader that runs the real one with Ctrl-C deferred (``_NativeImports``)."""
+
+    def __init__(self, loader, latch: CtrlC):
+        self.loader, self.latch = loader, latch
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.latch.deferring = True
+        try:
+            self.loader.exec_module(module)
+        finally:
+            self.latch.deferring = False
+        if self.latch.deferred:
+            self.latch.deferred = False
+            self.latch._on_sigint(None, None)  # the Ctrl-C that came meanwhile, raised here
+
+    def __getattr__(self, name):  # get_code, is_package, ...: the real loader's
+        return getattr(self.loader, name)
 
 
 def _forget_handled_keyboard_interrupt() -> None:
