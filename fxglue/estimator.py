@@ -96,8 +96,10 @@ class Estimator:
     """
 
     def __init__(self, hardware: Hardware | None = None, roles: dict[str, str] | None = None, *,
-                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper", measured=None, profile=None):
+                 ranks_per_node: dict[str, int] | None = None, gpu: str = "hopper", measured=None, profile=None,
+                 contention: float = 1.0):
         self.hardware = hardware or Hardware()
+        self.contention = contention  # the problems' (``Problem.contention``): torch's own estimate has none
         self.roles = dict(roles or {})
         self.ranks_per_node = dict(ranks_per_node) if ranks_per_node else None
         self.gpu = gpu

@@ -371,7 +371,7 @@ def extract_problem(
         planner.Problem, "the problem",
         schema_version=2 if unpinned else 1, bucket_mode=mode, bucket_cap_bytes=int(max_bucket_memory_gb * 1024**3), n_scheduled=len(sched),
         collectives=tuple(colls), nodes=tuple(nodes), timelines=tuple(timelines), links=links,
-        bucketing=estimator.bucketing, memory=memory, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
+        bucketing=estimator.bucketing, memory=memory, contention=estimator.contention, meta={"torch": torch.__version__, "hardware": estimator.hardware.name,
               "extract_s": round(time.perf_counter() - t0, 4), **({"layout": layout} if layout else {}),
               **(meta or {})},
     )

@@ -102,12 +102,12 @@ def preset_estimator(preset: Preset | str | None, *, tp_group: str | None = None
     profile = preset.profile if preset else None
     if preset is None or preset.comm == "alpha-beta":
         return Estimator(hardware or (preset.hardware if preset else None), roles, measured=measured,
-                         profile=profile)
+                         profile=profile, contention=preset.contention if preset else 1.0)
     per_node = preset.ranks_per_node
     tp = tp_size if tp_group else 1
     layout = {"tp": min(tp, per_node), "dp": max(1, per_node // tp), **(ranks_per_node or {})}
     return Estimator(hardware or preset.hardware, roles, ranks_per_node=layout, gpu=preset.gpu, measured=measured,
-                     profile=profile)
+                     profile=profile, contention=preset.contention)
 
 
 def _fsdp_logger_inherits() -> None:

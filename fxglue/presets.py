@@ -105,6 +105,9 @@ class Preset:
     # a Chrome trace of the step (``fxglue.profile.Profile``): its op and collective times replace
     # the estimates wherever it has them (``fxglue.profile.with_profile``); None: no profile
     profile: object = None
+    # compute-stream work runs this many times slower beside a collective in flight (NCCL's
+    # kernels take SMs and HBM bandwidth); the problems extracted carry it (``Problem.contention``)
+    contention: float = 1.0
 
     @property
     def world_size(self) -> int:

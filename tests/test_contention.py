@@ -218,3 +218,75 @@ def test_a_bad_contention_factor_is_one_line_exit_2(tmp_path, chain_file, scenar
     assert r.returncode == 2 and says in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "p.json").exists()
+
+
+# --- the problem's own contention (``Problem.contention``: extract --contention F) -------------------
+
+def test_a_problem_carries_its_contention_and_the_simulator_reads_it():
+    """The hand-worked 1.5x timeline above, from the problem's own factor instead of an argument;
+    an explicit factor still wins (the scenarios price at theirs)."""
+    p = _one_gather(6.0).model_copy(update={"contention": 1.5}).with_fingerprint()
+    slow = planner.simulate(p)
+    assert slow.step_ms == pytest.approx(27.0)
+    assert _runs(slow) == pytest.approx(_spans({"mm_1": (0, 12), "mm_2": (12, 22), "mm_3": (22, 27)}))
+    assert planner.simulate(p, contention=1.0).step_ms == 25.0
+
+
+def test_contention_is_fingerprinted_only_when_set_and_round_trips(tmp_path):
+    """A problem at contention 1 keeps the fingerprint and schema version it had before the field
+    existed (its plans stay bound to it); another factor is schema version 3, another
+    fingerprint, and reads back as written. Out of range is refused when read, naming the field."""
+    p = _one_gather(6.0)
+    assert p.schema_version == 1 and "contention" not in json.loads(p.model_dump_json())
+    before = json.loads(p.model_dump_json())  # as a problem written before the field existed
+    assert planner.Problem.model_validate(before).content_fingerprint() == p.fingerprint
+    fingerprint = p.fingerprint
+    assert p.model_copy(update={"fingerprint": ""}).with_fingerprint().fingerprint == fingerprint
+    slow = p.model_copy(update={"contention": 1.19}).with_fingerprint()
+    assert slow.schema_version == 3 and slow.fingerprint != p.fingerprint
+    planner.save(slow, tmp_path / "p.json")
+    back = planner.load_problem(tmp_path / "p.json")
+    assert back == slow and back.contention == 1.19
+    for bad in (0.5, 11.0):
+        edited = json.loads((tmp_path / "p.json").read_text())
+        edited["contention"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(edited))
+        with pytest.raises(ValueError, match="contention"):
+            planner.load_problem(tmp_path / "bad.json")
+
+
+def test_every_planner_plans_at_the_problems_contention_and_its_bound_holds_there():
+    """On the 60-collective chain at contention 2: the anchored and free-position plans' objectives
+    are their steps simulated at 2, each bound at most that, and the free bound is the floor at 2
+    (under_contention of the floor at 1). --prove is refused: its model prices overlap as free."""
+    from planner.cost.bounds import free_position_floor, under_contention
+    from planner.core.arguments import ArgumentError
+    from planner.search.planning import Budget, PlanSpec
+
+    chain = chain_problem(60).model_copy(update={"contention": 2.0}).with_fingerprint()
+    for mode in ("anchored", "free"):
+        result = planner.plan(chain, PlanSpec(mode=mode, budget=Budget(2.0, deterministic=True)))
+        assert result.objective == pytest.approx(planner.simulate(chain, result.plan).step_ms, abs=1e-6), mode
+        assert result.bound is not None and result.bound <= result.objective + 1e-9, mode
+    floor_at_1 = free_position_floor(chain, contention=1.0)
+    assert result.bound == pytest.approx(under_contention(floor_at_1, 2.0).floor_ms)
+    with pytest.raises(ArgumentError, match="no contention yet"):
+        planner.plan(chain, PlanSpec(mode="free", budget=Budget(1.0), prove_s=1.0))
+
+
+@pytest.mark.slow  # extract traces a workload; solve in a child process
+def test_extract_contention_reaches_the_problem_and_solve_refuses_to_prove_it(tmp_path):
+    out = tmp_path / "f2"
+    r = run_cli("extract", "llama3-8b-fsdp-2", "--contention", "1.4", "-o", out)
+    assert r.returncode == 0, r.stderr[-2000:]
+    problem = planner.load_problem(out / "problem.json")
+    assert problem.contention == 1.4 and "contention1.4" in r.stdout
+    r = run_cli("solve", out / "problem.json", "--positions", "free", "--prove", "5", "-o", tmp_path / "p.json")
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        "bucketplan solve: error: --prove: CP-SAT's positioned model has no contention yet"), r.stderr
+    assert not (tmp_path / "p.json").exists()
+    for bad in ("0.5", "11", "nan"):
+        r = run_cli("extract", "llama3-8b-fsdp-2", "--contention", bad, "-o", tmp_path / "x")
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+            f"bucketplan extract: error: --contention {float(bad):g}: give a slow-down factor from 1 (overlap "
+            "is free) to 10"], r.stderr

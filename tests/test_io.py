@@ -38,8 +38,8 @@ def test_problem_and_plan_round_trip_exactly(tmp_path_factory, data):
 BROKEN = {
     "truncated": (lambda p: p.write_text(p.read_text()[:100]), "not valid JSON"),
     "not an object": (lambda p: p.write_text("[1, 2]"), "holds a JSON object"),
-    "future schema": (lambda p: edit_json(p, lambda d: d.update(schema_version=3)),
-                      "schema_version: 3 is not supported"),
+    "future schema": (lambda p: edit_json(p, lambda d: d.update(schema_version=4)),
+                      "schema_version: 4 is not supported"),
     "no schema": (lambda p: edit_json(p, lambda d: d.pop("schema_version")), "schema_version: missing field"),
 }
 

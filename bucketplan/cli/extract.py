@@ -87,7 +87,7 @@ def _report(args, result, out: Path) -> None:
 
 # the cluster flags a --tiny extraction has no use for: its ranks run on gloo here (--ranks, the
 # pipeline's --bucket-mode and --pre-bucketing, and the workload's own flags it takes)
-TINY_IGNORES = ("--preset", "--tp", "--collectives", "--collective-ranks", "--compute-tflops", "--hbm-tbps",
+TINY_IGNORES = ("--preset", "--tp", "--collectives", "--collective-ranks", "--compute-tflops", "--hbm-tbps", "--contention",
                 "--profile", "--profile-cpu", "--max-bucket-memory-gb", "--hardware")
 
 

@@ -73,6 +73,11 @@ def add_cluster_options(s) -> None:
     s.add_argument("--profile-cpu", action=noted(s, "store_true"),
                    help="the --profile trace is of a CPU run (no GPU kernels): its ops' CPU times "
                         "price the nodes it timed; it has no collective times (docs/commands.md)")
+    s.add_argument("--contention", action=noted(s), type=float, metavar="F",
+                   help="compute runs F times slower while a collective is in flight (NCCL's kernels "
+                        "take SMs and memory bandwidth): every planner, bound and report counts it "
+                        "(default 1: overlap is free, as torch's estimator assumes; published: 1.19 on "
+                        "average across A100/H100, up to 2; `train_compiled.py bench` measures it)")
     s.add_argument("--collective-ranks", action=noted(s), metavar="N/PER_NODE",
                    help="ranks and ranks per node of nccl-tests files whose header lists no ranks "
                         "(e.g. 64/8)")
@@ -182,6 +187,7 @@ def preset(args):
         chosen = get_preset(args.preset, ranks=args.ranks, tp=args.tp)
         ranks, per_node = _collective_ranks(getattr(args, "collective_ranks", None))
         chosen = _compute_rates(chosen, args)
+        chosen = _contention(chosen, getattr(args, "contention", None))
         chosen = with_measurements(chosen, getattr(args, "collectives", None), ranks=ranks,
                                    ranks_per_node=per_node)
         if getattr(args, "profile_cpu", False) and not getattr(args, "profile", None):
@@ -215,6 +221,25 @@ def _compute_rates(chosen, args):
     tag = "-".join(f"{k.split('_')[0]}{v:g}" for k, v in rates.items())
     return replace(chosen, hardware=figures, name=f"{chosen.name}+{tag}",
                    description=f"{chosen.description}; {what}")
+
+
+def _contention(chosen, factor: float | None):
+    """--contention F: the preset's problems priced with compute F times slower beside collectives."""
+    from dataclasses import replace
+
+    from planner.cost.simulator import MAX_CONTENTION, check_contention
+
+    if factor is None:
+        return chosen
+    try:
+        factor = check_contention(factor)
+    except ValueError:
+        raise CLIError(f"--contention {factor:g}: give a slow-down factor from 1 (overlap is free) to "
+                       f"{MAX_CONTENTION:g}") from None
+    if factor == 1.0:
+        return chosen
+    return replace(chosen, contention=factor, name=f"{chosen.name}+contention{factor:g}",
+                   description=f"{chosen.description}; compute {factor:g}x slower beside collectives")
 
 
 def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:

@@ -168,6 +168,7 @@ def _plan_and_report(args, spec, best: BestPlan) -> int:
 
     import planner
     from planner.jobs.progress import LiveLine
+    from planner.core.arguments import ArgumentError
     from planner.search.free.position_search import PeakNotReached
     from planner.search.scenarios import ScenarioError
     from planner.search.solver import PlanMismatchError
@@ -185,6 +186,9 @@ def _plan_and_report(args, spec, best: BestPlan) -> int:
                                   started=t_start)
     except PlanMismatchError as e:  # raised before any search (plan checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
+    except ArgumentError as e:  # a flag this problem cannot take, before any search
+        flag = next((f for f, fields in FLAG_FIELDS.items() if any(x.endswith(e.name) for x in fields)), e.name)
+        raise CLIError(f"{flag}: {e}") from None
     except PeakNotReached as e:  # nothing found within the peak (or proved that nothing fits)
         raise CLIError(f"--peak-memory-gb: {e}") from None
     except ScenarioError as e:

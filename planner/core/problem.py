@@ -30,8 +30,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_valid
 # of a Problem: 2 added the compute of unpinned nodes (``Node.unpinned_ms``); a problem without
 # any is written as version 1, so every earlier problem reads, writes and fingerprints as before,
 # and a reader that knows only version 1 refuses the problems whose compute it would undercount
-PROBLEM_SCHEMA_VERSIONS = (1, 2)
+# 3 added the contention factor (``Problem.contention``): a problem priced with overlap that is
+# not free is written as version 3, so a reader that knows none refuses it instead of pricing it
+# as if overlap were free
+PROBLEM_SCHEMA_VERSIONS = (1, 2, 3)
 SCHEMA_VERSION = 1
+# a slow-down beyond this is no measurement of overlap (the worst published is 2x: a GEMM whose
+# single wave NCCL's blocks split in two, ``planner.search.scenarios``)
+MAX_CONTENTION = 10.0
 # of a Plan: 2 added a bucket's named positions (``Bucket.issue_before`` / ``wait_before``); a
 # plan that uses none of them is written as version 1, so every earlier plan reads and writes as
 # before, and a reader that knows no positions refuses only the plans that have them
@@ -312,7 +318,21 @@ class Problem(_Frozen):
     links: tuple[Link, ...]
     bucketing: BucketingCost | None = Field(default=None, description="copies and launches; none: merging is free")
     memory: MemoryProfile | None = Field(default=None, description="the graph's own memory and the collectives' buffers")
+    # The cluster's contention: compute-stream work runs this many times slower while any
+    # collective is in flight (``planner.cost.simulator``). Every planner, bound and report reads
+    # it through the simulator; 1: overlap is free, as torch's own estimator assumes.
+    contention: float = Field(default=1.0, ge=1.0, le=MAX_CONTENTION, allow_inf_nan=False,
+                              description="compute slow-down beside collectives; 1: overlap is free")
     meta: dict[str, JSONValue] = Field(default_factory=dict, description="provenance; not fingerprinted")
+
+    @model_serializer(mode="wrap")
+    def _contention_only_when_set(self, handler):
+        """Contention 1 (overlap free) is not written nor fingerprinted: a problem without it reads,
+        writes and fingerprints as it did before the field existed, and its plans stay bound to it."""
+        data = handler(self)
+        if data.get("contention") == 1.0:
+            data.pop("contention", None)
+        return data
 
     def content_fingerprint(self) -> str:
         data = self.model_dump(mode="json", exclude={"fingerprint", "meta"})
@@ -346,7 +366,7 @@ class Problem(_Frozen):
 
     def with_fingerprint(self) -> "Problem":
         """This problem fingerprinted, at the lowest schema version that holds its content."""
-        version = 2 if any(n.unpinned_ms for n in self.nodes) else 1
+        version = 3 if self.contention != 1.0 else 2 if any(n.unpinned_ms for n in self.nodes) else 1
         stamped = self.model_copy(update={"schema_version": version})
         return stamped.model_copy(update={"fingerprint": stamped.content_fingerprint()})
 

@@ -615,11 +615,12 @@ def _chain_floor(problem: Problem, reach: BucketReach | None, price: dict[str, f
 
 
 def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tuple, int] | None = None,
-               deadline: float | None = None) -> StepFloor:
+               deadline: float | None = None, contention: float | None = None) -> StepFloor:
     """The floor of ``planner.simulate``'s step time over every feasible plan (see ``StepFloor``).
     ``reach``: ``bucket_reach(problem)``, ``need``: ``key_lower_bounds(problem)`` (without
     protect_partly: the floor holds for either policy) when the caller has them. ``deadline``:
-    the chain floor stops there (``chain_floor``); the floor stays valid, only looser."""
+    the chain floor stops there (``chain_floor``); the floor stays valid, only looser.
+    ``contention``: the step simulated at that factor (``under_contention``); None: the problem's."""
     arguments.problem_and_plan(problem, None, optional=True)
     arguments.deadline(deadline, optional=True)
     need = need if need is not None else key_lower_bounds(problem)
@@ -633,12 +634,13 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
     chain, cut = _chain_floor(problem, reach, price, deadline)
-    return StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
-                     comm_busy_ms=stream, chain_ms=chain, chain_cut=cut)
+    return under_contention(StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
+                                      comm_busy_ms=stream, chain_ms=chain, chain_cut=cut),
+                            problem.contention if contention is None else contention)
 
 
 def free_position_floor(problem: Problem, deadline: float | None = None,
-                        peak_memory_bytes: int | None = None) -> StepFloor:
+                        peak_memory_bytes: int | None = None, contention: float | None = None) -> StepFloor:
     """A floor of the simulated step over every plan *with free positions* (``planner.core.positions``):
     no position argument, so no interval of the rules and no chain. The compute stream does its
     nodes' work and one launch per bucket of the fewest the cap allows (bin packing of each key's
@@ -649,7 +651,8 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     nor finishes it after its consumers ran; with ``peak_memory_bytes``, nor gathers earlier than
     the cap leaves room for: then the floor holds for the plans whose peak is within it).
     ``step_floor`` assumes anchored buckets (a bucket's reach), so it does not hold for positioned
-    plans."""
+    plans. ``contention``: the step simulated at that factor (``under_contention``); None: the
+    problem's."""
     arguments.problem_and_plan(problem, None, optional=True)
     arguments.deadline(deadline, optional=True)
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
@@ -668,8 +671,9 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
         compute += problem.bucketing.launch_ms * launches
     chain = release_deadline_floor(problem, peak_memory_bytes)
     scope = within_peak("every plan with any positions", peak_memory_bytes)
-    return StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
-                     chain_ms=chain, scope=scope)
+    return under_contention(StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute,
+                                      comm_busy_ms=stream, chain_ms=chain, scope=scope),
+                            problem.contention if contention is None else contention)
 
 
 def within_peak(plans: str, peak_memory_bytes: int | None) -> str:

@@ -40,7 +40,7 @@ from pathlib import Path
 
 from planner.core.arguments import PlanMismatchError, check_fingerprint, problem_and_plan
 from planner.core.positions import bucket_positions, place_of, unknown_positions
-from planner.core.problem import Collective, Link, Plan, Problem, copy_bytes
+from planner.core.problem import MAX_CONTENTION, Collective, Link, Plan, Problem, copy_bytes
 
 
 @dataclass(frozen=True)
@@ -173,9 +173,6 @@ def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _P
     return got
 
 
-# a slow-down beyond this is no measurement of overlap (the worst published is 2x: a GEMM whose
-# single wave NCCL's blocks split in two, ``planner.search.scenarios``)
-MAX_CONTENTION = 10.0
 
 
 def check_contention(contention: float) -> float:
@@ -188,10 +185,11 @@ def check_contention(contention: float) -> float:
     return float(contention)
 
 
-def replay_index(problem: Problem, contention: float = 1.0) -> ReplayIndex:
+def replay_index(problem: Problem, contention: float | None = None) -> ReplayIndex:
     """What every replay of ``problem`` reads, computed once; ``contention``: see the module
-    docstring (it is the index's, so a search scores every plan under the same one)."""
-    contention = check_contention(contention)
+    docstring (it is the index's, so a search scores every plan under the same one); None: the
+    problem's own (``Problem.contention``)."""
+    contention = check_contention(problem.contention if contention is None else contention)
     acc, before, nodes = 0.0, {}, []
     for node in problem.nodes:
         acc += node.unpinned_ms  # scheduled before this node: it runs before what is issued or waited here
@@ -352,10 +350,11 @@ def _folded_moves(index: ReplayIndex, buckets: list) -> _Folds:
                   frozenset(f for runs in per_bucket.values() for f, _ in runs))
 
 
-def simulate(problem: Problem, plan: Plan | None = None, *, contention: float = 1.0) -> Simulation:
+def simulate(problem: Problem, plan: Plan | None = None, *, contention: float | None = None) -> Simulation:
     """Replay the final schedule of ``plan`` on ``problem`` (``None``: unbucketed). A plan made
     for another problem raises ``PlanMismatchError`` (it would be priced on the wrong graph).
-    ``contention``: compute slowed that many times while a collective runs (module docstring)."""
+    ``contention``: compute slowed that many times while a collective runs (module docstring);
+    None: the problem's own."""
     _check_arguments(problem, plan)
     return _replay(problem, plan, replay_index(problem, contention), record=True)
 
@@ -369,12 +368,12 @@ def _check_arguments(problem: Problem, plan: Plan | None) -> None:
 
 
 def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | None = None, *,
-            contention: float = 1.0) -> float:
+            contention: float | None = None) -> float:
     """``simulate(problem, plan, contention=...).step_ms``, without recording the runs (a local
     search scores thousands of plans). ``index``: ``replay_index(problem, contention)`` when the
     caller has it (its contention is the one used)."""
     _check_arguments(problem, plan)
-    if index is not None and contention != 1.0 and contention != index.contention:
+    if index is not None and contention is not None and contention != index.contention:
         raise ValueError(f"contention {contention!r} differs from the index's ({index.contention!r})")
     return _replay(problem, plan, index or replay_index(problem, contention), record=False).step_ms
 

@@ -181,6 +181,12 @@ def plan(problem: Problem, spec: PlanSpec = PlanSpec(), *, progress: Callable[[s
         arguments.callback(f, name)
     if started is not None:
         arguments.deadline(started, "started")
+    if spec.prove_s is not None and problem.contention != 1.0:
+        # the positioned model prices overlap as free, and each plan it returns is checked to
+        # equal the simulator's step: at another contention it would certify the wrong step
+        raise ArgumentError("prove_s", f"CP-SAT's positioned model has no contention yet (this problem's is "
+                                       f"{problem.contention:g}); plan without it: the search and its floor "
+                                       "count contention")
     calls = Calls(progress=progress or Calls.progress, search_progress=search_progress,
                   on_plan=on_plan or Calls.on_plan)
     t0 = time.perf_counter() if started is None else started

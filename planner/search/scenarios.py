@@ -101,6 +101,15 @@ def contention_of(scenario: str) -> float:
         raise ScenarioError(f"scenario {scenario!r}: {e}") from None
 
 
+def simulated_contention(scenario: str) -> float | None:
+    """The contention a scenario is simulated at: the factor ``contention`` and ``contention=F``
+    name, None for the others (the problem's own, ``Problem.contention``: re-pricing the
+    collectives or the compute does not make overlap free)."""
+    if scenario == "contention" or scenario.startswith(_CONTENTION):
+        return contention_of(scenario)
+    return None
+
+
 def is_named(scenario: str) -> bool:
     """A scenario given by name (``SCENARIOS`` or ``contention=F``), not by a measurement file."""
     return scenario in SCENARIOS or scenario.startswith(_CONTENTION)
@@ -295,7 +304,7 @@ def judge_each(candidates: dict[str, tuple[Problem, Plan | None]], scenarios: li
                 priced[key] = reprice(problem, s)
             p = priced[key]
             steps[name][s] = step_ms(p, rebound(plan, p) if plan is not None else None,
-                                     contention=contention_of(s))
+                                     contention=simulated_contention(s))
     return Judged(list(scenarios), steps)
 
 
@@ -389,7 +398,7 @@ def robust_plan(problem: Problem, scenarios: list[str], options: SolveOptions, *
     judged = None
     try:
         judged = judge(problem, candidates, scenarios)
-        indexes = {s: replay_index(p, contention_of(s)) for s, p in priced.items()}
+        indexes = {s: replay_index(p, simulated_contention(s)) for s, p in priced.items()}
     except KeyboardInterrupt:  # the candidates found are judged all the same (a second Ctrl-C leaves)
         interrupted = True
         if judged is None:

@@ -29,7 +29,7 @@ from ortools.sat.python import cp_model
 import planner.core.arguments as arguments
 from planner.core.arguments import PlanMismatchError  # re-exported: planner.search.solver's API
 from planner.search.result import SolveResult, gap_of  # SolveResult re-exported: planner.search.solver's API
-from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
+from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor, under_contention
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
 from planner.core.options import SolveOptions
 from planner.search.polish import polish, reanchored
@@ -324,18 +324,21 @@ def _with_bounds(ctx: _SolveContext) -> _SolveContext:
     problem = ctx.problem
     deadline = ctx.deadline(ctx.time_limit_s)  # the bounds too are within the time limit
     key_bounds = key_lower_bounds(problem, protect_partly=ctx.policy.protect_partly, deadline=deadline)
-    lb = float(sum(key_bounds.values()))  # = planner.cost.bounds.lower_bound, computed once
+    count_lb = lb = float(sum(key_bounds.values()))  # = planner.cost.bounds.lower_bound, computed once
     reach = bucket_reach(problem) if ctx.step else None  # the floor's and every step model's
     # the floor's key bounds are without protect_partly (looser or equal): reuse when they are
     floor_ms = None
     if ctx.step:
         need = key_bounds if not ctx.policy.protect_partly else key_lower_bounds(problem, deadline=deadline)
-        floor = step_floor(problem, reach, need, deadline=deadline)
+        # the step model prices overlap as free: it is told the floor at contention 1, and the
+        # floor at the problem's contention is the bound reported (both hold for every plan)
+        floor = step_floor(problem, reach, need, deadline=deadline, contention=1.0)
         floor_ms = floor.floor_ms
+        lb = under_contention(floor, problem.contention).floor_ms
         if floor.chain_cut:  # a valid floor, looser than it would be with time (planner.cost.bounds)
             ctx.stats["chain_floor_cut"] = True
-    ctx = dataclasses.replace(ctx, bounds=ObjectiveBounds(lb, key_bounds),
-                              lb=floor_ms if ctx.step else lb,  # the step's relaxation bound, valid for the whole problem
+    ctx = dataclasses.replace(ctx, bounds=ObjectiveBounds(count_lb, key_bounds),
+                              lb=lb,  # the step's relaxation bound (or the count's), valid for the whole problem
                               floor_ms=floor_ms, reach=reach)
     ctx.stats["relaxation_bound"] = ctx.lb
     return ctx
