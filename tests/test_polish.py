@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ def _unbucketed(problem):
                         created="2026-01-01T00:00:00+00:00")
 
 
+@pytest.mark.slow  # 45 brute-force optima: 7-12 s, over the fast tier's 10 s on a loaded machine
 @settings(max_examples=45, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True),
        st.integers(0, 3))
