@@ -173,8 +173,6 @@ def _price(problem: Problem, index: ReplayIndex, members: tuple[str, ...]) -> _P
     return got
 
 
-
-
 def check_contention(contention: float) -> float:
     """``contention`` as a slow-down factor: a finite number from 1 (overlap is free) to
     ``MAX_CONTENTION``; anything else raises ValueError."""
