@@ -140,8 +140,15 @@ class _Deferring:
         finally:
             self.latch.deferring = False
         if self.latch.deferred:
+            import threading
+
             self.latch.deferred = False
-            self.latch._on_sigint(None, None)  # the Ctrl-C that came meanwhile, raised here
+            if threading.current_thread() is threading.main_thread():
+                self.latch._on_sigint(None, None)  # the Ctrl-C that came meanwhile, raised here
+            else:  # another thread imported: the handler runs again in the main thread, as a signal would
+                import _thread
+
+                _thread.interrupt_main()
 
     def __getattr__(self, name):  # get_code, is_package, ...: the real loader's
         return getattr(self.loader, name)
