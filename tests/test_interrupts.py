@@ -261,3 +261,44 @@ def test_a_ctrl_c_while_torch_loads_waits_for_the_import_to_end():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == ["raised after the body True", "torch deferred True", "json left alone True",
                                           "finder removed True"]
+
+
+def test_a_ctrl_c_inside_a_class_body_is_known_for_one():
+    """A KeyboardInterrupt in a descriptor's ``__set_name__`` (a dataclass field, while planner's
+    modules load) comes out of the class statement as "RuntimeError: Error calling __set_name__"
+    on Python 3.11 (the KeyboardInterrupt its cause), itself on later versions: the command line
+    takes either for the Ctrl-C it is (exit 130, "interrupted while starting"); a RuntimeError of
+    its own is not one."""
+    from bucketplan.cli import _by_ctrl_c
+
+    class Interrupting:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    with pytest.raises(BaseException) as caught:
+        type("Loading", (), {"field": Interrupting()})
+    assert _by_ctrl_c(caught.value)
+    assert not _by_ctrl_c(RuntimeError("Error calling __set_name__"))
+
+
+def test_a_command_that_loads_a_class_as_ctrl_c_comes_exits_130(monkeypatch, capsys):
+    """The same inside a command (its modules load lazily): exit 130 and one line, not a
+    traceback (the RuntimeError passed the command line's Ctrl-C handlers); an unrelated
+    RuntimeError still propagates."""
+    import bucketplan.cli.workloads as workloads
+    from bucketplan.cli import main
+
+    class Interrupting:
+        def __set_name__(self, owner, name):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(workloads, "run", lambda args: type("Loading", (), {"field": Interrupting()}))
+    assert main(["workloads"]) == 130
+    assert capsys.readouterr().err == "bucketplan workloads: interrupted\n"
+
+    def broken(args):
+        raise RuntimeError("not a Ctrl-C")
+
+    monkeypatch.setattr(workloads, "run", broken)
+    with pytest.raises(RuntimeError, match="not a Ctrl-C"):
+        main(["workloads"])

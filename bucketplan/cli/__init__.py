@@ -60,7 +60,7 @@ def _main(argv: list[str] | None) -> int:
     logging.getLogger("torch._inductor").setLevel(logging.WARNING)
     try:
         parser = build_parser()  # imports planner and the presets: seconds on a cold start
-    except (KeyboardInterrupt, ImportError) as e:
+    except (KeyboardInterrupt, ImportError, RuntimeError) as e:
         if not _by_ctrl_c(e):
             raise
         print("bucketplan: interrupted while starting", file=sys.stderr)
@@ -68,7 +68,7 @@ def _main(argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     try:
         return _run(args)
-    except (KeyboardInterrupt, ImportError) as e:
+    except (KeyboardInterrupt, ImportError, RuntimeError) as e:
         if not _by_ctrl_c(e):
             raise
         # a command that keeps a result at Ctrl-C returns 130 itself; this one came while it
@@ -80,7 +80,8 @@ def _main(argv: list[str] | None) -> int:
 def _by_ctrl_c(e: BaseException) -> bool:
     """A KeyboardInterrupt, or an error it caused: Ctrl-C while a C extension initializes
     surfaces as "ImportError: initialization failed" with the KeyboardInterrupt as its context
-    (OR-Tools)."""
+    (OR-Tools), and one inside a class body's ``__set_name__`` (a dataclass field) as
+    "RuntimeError: Error calling __set_name__" caused by it (seen while planner's modules loaded)."""
     seen = set()
     while e is not None and id(e) not in seen:
         if isinstance(e, KeyboardInterrupt):
