@@ -39,6 +39,7 @@ def test_polish_is_feasible_never_slower_and_never_beats_the_optimum(problem, se
         assert result.stats["kicks"] >= KICKS_WITHOUT_GAIN  # no deadline: the kicks end it, all checked above
 
 
+@pytest.mark.slow  # 30 polishes from several starts: 4-13 s, over the fast tier's 10 s on a loaded machine
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(problems(max_collectives=6, max_compute=5, max_pgs=2, dtypes=("bfloat16",), costs=True), st.data())
 def test_polish_with_restarts_is_never_slower_than_any_start(problem, data):
