@@ -124,13 +124,17 @@ def run(args) -> int:
         return 130
 
 
+# the flag that sets each field, by the field's own name (what ArgumentError names)
+_FIELD_FLAGS = {f.rpartition(".")[2]: flag for flag, fs in FLAG_FIELDS.items() for f in fs}
+
+
 def plan_spec(args):
     """The PlanSpec of the flags (FLAG_FIELDS), built and checked once; the hint is loaded with
     the problem (``_plan_and_report``)."""
     from planner.core.policy import Policy
     from planner.search.planning import Budget, PlanSpec
 
-    flags = {f.rpartition(".")[2]: flag for flag, fs in FLAG_FIELDS.items() for f in fs}
+    flags = _FIELD_FLAGS
     free = args.positions == "free"
     scenarios = ()
     if args.robust is not None:
@@ -187,8 +191,7 @@ def _plan_and_report(args, spec, best: BestPlan) -> int:
     except PlanMismatchError as e:  # raised before any search (plan checks the hint first)
         raise CLIError(f"{args.hint}: {e}") from None
     except ArgumentError as e:  # a flag this problem cannot take, before any search
-        flag = next((f for f, fields in FLAG_FIELDS.items() if any(x.endswith(e.name) for x in fields)), e.name)
-        raise CLIError(f"{flag}: {e}") from None
+        raise CLIError(f"{_FIELD_FLAGS.get(e.name, e.name)}: {e}") from None
     except PeakNotReached as e:  # nothing found within the peak (or proved that nothing fits)
         raise CLIError(f"--peak-memory-gb: {e}") from None
     except ScenarioError as e:
