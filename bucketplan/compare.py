@@ -25,7 +25,7 @@ import planner
 from planner.search import planners
 import planner.core.io
 from planner.core.io import atomic_write_text, replace_dir_atomically
-from planner.cost.bounds import step_floor
+from planner.cost.bounds import peak_memory_floor, step_floor
 from planner.cost.memory import peak_bytes
 from planner.core.options import SolveOptions
 from planner.search import planning
@@ -34,9 +34,9 @@ from planner.search.free.position_search import PeakNotReached
 from planner.search.repair import repair
 from planner.cost.simulator import simulate, write_chrome_trace
 from planner.jobs.interrupted import beside
-from planner.search.result import mark_interrupted
+from planner.search.result import gap_of, mark_interrupted
 from planner.jobs.progress import LiveLine
-from bucketplan.report import COMPARE_TIME_LIMIT_S, PlanRow, WorkloadRow, table_rows, write_compare_table
+from bucketplan.report import COMPARE_TIME_LIMIT_S, MemoryBudget, PlanRow, WorkloadRow, table_rows, write_compare_table
 from bucketplan.report import plots
 from planner.rules.verifier import check
 
@@ -47,11 +47,14 @@ MANUAL_LABEL = "torch manual (a bucket per block)"
 DEFAULT_LABEL = "torch default (pre-bucketing + greedy)"
 GREEDY_LABEL = "torch greedy"
 PRE_STEP_LABEL = "cpsat (step, pre-bucketed)"
-POSITIONED_LABEL = "bucketplan (step, free positions)"
+POSITIONED_LABEL = "bucketplan (step, free positions)"  # within torch default's peak
+POSITIONED_MANUAL_LABEL = "bucketplan (free positions, manual's peak)"  # within torch manual's peak
 # every row of a built-in workload, in table order (the unbucketed row is not planned)
 WORKLOAD_PLANNERS = (DEFAULT_LABEL, GREEDY_LABEL, MANUAL_LABEL, *(label for label, _ in CPSAT_VARIANTS),
-                     PRE_STEP_LABEL, POSITIONED_LABEL)
-SEARCHING = {label for label, _ in CPSAT_VARIANTS} | {PRE_STEP_LABEL, POSITIONED_LABEL}
+                     PRE_STEP_LABEL, POSITIONED_LABEL, POSITIONED_MANUAL_LABEL)
+SEARCHING = {label for label, _ in CPSAT_VARIANTS} | {PRE_STEP_LABEL, POSITIONED_LABEL, POSITIONED_MANUAL_LABEL}
+# torch's rows, which ours are set against at equal memory (``bucketplan.report.equal_memory_lines``)
+TORCH_ROWS = ("unbucketed", DEFAULT_LABEL, GREEDY_LABEL, MANUAL_LABEL)
 # everything run_compare writes into its folder: the folder is replaced as a whole, so one
 # holding anything else (`-o .`, `-o ~`) is refused rather than wiped
 OUTPUTS = ("compare.csv", "compare.md", "compare.json", "scenarios.md", "step_time.png", "collectives_and_exposed.png",
@@ -173,7 +176,7 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
     live, say = say is not None, say or _silent  # say None: no search detail (compare without -v)
     (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, announce, preset)
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
-                      warnings=list(prob.meta.get("warnings", [])))
+                      warnings=list(prob.meta.get("warnings", [])), baselines=TORCH_ROWS)
     row.problem, row.problem_pre = prob, prob_pre
     with _rows_kept_on_ctrl_c(row):
         # the floor of each problem holds for every plan on it; their minimum holds for every row
@@ -188,8 +191,16 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
         _cpsat_rows(row, prob, row.plans[1].plan, time_limit_s, say, announce, live)
         announce(PRE_STEP_LABEL)
         row.plans.append(pre_step_row(name, prob_pre, row.plans[0].plan, time_limit_s, say))
-        announce(POSITIONED_LABEL)
-        row.plans.append(positioned_row(name, prob, prob_pre, row, time_limit_s, say))
+        # our free-position rows, each within the peak of one of torch's rows, exactly
+        default = row.plans[0]
+        row.budgets.append(MemoryBudget("torch default's peak", peak_bytes(default.problem, default.plan),
+                                        POSITIONED_LABEL))
+        if manual_row is not None:
+            row.budgets.append(MemoryBudget("torch manual's peak", peak_bytes(manual_row.problem, manual_row.plan),
+                                            POSITIONED_MANUAL_LABEL))
+        for budget in row.budgets:
+            announce(budget.ours)
+            row.plans.append(positioned_row(name, prob, prob_pre, row, budget, time_limit_s, say))
         row.floor_ms = min(row.floor_ms, planning.floor(prob).floor_ms,  # positioned plans: their own floor
                            planning.floor(prob_pre).floor_ms)
         _flag_over_default_peak(row)
@@ -200,23 +211,20 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
 
 
 def _flag_over_default_peak(row: WorkloadRow) -> None:
-    """A searching row that holds more than the positioned row's budget (torch default's peak, or
-    the unbucketed schedule's where higher) says so in its note: the rows are compared at the
-    memory torch would use, and only the positioned search plans within it (CP-SAT's anchored
-    model has no memory cap)."""
+    """A row whose plan holds more than torch default's peak says by how much in its note: the
+    rows are compared at the memory torch would use (``bucketplan.report.equal_memory_lines`` sets
+    each of our capped rows against torch's rows within its own budget)."""
     default = next((r for r in row.plans if r.planner == DEFAULT_LABEL and r.plan is not None), None)
     if default is None:
         return
     cap = peak_bytes(default.problem, default.plan)
-    if row.problem is not None:
-        cap = max(cap, peak_bytes(row.problem))
     for r in row.plans:
-        if r.planner in SEARCHING and r.plan is not None:
+        if r is not default and r.plan is not None:
             peak = peak_bytes(r.problem, r.plan)
             if peak > cap:
                 # the excess in MB: at 3 decimals of GB a small one reads as equal to the budget
-                over = (f"peak {peak / 1e9:.3f} GB, {(peak - cap) / 1e6:.1f} MB above the budget "
-                        f"{cap / 1e9:.3f} GB (torch default's peak, or the unbucketed schedule's if higher)")
+                over = (f"peak {peak / 1e9:.3f} GB, {(peak - cap) / 1e6:.1f} MB above torch default's peak "
+                        f"{cap / 1e9:.3f} GB")
                 r.note = f"{r.note}; {over}" if r.note else over
 
 
@@ -276,37 +284,49 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
         search_progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), note="on torch's pre-bucketed schedule")
 
 
-def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, time_limit_s: float, say) -> PlanRow:
+def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, budget: MemoryBudget, time_limit_s: float,
+                   say) -> PlanRow:
     """``planner.plan``'s free positions (the positioned search from the plans of the rows above, no
-    CP-SAT search of its own) within the peak memory of torch's default
-    pipeline (``planner.cost.memory``, on its own problem; or the unbucketed schedule's, if higher): a
-    plan never holds more than what torch would run. Half the time on torch's schedule, from the
-    per-block seed and the plans there (CP-SAT's, torch's greedy), half on torch's pre-bucketed
-    schedule from torch's default plan and CP-SAT's there, so the row is never slower than torch's
-    default pipeline (measured on llama3-8b-2d-8 @ h100-8nodes, 10 s: 104.7 ms on torch's schedule
-    alone against default's 98.8). Its bound is the free-position floor of the schedule it ran on
-    within that budget: no plan with any positions and a peak within it is faster."""
-    default = row.plans[0]
-    budget = max(peak_bytes(default.problem, default.plan), peak_bytes(prob))
-    found = []
+    CP-SAT search of its own) within ``budget``, the peak of one of torch's rows exactly
+    (``planner.cost.memory``, as torch's estimator counts it): a plan never holds more than what
+    torch would run. Half the time on torch's schedule, from the per-block seed and the plans there
+    (CP-SAT's, torch's greedy, our rows above), half on torch's pre-bucketed schedule from torch's
+    default plan and the plans there, so the row within torch default's peak is never slower than
+    torch's default pipeline (measured on llama3-8b-2d-8 @ h100-8nodes, 10 s: 104.7 ms on torch's
+    schedule alone against default's 98.8). Its bound is the free-position floor within the budget
+    on both schedules (the least of the two): no plan on either, with any positions and a peak
+    within it, is faster. Where nothing within the budget is found, the row has no plan and its
+    note says why: proved (``peak_memory_floor``) or the lowest peak the search reached."""
+    found, misses = [], []
+    bounds = []  # per schedule where a plan within the budget may exist: the least step of any
     t0 = time.perf_counter()
     for k, problem in enumerate((prob, prob_pre)):
+        where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
         starts = tuple(p.plan for p in row.plans if p.problem is problem and p.plan is not None)
         seconds = t0 + time_limit_s * (k + 1) / 2 - time.perf_counter()  # the first half's leftover too
         spec = PlanSpec(mode="free", budget=Budget(max(seconds, 1e-3)), starts=starts, anchored_start=False,
-                        policy=planner.Policy(keep_overlap=False, peak_memory_bytes=budget))
+                        policy=planner.Policy(keep_overlap=False, peak_memory_bytes=budget.peak_bytes))
         try:
             found.append((planner.plan(problem, spec), problem))
-        except PeakNotReached:  # nothing on this schedule fits the budget
+        except PeakNotReached as e:  # nothing on this schedule found within the budget
+            misses.append(f"on {where}: {e}")
+            if peak_memory_floor(problem) <= budget.peak_bytes:  # not proved: a plan may still fit
+                bounds.append(planning.floor(problem, budget.peak_bytes).floor_ms)
             continue
-        _stop_if_interrupted(found[-1][0].stats, PlanRow(POSITIONED_LABEL, problem, found[-1][0].plan,
+        bounds.append(found[-1][0].bound)
+        _stop_if_interrupted(found[-1][0].stats, PlanRow(budget.ours, problem, found[-1][0].plan,
                                                          time.perf_counter() - t0))
+    within = f"within {budget.name} ({budget.peak_bytes / 1e9:.3f} GB)"
+    if not found:
+        return PlanRow(budget.ours, prob, None, time.perf_counter() - t0, "NOT FOUND",
+                       round(min(bounds), 3) if bounds else None, None, f"{within}: " + "; ".join(misses))
     result, problem = min(found, key=lambda f: f[0].objective)
+    bound = min(bounds)
     where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
-    return PlanRow(POSITIONED_LABEL, problem, result.plan, time.perf_counter() - t0, "FEASIBLE",
-                   round(result.bound, 3), result.gap,
-                   f"on {where}, within torch default's peak ({budget / 1e9:.3f} GB); local search, best from "
-                   f"{result.stats['best_from']}")
+    return PlanRow(budget.ours, problem, result.plan, time.perf_counter() - t0, "FEASIBLE",
+                   round(bound, 3), gap_of(result.objective, bound),
+                   f"on {where}, {within}; local search, best from {result.stats['best_from']}"
+                   + "".join(f"; nothing found {m}" for m in misses))
 
 
 def _manual_row(name: str, preset, announce) -> PlanRow | None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from planner.cost.memory import memory_timeline
+from planner.cost.memory import memory_timeline, peak_bytes
 from planner.core.problem import Plan, Problem, collectives_after
 from planner.jobs.tables import MEANING, TableStyle, legend_lines, markdown_lines, pyplot, write_table
 
@@ -41,6 +41,16 @@ class PlanRow:
         return None if self.plan is None else collectives_after(self.problem, self.plan)
 
 
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A peak one of our rows (``ours``, its planner label) was planned within, named by whose
+    peak it is ("torch default's peak"): the comparison at equal memory (``equal_memory_lines``)."""
+
+    name: str
+    peak_bytes: int
+    ours: str
+
+
 @dataclass
 class WorkloadRow:
     name: str
@@ -56,6 +66,8 @@ class WorkloadRow:
     # it, a group none prices): in its unbucketed row's note, and on stderr
     warnings: list[str] = field(default_factory=list)
     own_costs: bool = False  # a problem file: priced as extracted, whatever --preset says
+    budgets: list[MemoryBudget] = field(default_factory=list)
+    baselines: tuple[str, ...] = ()  # torch's rows, which our rows are set against at equal memory
 
 
 COLUMNS = ["workload", "cluster", "graph_nodes", "collectives_before", "planner", "collectives_after", "step_ms",
@@ -99,6 +111,7 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
 
         base = r.sims["unbucketed"]
         out.append(line("unbucketed", r.collectives_before, base))
+        out[-1]["equal_memory"] = equal_memory_lines(r)
         for p in r.plans:
             sim = r.sims.get(p.planner)
             row = line(p.planner, p.after, sim, p)
@@ -106,6 +119,54 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
                 row["note"] = "; ".join(x for x in (row["note"], "slower than unbucketed") if x)
             out.append(row)
     return out
+
+
+def equal_memory_lines(r: WorkloadRow) -> list[str]:
+    """One line per memory budget of the workload: our row planned within it, its bound and gap,
+    and the fastest of torch's rows whose peak (``planner.cost.memory``, as torch's estimator counts
+    it) is within it, with how much faster ours is; torch's rows above it are named."""
+    peaks = {"unbucketed": peak_bytes(r.problem)} if r.problem is not None else {}
+    peaks.update({p.planner: peak_bytes(p.problem, p.plan) for p in r.plans if p.plan is not None})
+    out = []
+    for b in r.budgets:
+        head = f"{r.name}, within {b.name} ({b.peak_bytes / 1e9:.3f} GB):"
+        ours = next((p for p in r.plans if p.planner == b.ours), None)
+        if ours is None or ours.plan is None or ours.planner not in r.sims:
+            out.append(f"{head} no plan of ours" + (f" ({ours.note})" if ours is not None and ours.note else ""))
+            continue
+        step = r.sims[ours.planner].step_ms
+        text = f"{head} {ours.planner} {step:.3f} ms"
+        if ours.bound is not None and ours.gap is not None:
+            text += f" (no plan on its schedules within it is under {ours.bound:.3f} ms: gap {100 * ours.gap:.2f}%)"
+        torch_rows = [label for label in r.baselines if label in r.sims and label in peaks]
+        fits = [label for label in torch_rows if peaks[label] <= b.peak_bytes]
+        if fits:
+            best = min(fits, key=lambda label: r.sims[label].step_ms)
+            t = r.sims[best].step_ms
+            text += f"; fastest torch row within it: {best}, {t:.3f} ms; ours {100 * (t - step) / t:.1f}% faster"
+        else:
+            text += "; no torch row fits it"
+        above = [label for label in torch_rows if label not in fits]
+        if above:
+            text += "; above it: " + ", ".join(f"{label} (+{_excess(peaks[label] - b.peak_bytes)})" for label in above)
+        out.append(text)
+    return out
+
+
+def _excess(nbytes: int) -> str:
+    """A peak's excess over a budget, in MB, or in bytes where that would read as 0.0 MB."""
+    return f"{nbytes / 1e6:.1f} MB" if nbytes >= 50_000 else f"{nbytes} bytes"
+
+
+def equal_memory_section(table: list[dict]) -> list[str]:
+    """compare.md's section at equal memory: every workload's ``equal_memory`` lines (none: no section)."""
+    lines = [f"- {x}" for r in table for x in r.get("equal_memory", ())]
+    if not lines:
+        return []
+    return ["", "## At equal memory", "",
+            "Each of our rows searched within a peak torch's own rows reach; the bound is the least step of any "
+            "plan, any positions, within that peak on the schedules it searched (under this cluster's cost "
+            "model).", "", *lines]
 
 
 def simulated_on(rows: list[dict]) -> str:
@@ -129,7 +190,8 @@ def markdown(rows: list[dict], columns: Iterable[str] = TERMINAL_COLUMNS) -> str
 def write_compare_table(out_dir: Path, table: list[dict]) -> list[Path]:
     """``compare.csv``, ``compare.md`` and ``compare.json`` of ``table_rows``' rows."""
     return write_table(out_dir, "compare", COLUMNS, table, formats=("csv", "md", "json"), legend=COMPARE_LEGEND,
-                       title="bucketplan compare: every planner on the same graphs", style=_COMPARE_STYLE)
+                       title="bucketplan compare: every planner on the same graphs", style=_COMPARE_STYLE,
+                       after_table=equal_memory_section(table))
 
 
 # ---------------------------------------------------------------- plots

@@ -105,6 +105,10 @@ def _report(out: Path, table, scenarios) -> None:
             print(f"warning: {r['workload']}: {line}", file=sys.stderr)
     print(f"{simulated_on(table)} {out}/compare.md has every column.\n")
     print(markdown(table), end="")
+    lines = [x for r in table for x in r.get("equal_memory", ())]
+    if lines:
+        print("\nAt equal memory (compare.md says more):")
+        print("\n".join(f"  {x}" for x in lines))
     print(f"\nwrote {out}/: compare.md (this table; also .csv, .json), step_time.png, "
           "timeline.png, collectives_and_exposed.png, traces/ (ui.perfetto.dev), plans/ (every "
           "plan, verified; plans/index.md)" + (", scenarios.md" if scenarios else ""))

@@ -60,9 +60,10 @@ def legend_lines(legend: dict[str, str], columns: Iterable[str]) -> list[str]:
 
 def write_table(out_dir: Path, stem: str, columns: Iterable[str], rows: list[dict], *, title: str | None = None,
                 formats: Iterable[str] = ("csv", "md"), legend: dict[str, str] | None = None,
-                style: TableStyle = TableStyle()) -> list[Path]:
-    """``rows`` as ``out_dir/stem.csv``, ``.md`` (under ``# title`` when given; ``legend``, the
-    columns' meanings, under the table) and ``.json``, as ``formats`` asks, each written
+                style: TableStyle = TableStyle(), after_table: Iterable[str] = ()) -> list[Path]:
+    """``rows`` as ``out_dir/stem.csv``, ``.md`` (under ``# title`` when given; ``after_table``'s
+    Markdown lines, then ``legend``, the columns' meanings, under the table) and ``.json``, as
+    ``formats`` asks, each written
     atomically; returns the paths. Keys outside ``columns`` are left out; a missing key is an
     empty cell (None in JSON). ``style``: how cells are written (``TableStyle``)."""
     columns, out_dir = list(columns), Path(out_dir)
@@ -76,7 +77,7 @@ def write_table(out_dir: Path, stem: str, columns: Iterable[str], rows: list[dic
             text = buf.getvalue()
         elif fmt == "md":
             head = [f"# {title}", ""] if title is not None else []
-            text = "\n".join(head + markdown_lines(columns, rows, style)
+            text = "\n".join(head + markdown_lines(columns, rows, style) + list(after_table)
                              + (legend_lines(legend, columns) if legend is not None else []))
             text += "\n"
         elif fmt == "json":
