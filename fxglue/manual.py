@@ -259,6 +259,22 @@ def fixed_order_problem(traced, estimator: Estimator, *, bucket_mode=None, max_b
     return problem, forced
 
 
+def graph_order_inputs(traced, estimator: Estimator, *, bucket_mode=None):
+    """Torch's bucketing inputs (``fxglue.pipeline.BucketingInputs``) for ``traced.gm`` in its own
+    order, torch's scheduler not run: the replay of ``fixed_order_inputs``, the schedule being the
+    graph's order, and the finalize knobs torch's scheduler passes (its bucketer's defaults, no
+    overlap deps), so torch's greedy and ``apply_plan`` run on it as on torch's schedule. The order
+    torch's manual pass plans on (``fixed_order_problem`` extracts its problem)."""
+    from torch.utils._ordered_set import OrderedSet
+
+    from fxglue.pipeline import BucketingInputs
+
+    collective_info, order, _ = fixed_order_inputs(traced, estimator, bucket_mode=bucket_mode)
+    kwargs = {"collective_bucketing": True, "insert_overlap_deps": False, "max_bucket_memory_gb": 2.0,
+              "bucket_mode": bucket_mode}
+    return BucketingInputs(traced.gm, collective_info, OrderedSet(order), kwargs)
+
+
 def fixed_order_inputs(traced, estimator: Estimator, *, bucket_mode=MANUAL_BUCKET_MODE):
     """``(collective_info, scheduled, forced_waits)`` for ``traced.gm`` in its current order.
 

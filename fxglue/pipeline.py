@@ -270,13 +270,20 @@ def trace_for(workload: str | Workload | GraphFile | TracedWorkload, preset: Pre
     return trace(workload, world_size=world, tp=tp)
 
 
+# the orders a plan can be made on (``PipelineOptions.schedule``)
+SCHEDULES = ("torch", "graph")
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     """How torch's pipeline runs around the plan: its FSDP ``pre_bucketing`` before its scheduler,
     its ``bucket_mode`` and bucket cap (``max_bucket_memory_gb``, torch's knob, which torch reads
     as GiB), what prices the schedule (the estimator's ``hardware`` figures, or the ``estimator``
-    itself; None: the preset's), and whether the applied graph pins its order with control
-    dependencies (``insert_overlap_deps``)."""
+    itself; None: the preset's), whether the applied graph pins its order with control
+    dependencies (``insert_overlap_deps``), and which order the plan is made on (``schedule``:
+    "torch", torch's overlap scheduler's; "graph", the graph's own, torch's scheduler not run, as
+    torch's manual per-block pass runs: compute stays where the model put it, so the unbucketed peak
+    is lower)."""
 
     pre_bucketing: bool = False
     bucket_mode: str | None = None
@@ -284,11 +291,17 @@ class PipelineOptions:
     hardware: Hardware | None = None
     estimator: Estimator | None = None
     insert_overlap_deps: bool = False
+    schedule: str = "torch"
 
     def __post_init__(self) -> None:
         import planner.core.arguments as arguments
 
         arguments.flag(self.pre_bucketing, "pre_bucketing")
+        if self.schedule not in SCHEDULES:
+            raise arguments.ArgumentError("schedule", f"schedule {self.schedule!r}: one of {', '.join(SCHEDULES)}")
+        if self.schedule == "graph" and self.pre_bucketing:
+            raise arguments.ArgumentError("schedule", "schedule 'graph' runs no torch scheduler, so no pre-bucketing "
+                                                      "(torch's scheduler's first step)")
         arguments.positive_number(self.max_bucket_memory_gb, "max_bucket_memory_gb")
         arguments.flag(self.insert_overlap_deps, "insert_overlap_deps")
 
@@ -329,14 +342,23 @@ def prepare(
     if estimator is None and traced.meta.get("collectives_table"):
         preset = _with_graph_table(traced, preset)
     estimator = estimator or estimator_for(traced, pipeline.hardware, preset)
-    say("scheduling with torch's overlap scheduler")
     t0 = time.perf_counter()
-    inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
-                      **(scheduler_kwargs or {}))
+    if pipeline.schedule == "graph":
+        from fxglue.manual import graph_order_inputs
+
+        if scheduler_kwargs:
+            raise ValueError(f"scheduler keyword(s) {sorted(scheduler_kwargs)}: schedule 'graph' runs no scheduler")
+        say("replaying the graph's own order (torch's scheduler not run)")
+        inputs = graph_order_inputs(traced, estimator, bucket_mode=bucket_mode)
+    else:
+        say("scheduling with torch's overlap scheduler")
+        inputs = schedule(traced, estimator, pre_bucketing=pre_bucketing, bucket_mode=bucket_mode,
+                          **(scheduler_kwargs or {}))
     timings["schedule_s"] = time.perf_counter() - t0
     say("extracting the bucketing problem")
     t0 = time.perf_counter()
-    meta = {**traced.meta, "pre_bucketing": pre_bucketing, "preset": preset.name if preset else None, **(meta or {})}
+    meta = {**traced.meta, "pre_bucketing": pre_bucketing, "preset": preset.name if preset else None,
+            **({"schedule": "graph"} if pipeline.schedule == "graph" else {}), **(meta or {})}
     problem = extract_problem(inputs.gm.graph, inputs.collective_info, inputs.scheduled,
                               max_bucket_memory_gb=max_bucket_memory_gb, bucket_mode=bucket_mode,
                               estimator=estimator, meta=meta)

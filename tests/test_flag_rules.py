@@ -20,7 +20,8 @@ from tests.test_hostile import assert_one_line_error
 # a value for each shaping flag that takes one (the refusal comes before any is read)
 SAMPLE = {"--preset": ["h100-1node"], "--ranks": ["16"], "--tp": ["2"], "--collectives": ["f.csv"],
           "--collective-ranks": ["64/8"], "--compute-tflops": ["100"], "--hbm-tbps": ["2"], "--contention": ["1.19"],
-          "--profile": ["t.json"], "--profile-cpu": [], "--pre-bucketing": [], "--bucket-mode": ["coalesced"],
+          "--profile": ["t.json"], "--profile-cpu": [], "--pre-bucketing": [], "--schedule": ["graph"],
+          "--bucket-mode": ["coalesced"],
           "--max-bucket-memory-gb": ["1"], "--hardware": ["hw.json"], "--layers": ["8"], "--parallel": ["ddp"],
           "--group": ["x=2"]}
 

@@ -29,7 +29,11 @@ def run(args) -> int:
     try:
         result = run_pipeline(options.workload(args), planner_=plan, preset=options.preset(args),
                               pipeline=options.pipeline(args), progress=say)
-    except (PlanError, WorkloadError) as e:
+    except PlanError as e:
+        hint = ("; a plan applies to the problem it was solved for: give the flags that problem was extracted "
+                "with (the cluster flags, --pre-bucketing, --schedule)") if e.rule == 1 else ""
+        raise CLIError(f"{args.plan}: {e}{hint}") from None
+    except WorkloadError as e:
         raise CLIError(f"{args.plan}: {e}") from None
     print(f"workload            {result.name}")
     print(f"collectives before  {fmt_counts(result.collectives_before)}")

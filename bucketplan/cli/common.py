@@ -208,11 +208,12 @@ def scenario_list(text: str, flag: str) -> list[str]:
 
 
 def overlap_line(problem) -> str:
-    """How torch's schedule hides each collective, counted per collective: the same line in
-    `extract` and `verify`."""
+    """How the problem's schedule (torch's scheduler's, or the graph's own order) hides each
+    collective, counted per collective: the same line in `extract` and `verify`."""
     status = {s: sum(c.status == s for c in problem.collectives)
               for s in ("hidden", "partly", "exposed")}
-    return (f"torch's overlap     of {len(problem.collectives)} collectives on torch's schedule: "
+    where = "the graph's own order" if problem.meta.get("schedule") == "graph" else "torch's schedule"
+    return (f"torch's overlap     of {len(problem.collectives)} collectives on {where}: "
             f"{status['hidden']} hidden behind compute, {status['partly']} partly hidden, "
             f"{status['exposed']} exposed")
 

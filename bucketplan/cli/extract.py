@@ -64,6 +64,7 @@ def run(args) -> int:
 def _report(args, result, out: Path) -> None:
     import planner
     from planner.cost.bounds import step_floor
+    from planner.cost.memory import peak_bytes
 
     problem, plan = result.problem, result.plan
     n = len(problem.collectives)
@@ -73,6 +74,8 @@ def _report(args, result, out: Path) -> None:
     print(f"collectives         {fmt_counts(result.collectives_before)}"
           + (f"; {n} after pre-bucketing" if args.pre_bucketing else ""))
     print(overlap_line(problem))
+    print("schedule            " + ("the graph's own order (torch's scheduler not run)" if args.schedule == "graph"
+                                    else "torch's overlap scheduler's"))
     print(f"torch greedy        {n} -> {planner.collectives_after(problem, plan)} collectives "
           f"in {len(plan.buckets)} buckets")
     print(f"cluster             {problem.meta.get('preset')}: "
@@ -80,6 +83,8 @@ def _report(args, result, out: Path) -> None:
                       for link in problem.links))
     print(f"step (simulated)    unbucketed {planner.simulate(problem).step_ms:.3f} ms; "
           f"floor {step_floor(problem).floor_ms:.3f} ms")
+    print(f"peak memory         unbucketed {peak_bytes(problem) / 1e9:.3f} GB ({peak_bytes(problem)} bytes, as torch's "
+          "memory estimator counts it)")
     print("timings (s)         "
           + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in result.timings.items()))
     print(f"wrote               {out / 'problem.json'}, {out / 'greedy-plan.json'}")
@@ -88,7 +93,7 @@ def _report(args, result, out: Path) -> None:
 # the cluster flags a --tiny extraction has no use for: its ranks run on gloo here (--ranks, the
 # pipeline's --bucket-mode and --pre-bucketing, and the workload's own flags it takes)
 TINY_IGNORES = ("--preset", "--tp", "--collectives", "--collective-ranks", "--compute-tflops", "--hbm-tbps", "--contention",
-                "--profile", "--profile-cpu", "--max-bucket-memory-gb", "--hardware")
+                "--profile", "--profile-cpu", "--max-bucket-memory-gb", "--hardware", "--schedule")
 
 
 def _extract_tiny(args) -> int:
@@ -100,8 +105,9 @@ def _extract_tiny(args) -> int:
         raise CLIError("--tiny takes a built-in workload or --model (the shapes `check` runs)")
     for flag in TINY_IGNORES:
         if rules.given(args, flag):
-            raise CLIError(f"{flag} with --tiny: each gloo rank's problem is priced by the gloo run's own "
-                           "model, not a cluster's; drop one of them")
+            raise CLIError(f"{flag} with --tiny: each gloo rank's problem is scheduled and priced as the gloo run "
+                           "schedules and prices it (torch's scheduler, its own model), not a cluster's; drop one "
+                           "of them")
     options.workload(args)
     out = Path(args.output)
     run = built(CheckOptions, {"ranks": args.ranks or 2, "planner": "none", "bucket_mode": args.bucket_mode,

@@ -88,6 +88,10 @@ def add_pipeline_options(s) -> None:
     s.add_argument("--pre-bucketing", action=noted(s, "store_true"),
                    help="run torch's FSDP pre-bucketing before scheduling (torch's default; off "
                         "here so the bucket search sees every collective)")
+    s.add_argument("--schedule", action=noted(s), choices=("torch", "graph"), default="torch",
+                   help="the order to plan on: torch's overlap scheduler's (default), or the graph's own "
+                        "(torch's scheduler not run, as torch's manual per-block pass plans; compute stays where "
+                        "the model put it, so the unbucketed peak is lower); apply a plan with the same flag")
     s.add_argument("--bucket-mode", action=noted(s), choices=BUCKET_MODES, default=None,
                    help="torch's bucket mode (default: torch's config, i.e. 'default')")
     s.add_argument("--max-bucket-memory-gb", action=noted(s), type=float, default=2.0,
@@ -158,12 +162,13 @@ def pipeline(args):
 
     return built(PipelineOptions, {"pre_bucketing": args.pre_bucketing, "bucket_mode": args.bucket_mode,
                                    "max_bucket_memory_gb": args.max_bucket_memory_gb,
-                                   "hardware": hardware(args)}, PIPELINE_FLAGS)
+                                   "hardware": hardware(args), "schedule": args.schedule}, PIPELINE_FLAGS)
 
 
 # the flag that sets each PipelineOptions field (estimator and insert_overlap_deps: library only)
 PIPELINE_FLAGS = {"pre_bucketing": "--pre-bucketing", "bucket_mode": "--bucket-mode",
-                  "max_bucket_memory_gb": "--max-bucket-memory-gb", "hardware": "--hardware"}
+                  "max_bucket_memory_gb": "--max-bucket-memory-gb", "hardware": "--hardware",
+                  "schedule": "--schedule"}
 
 
 def hardware(args):

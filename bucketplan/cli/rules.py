@@ -64,7 +64,7 @@ SHAPING_FLAGS = {
     "--group": Shaping("group", (GRAPH,), "names the process groups of a --graph file", every_target=False),
     **{flag: Shaping(flag[2:].replace("-", "_"), TRACED, _CLUSTER)
        for flag in ("--preset", "--ranks", "--tp", "--collectives", "--collective-ranks", "--compute-tflops",
-                    "--hbm-tbps", "--contention", "--profile", "--profile-cpu", "--pre-bucketing", "--bucket-mode",
+                    "--hbm-tbps", "--contention", "--profile", "--profile-cpu", "--pre-bucketing", "--schedule", "--bucket-mode",
                     "--max-bucket-memory-gb", "--hardware")},
 }
 
