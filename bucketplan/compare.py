@@ -200,9 +200,13 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
                                             POSITIONED_MANUAL_LABEL))
         for budget in row.budgets:
             announce(budget.ours)
-            row.plans.append(positioned_row(name, prob, prob_pre, row, budget, time_limit_s, say))
-        row.floor_ms = min(row.floor_ms, planning.floor(prob).floor_ms,  # positioned plans: their own floor
-                           planning.floor(prob_pre).floor_ms)
+            schedules = [prob, prob_pre]
+            if budget.ours == POSITIONED_MANUAL_LABEL:  # the order torch's manual pass plans on, too
+                row.problem_graph = _graph_order_problem(name, preset)
+                schedules.append(row.problem_graph)
+            row.plans.append(positioned_row(schedules, row, budget, time_limit_s))
+        row.floor_ms = min(row.floor_ms, *(planning.floor(p).floor_ms  # positioned plans: their own floor
+                                           for p in (prob, prob_pre, row.problem_graph) if p is not None))
         _flag_over_default_peak(row)
         _simulate_rows(row, prob, traces_to)
         if steps is not None:
@@ -284,30 +288,34 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
         search_progress=lambda msg: say(f"{name}: {PRE_STEP_LABEL}: {msg}")), note="on torch's pre-bucketed schedule")
 
 
-def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, budget: MemoryBudget, time_limit_s: float,
-                   say) -> PlanRow:
+SCHEDULE_NAMES = ("torch's schedule", "torch's pre-bucketed schedule", "the graph's own order")
+
+
+def positioned_row(schedules: list, row: WorkloadRow, budget: MemoryBudget, time_limit_s: float) -> PlanRow:
     """``planner.plan``'s free positions (the positioned search from the plans of the rows above, no
     CP-SAT search of its own) within ``budget``, the peak of one of torch's rows exactly
     (``planner.cost.memory``, as torch's estimator counts it): a plan never holds more than what
-    torch would run. Half the time on torch's schedule, from the per-block seed and the plans there
-    (CP-SAT's, torch's greedy, our rows above), half on torch's pre-bucketed schedule from torch's
-    default plan and the plans there, so the row within torch default's peak is never slower than
-    torch's default pipeline (measured on llama3-8b-2d-8 @ h100-8nodes, 10 s: 104.7 ms on torch's
-    schedule alone against default's 98.8). Its bound is the free-position floor within the budget
-    on both schedules (the least of the two): no plan on either, with any positions and a peak
-    within it, is faster. Where nothing within the budget is found, the row has no plan and its
-    note says why: proved (``peak_memory_floor``) or the lowest peak the search reached."""
+    torch would run. The time is shared out over ``schedules`` (torch's schedule, from the
+    per-block seed and the plans there: CP-SAT's, torch's greedy, our rows above; torch's
+    pre-bucketed schedule, from torch's default plan and the plans there, so the row within torch
+    default's peak is never slower than torch's default pipeline: measured on llama3-8b-2d-8 @
+    h100-8nodes, 10 s, 104.7 ms on torch's schedule alone against default's 98.8; and, within
+    torch manual's peak, the graph's own order, which torch's manual pass plans on). Its bound is
+    the least free-position floor within the budget over the schedules: no plan on any of them,
+    with any positions and a peak within it, is faster. Where nothing within the budget is found,
+    the row has no plan and its note says why: proved (``peak_memory_floor``) or the lowest peak
+    the search reached."""
     found, misses = [], []
     bounds = []  # per schedule where a plan within the budget may exist: the least step of any
     t0 = time.perf_counter()
-    for k, problem in enumerate((prob, prob_pre)):
-        where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
+    for k, problem in enumerate(schedules):
+        where = SCHEDULE_NAMES[k]
         starts = tuple(p.plan for p in row.plans if p.problem is problem and p.plan is not None)
-        seconds = t0 + time_limit_s * (k + 1) / 2 - time.perf_counter()  # the first half's leftover too
+        seconds = t0 + time_limit_s * (k + 1) / len(schedules) - time.perf_counter()  # earlier leftovers too
         spec = PlanSpec(mode="free", budget=Budget(max(seconds, 1e-3)), starts=starts, anchored_start=False,
                         policy=planner.Policy(keep_overlap=False, peak_memory_bytes=budget.peak_bytes))
         try:
-            found.append((planner.plan(problem, spec), problem))
+            found.append((planner.plan(problem, spec), where))
         except PeakNotReached as e:  # nothing on this schedule found within the budget
             misses.append(f"on {where}: {e}")
             if peak_memory_floor(problem) <= budget.peak_bytes:  # not proved: a plan may still fit
@@ -318,15 +326,23 @@ def positioned_row(name: str, prob, prob_pre, row: WorkloadRow, budget: MemoryBu
                                                          time.perf_counter() - t0))
     within = f"within {budget.name} ({budget.peak_bytes / 1e9:.3f} GB)"
     if not found:
-        return PlanRow(budget.ours, prob, None, time.perf_counter() - t0, "NOT FOUND",
+        return PlanRow(budget.ours, schedules[0], None, time.perf_counter() - t0, "NOT FOUND",
                        round(min(bounds), 3) if bounds else None, None, f"{within}: " + "; ".join(misses))
-    result, problem = min(found, key=lambda f: f[0].objective)
+    result, where = min(found, key=lambda f: f[0].objective)
     bound = min(bounds)
-    where = "torch's schedule" if problem is prob else "torch's pre-bucketed schedule"
+    problem = schedules[SCHEDULE_NAMES.index(where)]
     return PlanRow(budget.ours, problem, result.plan, time.perf_counter() - t0, "FEASIBLE",
                    round(bound, 3), gap_of(result.objective, bound),
                    f"on {where}, {within}; local search, best from {result.stats['best_from']}"
                    + "".join(f"; nothing found {m}" for m in misses))
+
+
+def _graph_order_problem(name: str, preset):
+    """The workload's problem on the graph's own order (``--schedule graph``: torch's scheduler not
+    run), priced as the other rows are."""
+    from fxglue.pipeline import PipelineOptions, prepare
+
+    return prepare(name, preset=preset, pipeline=PipelineOptions(schedule="graph"), greedy=False).problem
 
 
 def _manual_row(name: str, preset, announce) -> PlanRow | None:
@@ -397,7 +413,8 @@ def keep_interrupted_plans(rows: list[WorkloadRow], out: Path) -> Path | None:
 
 def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
     """Every plan compare computed as ``plans/<workload>--<planner>.json``, beside the problems they
-    are for (``problems/<workload>.json``: torch's schedule; ``...--pre-bucketed.json``: torch's
+    are for (``problems/<workload>.json``: torch's schedule; ``...--graph-order.json``: the graph's own
+    order; ``...--pre-bucketed.json``: torch's
     pre-bucketed one), and ``plans/index.md`` naming each plan's problem and the commands that take
     it. Each was verified where it was made: CP-SAT's and the positioned search's by the solver,
     torch's by ``_greedy_row`` (or its repair). Torch's manual row is not a plan of ours (its pass
@@ -405,11 +422,11 @@ def save_plans(rows: list[WorkloadRow], out: Path) -> Path:
     lines = ["# Plans of this compare run", "",
              "Each plan verifies against its problem: `bucketplan verify PROBLEM PLAN`. A plan on torch's "
              "schedule applies to the workload with `bucketplan apply WORKLOAD PLAN --preset PRESET`; one on the "
-             "pre-bucketed schedule needs `--pre-bucketing` too. Torch's manual per-block row is torch's own pass "
+             "pre-bucketed schedule needs `--pre-bucketing` too, one on the graph's own order `--schedule graph`. Torch's manual per-block row is torch's own pass "
              "(it merges inside the graph), not a plan, so it has no file.", "",
              "| workload | planner | plan | problem |", "|---|---|---|---|"]
     for row in rows:
-        schedules = {id(row.problem): "", id(row.problem_pre): "--pre-bucketed"}
+        schedules = {id(row.problem): "", id(row.problem_pre): "--pre-bucketed", id(row.problem_graph): "--graph-order"}
         saved = set()
         for p in row.plans:
             if p.plan is None or p.planner == MANUAL_LABEL:

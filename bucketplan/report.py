@@ -62,6 +62,7 @@ class WorkloadRow:
     preset: str = ""
     problem: Problem | None = None  # the unbucketed row's (its peak memory): torch's schedule
     problem_pre: Problem | None = None  # torch's pre-bucketed schedule, where the workload has one
+    problem_graph: Problem | None = None  # the graph's own order (torch's scheduler not run), where searched
     # what priced it is not what the command asked for (a measurement file that prices nothing of
     # it, a group none prices): in its unbucketed row's note, and on stderr
     warnings: list[str] = field(default_factory=list)
