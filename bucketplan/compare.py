@@ -103,7 +103,7 @@ def _problems_for(name, announce, preset=None):
     what the measurements leave out of the first in its ``meta["warnings"]``
     (``fxglue.presets.measurement_warnings``: beside the rows, never a refusal, as compare reports)."""
     from fxglue.pipeline import PipelineOptions, prepare
-    from fxglue.presets import measurement_warnings
+    from fxglue.presets import measurement_warnings, pricing_lines
 
     announce("torch default, torch greedy (tracing, torch's scheduler)", "1-2")
     out = []
@@ -112,8 +112,11 @@ def _problems_for(name, announce, preset=None):
         problem = p.problem
         if not pre:  # before the second trace; both schedules have the same groups
             warnings = measurement_warnings(p.preset, problem)
-            if warnings:
-                problem = problem.model_copy(update={"meta": {**problem.meta, "warnings": warnings}})
+            extra = {"warnings": warnings} if warnings else {}
+            if getattr(p.preset, "measured", None) is not None:  # what priced each group, where it is not the model
+                extra["pricing"] = pricing_lines(p.preset, problem)
+            if extra:
+                problem = problem.model_copy(update={"meta": {**problem.meta, **extra}})
         out.append((problem, p.greedy, p.timings["greedy_s"], p.traced.gm))
     return out
 
@@ -176,7 +179,8 @@ def compare_workload(workload, *, time_limit_s: float, traces_to: Path | None, s
     live, say = say is not None, say or _silent  # say None: no search detail (compare without -v)
     (prob, greedy, greedy_s, gm), (prob_pre, greedy_pre, greedy_pre_s, _) = _problems_for(workload, announce, preset)
     row = WorkloadRow(name, prob.n_scheduled, len(prob.collectives), preset=prob.meta.get("preset") or "",
-                      warnings=list(prob.meta.get("warnings", [])), baselines=TORCH_ROWS)
+                      warnings=list(prob.meta.get("warnings", [])), pricing=list(prob.meta.get("pricing", [])),
+                      baselines=TORCH_ROWS)
     row.problem, row.problem_pre = prob, prob_pre
     with _rows_kept_on_ctrl_c(row):
         # the floor of each problem holds for every plan on it; their minimum holds for every row

@@ -67,6 +67,7 @@ class WorkloadRow:
     # it, a group none prices): in its unbucketed row's note, and on stderr
     warnings: list[str] = field(default_factory=list)
     own_costs: bool = False  # a problem file: priced as extracted, whatever --preset says
+    pricing: list[str] = field(default_factory=list)  # with measurements: what priced each group
     budgets: list[MemoryBudget] = field(default_factory=list)
     baselines: tuple[str, ...] = ()  # torch's rows, which our rows are set against at equal memory
 
@@ -113,6 +114,7 @@ def table_rows(rows: list[WorkloadRow]) -> list[dict]:
         base = r.sims["unbucketed"]
         out.append(line("unbucketed", r.collectives_before, base))
         out[-1]["equal_memory"] = equal_memory_lines(r)
+        out[-1]["pricing"] = list(r.pricing)
         for p in r.plans:
             sim = r.sims.get(p.planner)
             row = line(p.planner, p.after, sim, p)
@@ -160,14 +162,20 @@ def _excess(nbytes: int) -> str:
 
 
 def equal_memory_section(table: list[dict]) -> list[str]:
-    """compare.md's section at equal memory: every workload's ``equal_memory`` lines (none: no section)."""
+    """compare.md's sections after the table: every workload's ``equal_memory`` lines, and, where
+    measurements priced it, what priced each group (``pricing``); a section with no lines is left out."""
     lines = [f"- {x}" for r in table for x in r.get("equal_memory", ())]
-    if not lines:
-        return []
-    return ["", "## At equal memory", "",
-            "Each of our rows searched within a peak torch's own rows reach; the bound is the least step of any "
-            "plan, any positions, within that peak on the schedules it searched (under this cluster's cost "
-            "model).", "", *lines]
+    priced = [f"- {r['workload']}: {x}" for r in table for x in r.get("pricing", ())]
+    out = []
+    if lines:
+        out += ["", "## At equal memory", "",
+                "Each of our rows searched within a peak torch's own rows reach; the bound is the least step of any "
+                "plan, any positions, within that peak on the schedules it searched (under this cluster's cost "
+                "model).", "", *lines]
+    if priced:
+        out += ["", "## What priced each group", "",
+                "Per process group and kind: the measurement that priced it, or the preset's model.", "", *priced]
+    return out
 
 
 def simulated_on(rows: list[dict]) -> str:

@@ -194,6 +194,38 @@ def measurement_warnings(preset: Preset | None, problem, *, alone: bool = False)
             + bare)
 
 
+def pricing_lines(preset: Preset | None, problem) -> list[str]:
+    """What priced each process group of ``problem``, one line a group: its layout, and for each
+    kind of collective it runs either the measurement that priced it (file, sizes measured, and how
+    many of its collectives lie outside them: below the smallest size priced at the smallest's
+    time, above the largest along the last measured segment) or the preset's model. Matched as
+    the estimator matches them (``Measured.find``)."""
+    from planner.cost.measured import _size
+    from planner.search.scenarios import ScenarioError, layout
+
+    measured = getattr(preset, "measured", None)
+    out = []
+    for link in problem.links:
+        try:
+            ranks, per_node = layout(problem, link)
+        except ScenarioError:
+            ranks, per_node = link.group_size, link.group_size
+        parts = []
+        for kind in sorted({c.kind for c in problem.collectives if c.pg == link.pg}):
+            s = measured.find(kind, link.pg, ranks, per_node) if measured is not None else None
+            if s is None:
+                parts.append(f"{kind} by the preset's model")
+                continue
+            lo, hi = s.points[0][0], s.points[-1][0]
+            sizes = [c.wire_bytes for c in problem.collectives if c.pg == link.pg and c.kind == kind]
+            below, above = sum(b < lo for b in sizes), sum(b > hi for b in sizes)
+            parts.append(f"{kind} measured ({s.source}: {len(s.points)} sizes, {_size(lo)} to {_size(hi)}; of its "
+                         f"{len(sizes)}, {below} below (priced at {_size(lo)}'s time), {above} above (along the "
+                         "last measured segment))")
+        out.append(f"group {link.pg} ({ranks} ranks, {per_node} per node) priced by {'; '.join(parts)}")
+    return out
+
+
 def _shapes(series, most: int = 4) -> str:
     """The group shapes a few series measure, e.g. ``all_gather on 64 ranks (8 per node)``."""
     shown = list(dict.fromkeys(

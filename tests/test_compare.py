@@ -206,9 +206,12 @@ def test_equal_memory_sets_each_capped_row_against_the_torch_rows_within_its_bud
                      f"(+{(manual_peak - cap) / 1e6:.1f} MB)")
     assert second == (f"hf-qwen3-2, within torch manual's peak ({manual_peak / 1e9:.3f} GB): no plan of ours "
                       "(no plan within a peak of 9 bytes found in 1.0 s)")
-    # compare.md's section carries them, from the table's unbucketed row
-    table = table_rows([workload])
-    assert equal_memory_section(table)[-2:] == [f"- {first}", f"- {second}"]
+    # compare.md's section carries them, from the table's unbucketed row; what priced each group after
+    workload.pricing = ["group 0 (8 ranks, 8 per node) priced by all_gather measured (ag.txt: ...)"]
+    section = equal_memory_section(table_rows([workload]))
+    k = section.index("## What priced each group")
+    assert section[k - 3:k - 1] == [f"- {first}", f"- {second}"]
+    assert section[-1] == "- hf-qwen3-2: group 0 (8 ranks, 8 per node) priced by all_gather measured (ag.txt: ...)"
 
 
 def test_a_problem_file_is_reported_on_its_own_cluster(tmp_path, capsys):

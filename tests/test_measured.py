@@ -127,19 +127,27 @@ def test_torch_scheduler_and_the_problem_price_every_collective_alike(fsdp_measu
         assert c.est_ms == pytest.approx(published_us(c.kind, c.wire_bytes, 64) / 1e3, rel=0.005, abs=1e-5)
 
 
-def test_sizes_outside_the_measured_range_are_reported(fsdp_measured):
-    from planner.cost.measured import Series
+def test_each_group_says_what_priced_it_and_its_sizes_outside_the_measured_range(fsdp_measured):
+    """``pricing_lines``: per group and kind, the file that priced it and how many of its collectives
+    lie below and above the measured sizes (counted here from the problem and the logs' own range,
+    1 KiB to 4 GiB and the CSV's 1 KiB to 1 GiB); a kind no measurement prices says the model does."""
+    from fxglue.presets import get_preset, pricing_lines, with_measurements
 
     prepared, _, preset = fsdp_measured
-    inside = [n for n in preset.measured.range_notes(prepared.problem.collectives)]
-    below = [c for c in prepared.problem.collectives if c.wire_bytes < 1024]
-    assert bool(inside) == bool(below)  # the logs start at 1 KiB
-    # a table that starts above every collective reports every one of them as below it
-    m = Measured([Series("all_gather", ((1 << 40, 1.0), (1 << 41, 2.0)), "x", ranks=64, ranks_per_node=8)])
-    m.link(prepared.problem.links[0], 8)
-    n_ag = sum(c.kind == "all_gather" for c in prepared.problem.collectives)
-    (line,) = m.range_notes(prepared.problem.collectives)
-    assert f"{n_ag} collective(s) below" in line and "0 above" in line
+    problem = prepared.problem
+    (line,) = pricing_lines(preset, problem)
+    assert line.startswith("group 0 (64 ranks, 8 per node) priced by ")
+    for kind, source, hi in (("all_gather", "all_gather_perf.txt", 4 << 30), ("reduce_scatter",
+                             "reduce_scatter_perf.txt", 4 << 30)):
+        sizes = [c.wire_bytes for c in problem.collectives if c.kind == kind]
+        below, above = sum(b < 1024 for b in sizes), sum(b > hi for b in sizes)
+        assert f"{kind} measured (" in line and source in line, line
+        assert f"of its {len(sizes)}, {below} below (priced at 1 KiB's time), {above} above" in line, line
+    # only the all_gathers measured: the reduce_scatters say the model prices them
+    (gathers,) = [s.file for s in preset.measured.series if s.kind == "all_gather"]
+    only = with_measurements(get_preset("h100-8nodes"), [gathers])
+    (line,) = pricing_lines(only, problem)
+    assert "reduce_scatter by the preset's model" in line and "all_gather measured (" in line, line
 
 
 def test_a_group_laid_out_otherwise_keeps_the_model(tmp_path):
@@ -361,6 +369,47 @@ def test_a_group_no_measurement_prices_is_a_warning(tmp_path):
     assert line.startswith(f"group {dp} (8 ranks, 1 per node): no measurement prices it"), line
 
 
+def test_a_2d_workload_s_8_rank_groups_are_priced_by_8_rank_nccl_tests_logs(tmp_path):
+    """llama3-8b-2d-8 @ h100-8nodes: TP on 8 ranks in a node, FSDP on 8 ranks one per node. The
+    64-rank logs price neither group: both are warned of (each log's file too). With nccl-tests logs
+    of 8 ranks on NVLink (8 per node) and 8 ranks across nodes (1 per node) added, nothing is warned
+    of, and each group is priced by its own log at the written times (published_us: the test's own
+    figures, nothing the code computes)."""
+    from fxglue.presets import get_preset, measurement_warnings, with_measurements
+    from tests.support import data_problem
+
+    problem = data_problem("llama3-8b-2d-8--h100-8nodes")
+    kinds = {link.pg: sorted({c.kind for c in problem.collectives if c.pg == link.pg}) for link in problem.links}
+    tp = next(link.pg for link in problem.links if "8 per node" in link.hardware)
+    dp = next(pg for pg in kinds if pg != tp)
+    wide = []
+    for kind in ("all_gather", "reduce_scatter", "all_reduce"):
+        wide.append(tmp_path / f"{kind}-64.txt")
+        wide[-1].write_text(nccl_log(kind)[0])
+    preset = with_measurements(get_preset("h100-8nodes"), wide)
+    warned = measurement_warnings(preset, problem)
+    assert [w for w in warned if w.startswith("group ")] == [
+        f"group {pg} (8 ranks, {per} per node): no measurement prices it; the preset's model does "
+        f"({next(link.hardware for link in problem.links if link.pg == pg)})" for pg, per in sorted([(tp, 8), (dp, 1)])]
+    assert sum(" prices no collective of this workload" in w for w in warned) == 3
+
+    narrow = {}
+    for pg, per_node in ((tp, 8), (dp, 1)):
+        for kind in kinds[pg]:
+            path = tmp_path / f"{kind}-8x{per_node}.txt"
+            text, times = nccl_log(kind, ranks=8, per_node=per_node)
+            path.write_text(text)
+            narrow[path] = (pg, kind, per_node, times)
+    preset = with_measurements(get_preset("h100-8nodes"), [*wide, *narrow])
+    # left: only the 64-rank files, which still price nothing of it
+    assert [w.split(" prices no collective")[0] for w in measurement_warnings(preset, problem)] == list(map(str, wide))
+    for pg, kind, per_node, times in narrow.values():
+        link = next(link for link in problem.links if link.pg == pg)
+        priced = preset.measured.link(link, per_node)
+        for size, ms in times.items():
+            assert priced.time_ms(kind, size) == pytest.approx(ms, rel=1e-9), (pg, kind, size)
+
+
 def test_compare_s_table_carries_the_warnings_in_the_unbucketed_row():
     from bucketplan.report import WorkloadRow, simulated_on, table_rows
     from planner.cost.simulator import simulate
@@ -400,6 +449,9 @@ def test_compare_carries_the_warnings_of_each_workload_in_its_problem(tmp_path):
     (problem, *_), _ = _problems_for("llama3-8b-fsdp-2", lambda *a: None, preset)
     file_line, group_line = problem.meta["warnings"]
     assert file_line.startswith(f"{idle} prices no collective") and group_line.startswith("group 0 (64 ranks")
+    # and what priced each group and kind, for compare.md's section
+    assert problem.meta["pricing"] == ["group 0 (64 ranks, 8 per node) priced by all_gather by the preset's model; "
+                                       "reduce_scatter by the preset's model"]
 
 
 def test_compare_prints_the_table_s_warnings_on_stderr(tmp_path, monkeypatch, capsys):

@@ -236,7 +236,7 @@ def test_a_graph_naming_its_table_is_priced_by_it_with_no_flag(tmp_path, capsys,
         for kind, points in expected.items():
             for nbytes, ms in points:
                 assert link.time_ms(kind, nbytes) == pytest.approx(ms, rel=0.01), (pg, kind, nbytes)
-        notes = [line for line in err.splitlines() if line.startswith(f"note: group {pg} priced by ")]
+        notes = [line for line in err.splitlines() if re.match(rf"note: group {pg} \(\d+ ranks, \d+ per node\) priced by ", line)]
         assert len(notes) == 1 and str(table) in notes[0], err
     for c in problem.collectives:
         assert c.est_ms == pytest.approx(problem.link(c.pg).time_ms(c.kind, c.wire_bytes), rel=1e-6), c.name
@@ -281,7 +281,7 @@ def test_collectives_takes_the_table_for_a_built_in_workload_by_group_name_and_s
     for mb, ms in zip(sizes, ag):
         assert link.time_ms("all_gather", (mb << 20) * 64) == pytest.approx(ms, rel=0.01)
     assert "reduce_scatter, all_reduce: dp: torch" in link.hardware  # the 8-rank row is another group
-    assert re.search(r"^note: group 0 priced by all_gather measured \(.*colls64\.table:3: 5 sizes", err, re.M), err
+    assert re.search(r"^note: group 0 \(64 ranks, 8 per node\) priced by all_gather measured \(.*colls64\.table:3: 5 sizes", err, re.M), err
 
 
 BAD_TABLES = {
@@ -371,7 +371,7 @@ def test_collectives_prices_a_graph_whose_own_table_is_not_beside_it(tmp_path, c
         for kind, points in _expected_points(given, pg, 8).items():
             for nbytes, ms in points:
                 assert problem.link(pg).time_ms(kind, nbytes) == pytest.approx(ms, rel=0.01), (pg, kind, nbytes)
-        notes = [line for line in err.splitlines() if line.startswith(f"note: group {pg} priced by ")]
+        notes = [line for line in err.splitlines() if re.match(rf"note: group {pg} \(\d+ ranks, \d+ per node\) priced by ", line)]
         assert len(notes) == 1 and str(given) in notes[0], err
 
 

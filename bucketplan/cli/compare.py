@@ -105,6 +105,10 @@ def _report(out: Path, table, scenarios) -> None:
             print(f"warning: {r['workload']}: {line}", file=sys.stderr)
     print(f"{simulated_on(table)} {out}/compare.md has every column.\n")
     print(markdown(table), end="")
+    priced = [f"{r['workload']}: {x}" for r in table for x in r.get("pricing", ())]
+    if priced:
+        print("\nWhat priced each group:")
+        print("\n".join(f"  {x}" for x in priced))
     lines = [x for r in table for x in r.get("equal_memory", ())]
     if lines:
         print("\nAt equal memory (compare.md says more):")

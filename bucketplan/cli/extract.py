@@ -185,13 +185,12 @@ def _warn_measurements(preset, problem):
 
 
 def _measured_notes(preset, problem) -> None:
-    """On stderr: which groups the measurements (--collectives, --profile, a graph file's
-    collectives table) priced and by what, and sizes outside what they measured."""
-    measured = getattr(preset, "measured", None)
-    if measured is None:
+    """On stderr, where measurements (--collectives, --profile, a graph file's collectives table)
+    are given: what priced each group and kind, and its sizes outside what was measured
+    (``fxglue.presets.pricing_lines``)."""
+    from fxglue.presets import pricing_lines
+
+    if getattr(preset, "measured", None) is None:
         return
-    for pg, used in measured.used.items():
-        print(f"note: group {pg} priced by " + "; ".join(s.describe() for s in used.values()),
-              file=sys.stderr)
-    for line in measured.range_notes(problem.collectives):
+    for line in pricing_lines(preset, problem):
         print(f"note: {line}", file=sys.stderr)

@@ -42,7 +42,7 @@ Three formats, told apart by their first line:
 A graph's group takes a measurement of the same name, else one of the same size and ranks per
 node (a data-parallel group with one rank per node is not one spanning whole nodes). Below the
 smallest measured size the smallest's time holds (latency-bound); above the largest the last
-segment extends (bandwidth-bound). Both are reported (``Measured.range_notes``). Kinds a group has no
+segment extends (bandwidth-bound). Both are reported (``fxglue.presets.pricing_lines``). Kinds a group has no
 measurement for keep the model it had. Measurements a graph file carries (``Measured.fallback``:
 the table its ``get_colls_estimations_file()`` names) count only where the caller's own have none
 for the group and kind.
@@ -386,20 +386,6 @@ class Measured:
         rest = [k for k in KINDS if k not in used]
         what = "; ".join(s.describe() for s in used.values()) + (f"; {', '.join(rest)}: {base.hardware}" if rest else "")
         return Link(pg=base.pg, group_size=base.group_size, table=table, hardware=what)
-
-    def range_notes(self, collectives) -> list[str]:
-        """One line per group and kind whose collectives (``.pg``, ``.kind``, ``.wire_bytes``) lie
-        outside the measured sizes: those times are extrapolated, and a user should know."""
-        out = []
-        for pg, used in self.used.items():
-            for kind, s in used.items():
-                lo, hi = s.points[0][0], s.points[-1][0]
-                sizes = [c.wire_bytes for c in collectives if c.pg == pg and c.kind == kind]
-                below, above = sum(b < lo for b in sizes), sum(b > hi for b in sizes)
-                if below or above:
-                    out.append(f"group {pg}: {kind} measured from {_size(lo)} to {_size(hi)}; "
-                               f"{below} collective(s) below (taken flat), {above} above (last segment extended)")
-        return out
 
 
 def rising_end(s: Series) -> None:
