@@ -125,7 +125,8 @@ def _announcer(name: str, say, steps: Steps | None):
     """What compare_workload says as each row starts: a ``Steps`` line, or ``say("NAME: LABEL")``."""
     def announce(label: str, k: str | None = None) -> None:
         if steps is None:
-            say(f"{name}: {label}")
+            if say is not None:
+                say(f"{name}: {label}")
         else:
             steps.planner(label, k)
     return announce
