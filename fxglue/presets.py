@@ -153,6 +153,19 @@ def with_measurements(preset: Preset, paths, *, ranks: int | None = None,
                    description=f"{preset.description}; collectives measured ({', '.join(map(str, paths))})")
 
 
+def with_contention(preset: Preset, factor: float) -> Preset:
+    """``preset`` whose problems carry contention ``factor`` (``Problem.contention``: compute that
+    many times slower beside a collective in flight); ValueError for a factor outside 1 to
+    ``MAX_CONTENTION``. At 1 the preset itself (its name unchanged: plans recorded on it still match)."""
+    from planner.cost.simulator import check_contention
+
+    factor = check_contention(factor)
+    if factor == 1.0:
+        return preset
+    return replace(preset, contention=factor, name=f"{preset.name}+contention{factor:g}",
+                   description=f"{preset.description}; compute {factor:g}x slower beside collectives")
+
+
 def measurement_warnings(preset: Preset | None, problem, *, alone: bool = False) -> list[str]:
     """What the preset's measurements (``--collectives`` files, a ``--profile`` trace, a graph
     file's table) leave out of ``problem``, one line each: a measurement file that prices none of

@@ -46,7 +46,26 @@ BAD_SPECS = {
     "unknown workload": ("[[case]]\nworkloads = ['llama9']", "unknown workload 'llama9'"),
     "unknown preset": ("[[case]]\nworkloads = ['llama3-8b-ddp-2']\npresets = ['tpu']", "unknown preset 'tpu'"),
     "layers on builtin": ("[[case]]\nworkloads = ['llama3-8b-ddp-2']\nlayers = 4", "layers: built-in"),
+    "contention below 1": ("[[case]]\nworkloads = ['llama3-8b-ddp-2']\ncontention = 0.9",
+                           "contention: must be a slow-down factor from 1"),
+    "contention as text": ("[[case]]\nworkloads = ['llama3-8b-ddp-2']\ncontention = '1.19'", "contention: must be"),
+    "contention on problems": ("[[case]]\nproblems = ['nowhere/*.json']\ncontention = 1.19",
+                               "contention: does not apply to problem files"),
 }
+
+
+def test_a_case_s_contention_reaches_the_preset_its_problems_are_extracted_with(tmp_path):
+    """``contention = F`` in a case: its key says so (a case at 1 and one at F are two folders) and
+    the preset it is extracted with carries F (``Problem.contention`` comes from it)."""
+    from fxglue.run.sweep import resolve
+
+    spec = load_spec(_spec(tmp_path, "[[case]]\nworkloads = ['llama3-8b-ddp-2']\npresets = ['h100-8nodes']\n"
+                                     "contention = 1.19\n[[case]]\nworkloads = ['llama3-8b-ddp-2']\n"
+                                     "presets = ['h100-8nodes']\n"))
+    at_f, at_1 = spec.cases
+    assert (at_f.contention, at_1.contention) == (1.19, 1.0)
+    assert at_f.key == "llama3-8b-ddp-2--h100-8nodes-contention1.19" and at_1.key == "llama3-8b-ddp-2--h100-8nodes"
+    assert resolve(at_f)[1].contention == 1.19 and resolve(at_1)[1].contention == 1.0
 
 
 @pytest.mark.parametrize("case", sorted(BAD_SPECS))

@@ -230,21 +230,16 @@ def _compute_rates(chosen, args):
 
 def _contention(chosen, factor: float | None):
     """--contention F: the preset's problems priced with compute F times slower beside collectives."""
-    from dataclasses import replace
-
-    from planner.cost.simulator import MAX_CONTENTION, check_contention
+    from fxglue.presets import with_contention
+    from planner.cost.simulator import MAX_CONTENTION
 
     if factor is None:
         return chosen
     try:
-        factor = check_contention(factor)
+        return with_contention(chosen, factor)
     except ValueError:
         raise CLIError(f"--contention {factor:g}: give a slow-down factor from 1 (overlap is free) to "
                        f"{MAX_CONTENTION:g}") from None
-    if factor == 1.0:
-        return chosen
-    return replace(chosen, contention=factor, name=f"{chosen.name}+contention{factor:g}",
-                   description=f"{chosen.description}; compute {factor:g}x slower beside collectives")
 
 
 def _collective_ranks(text: str | None) -> tuple[int | None, int | None]:

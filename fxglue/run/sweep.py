@@ -59,7 +59,7 @@ class StageMeter:
 def resolve(case: Case):
     """The case's workload and cluster preset (``SpecError`` naming the case when either is unknown)."""
     from fxglue.models.custom import factory_workload, hf_config_workload
-    from fxglue.presets import get_preset, with_measurements
+    from fxglue.presets import get_preset, with_contention, with_measurements
     from fxglue.models.workloads import WorkloadError, workloads
 
     try:
@@ -77,7 +77,8 @@ def resolve(case: Case):
             workload = hf_config_workload(case.name if case.source == "hf_config" else None,
                                           model_id=case.name if case.source == "hf" else None,
                                           parallel=case.parallel, layers=case.layers)
-        preset = with_measurements(get_preset(case.preset, ranks=case.ranks, tp=case.tp), case.collectives)
+        preset = with_measurements(with_contention(get_preset(case.preset, ranks=case.ranks, tp=case.tp),
+                                                   case.contention), case.collectives)
     except (WorkloadError, ValueError) as e:
         if isinstance(e, SpecError):
             raise

@@ -34,7 +34,8 @@ Spec::
     presets = ["h100-1node"]           # default: the command line's default cluster
     ranks = [8]                        # optional world sizes
     # also: tp, pre_bucketing, apply (apply the step/count plan to the traced graph), layers,
-    # collectives = ["all_gather_perf.txt"] (measured times, planner.cost.measured; relative to the spec)
+    # collectives = ["all_gather_perf.txt"] (measured times, planner.cost.measured; relative to the spec),
+    # contention = 1.19 (compute that many times slower beside a collective: Problem.contention)
 
     [[case]]
     model = "my_model.py:build"        # or hf_config = "config.json", hf = "org/model", graph = "step.py"
@@ -63,6 +64,7 @@ from typing import Callable, Iterator
 
 from planner.core.io import (BOOKKEEPING_MAX_BYTES, BadFileError, SchemaError, append_line, atomic_write_text, dumps,
                         folder_lock, load_plan, load_problem, read_regular_file, read_regular_text, save)
+from planner.core.problem import MAX_CONTENTION
 from planner.jobs.interrupted import save_plan
 from planner.cost.memory import peak_bytes
 from planner.jobs.tables import MEANING, pyplot, write_table
@@ -135,6 +137,7 @@ class Case:
     pre_bucketing: bool = False
     apply: bool = False
     collectives: tuple[str, ...] = ()  # measured collective files (planner.cost.measured), resolved against the spec
+    contention: float = 1.0  # the problems' (Problem.contention): compute slowed beside collectives
 
 
 @dataclass(frozen=True)
@@ -151,7 +154,7 @@ class Spec:
 _TOP = {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic", "case"}
 _SOURCES = ("workloads", "model", "hf_config", "hf", "graph", "problems")
 # what shapes a traced case: none of it applies to problem files, extracted already
-_TRACE_KEYS = {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "collectives"}
+_TRACE_KEYS = {"presets", "ranks", "tp", "parallel", "layers", "pre_bucketing", "apply", "collectives", "contention"}
 _CASE = set(_SOURCES) | _TRACE_KEYS | {"objectives", "time_limit_s", "workers_per_task", "seed", "deterministic"}
 
 
@@ -167,10 +170,13 @@ def _typed(where: str, key: str, value, kind: str):
         return value
     if kind == "seconds" and type(value) in (int, float) and math.isfinite(value) and value > 0:
         return float(value)
+    if kind == "contention" and type(value) in (int, float) and 1 <= value <= MAX_CONTENTION:
+        return float(value)
     if kind.startswith("list:") and isinstance(value, list) and value:
         return tuple(_typed(where, key, v, kind[5:]) for v in value)
     want = {"str": "a non-empty string", "bool": "true or false", "posint": "a positive integer",
-            "seed": "an integer in [0, 2^31)", "seconds": "a positive number of seconds"}
+            "seed": "an integer in [0, 2^31)", "seconds": "a positive number of seconds",
+            "contention": f"a slow-down factor from 1 (overlap is free) to {MAX_CONTENTION:g}"}
     what = f"a non-empty list of {want[kind[5:]].removeprefix('a ').removeprefix('an ')}s" if kind.startswith(
         "list:") else want[kind]
     raise SpecError(f"{where}: {key}: must be {what}, not {value!r}")
@@ -252,6 +258,7 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
     for c in collectives:
         if not os.path.isfile(c):
             raise SpecError(f"{where}: collectives: no such file {c}")
+    contention = _typed(where, "contention", table["contention"], "contention") if "contention" in table else 1.0
     if source == "graph":
         extra = sorted(set(table) & {"ranks", "tp", "parallel", "layers"})
         if extra:
@@ -274,12 +281,13 @@ def _case_tables(where: str, table: dict, defaults: tuple[tuple[str, ...], Setti
         for preset in presets:
             for r in ranks:
                 key = _slug(label + (f"@{layers}" if layers else "") + (f"--{preset}" if preset else "")
-                            + (f"@{r}" if r else "") + (f"-tp{tp}" if tp else "") + ("-pre" if pre else ""))
+                            + (f"@{r}" if r else "") + (f"-tp{tp}" if tp else "") + ("-pre" if pre else "")
+                            + (f"-contention{contention:g}" if contention != 1.0 else ""))
                 path_like = source in ("model", "hf_config", "graph") and not os.path.isabs(name.split(":")[0])
                 resolved = str(root / name) if path_like and (root / name.split(":")[0]).exists() else name
                 out.append(Case(key=key, source="workload" if source == "workloads" else source, name=resolved,
                                 preset=preset, ranks=r, tp=tp, parallel=parallel, layers=layers, pre_bucketing=pre,
-                                apply=apply, collectives=collectives, **common))
+                                apply=apply, collectives=collectives, contention=contention, **common))
     return out
 
 
