@@ -129,7 +129,9 @@ def bench(rank: int, device: torch.device, args, loss_fn, opt, tokens) -> None:
         got = b.contention_from_trace(json.loads(Path(r.trace).read_text()))
         if got is not None:
             measured.append(f"- {r.config}: compute {got[0]:.3f}x slower beside NCCL kernels ({got[1]} kernels, "
-                            f"{got[2]:.3f} ms overlapped; `--scenarios torch,contention={max(got[0], 1.0):.3f}`)")
+                            f"{got[2]:.3f} ms overlapped; plan at it with `--contention {max(got[0], 1.0):.3f}` on "
+                            f"extract or compare, judge plans by it with "
+                            f"`--scenarios torch,contention={max(got[0], 1.0):.3f}`)")
     lines += ["", "Traces (rank 0; `--profile` reads them" + ("" if device.type == "cuda" else " with --profile-cpu")
               + "): " + ", ".join(r.trace for r in results), "",
               "Contention measured in the traces:" if measured else
