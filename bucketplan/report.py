@@ -35,6 +35,9 @@ class PlanRow:
     gap: float | None = None
     note: str = ""
     bound_unit: str = "ms"  # "collectives": the bound of a fewest-collectives search
+    # CP-SAT over the plan's candidate space (a free-positions row on a small problem): a line
+    # naming status, bound, scope and gap; "" where none ran
+    proof: str = ""
 
     @property
     def after(self) -> int | None:
@@ -141,6 +144,8 @@ def equal_memory_lines(r: WorkloadRow) -> list[str]:
         text = f"{head} {ours.planner} {step:.3f} ms"
         if ours.bound is not None and ours.gap is not None:
             text += f" (no plan on its schedules within it is under {ours.bound:.3f} ms: gap {100 * ours.gap:.2f}%)"
+        if ours.proof:
+            text += f" ({ours.proof})"
         torch_rows = [label for label in r.baselines if label in r.sims and label in peaks]
         fits = [label for label in torch_rows if peaks[label] <= b.peak_bytes]
         if fits:
