@@ -214,6 +214,41 @@ def test_equal_memory_sets_each_capped_row_against_the_torch_rows_within_its_bud
     assert section[-1] == "- hf-qwen3-2: group 0 (8 ranks, 8 per node) priced by all_gather measured (ag.txt: ...)"
 
 
+def test_a_capped_row_takes_a_faster_plan_of_another_that_fits_its_budget():
+    """A plan our row found within one peak is a plan within every higher peak: the row there takes
+    it where its own search did worse, saying so, its bound kept and its gap re-taken; the other way
+    round nothing moves (the faster plan is its own)."""
+    from bucketplan.compare import (DEFAULT_LABEL, POSITIONED_LABEL, POSITIONED_MANUAL_LABEL,
+                                    _best_within_each_budget)
+    from bucketplan.report import MemoryBudget, PlanRow
+    from planner.cost.memory import peak_bytes
+
+    workload = _qwen3_rows()
+    default, ours = workload.plans[0], workload.plans[2]
+    slow = simulate_ms(default.problem, default.plan)
+    fast = simulate_ms(ours.problem, ours.plan)
+    assert fast < slow
+    low = peak_bytes(ours.problem, ours.plan)
+    workload.budgets = [MemoryBudget("torch default's peak", low + 10**9, POSITIONED_LABEL),
+                        MemoryBudget("torch manual's peak", low, POSITIONED_MANUAL_LABEL)]
+    # the row within the higher peak searched worse: torch default's plan; the lower one found ours
+    bound = 0.9 * fast  # the row's bound (a figure of the test's: it is kept as it is)
+    high_row = PlanRow(POSITIONED_LABEL, default.problem, default.plan, 1.0, "FEASIBLE", bound, None, "own note",
+                       proof="CP-SAT over its plan's candidate space: FEASIBLE")
+    low_row = PlanRow(POSITIONED_MANUAL_LABEL, ours.problem, ours.plan, 1.0, "FEASIBLE", bound, None, "")
+    workload.plans = [default, high_row, low_row]
+    _best_within_each_budget(workload)
+    assert (high_row.problem, high_row.plan) == (ours.problem, ours.plan) and high_row.proof == ""
+    assert high_row.note == (f"the plan of row {POSITIONED_MANUAL_LABEL!r}, within this budget too and faster (its own "
+                             f"search's best {slow:.3f} ms); own note")
+    assert high_row.gap == pytest.approx(0.1) and high_row.bound == bound
+    assert low_row.plan is ours.plan and low_row.note == ""
+
+
+def simulate_ms(problem, plan) -> float:
+    return planner.simulate(problem, plan).step_ms
+
+
 def test_a_problem_file_is_reported_on_its_own_cluster(tmp_path, capsys):
     """A problem file is priced as it was extracted: the report names its cluster as its own, not
     the one --preset would pick (the cluster flags are refused beside it: tests/test_flag_rules.py)."""
