@@ -295,12 +295,6 @@ def pre_step_row(name: str, prob_pre, default_plan, time_limit_s: float, say) ->
 
 
 SCHEDULE_NAMES = ("torch's schedule", "torch's pre-bucketed schedule", "the graph's own order")
-# A free-positions row on a problem of at most PROVE_MOST_COLLECTIVES collectives (a 2-layer
-# Llama-3 step: 62 on llama3-8b-fsdp-2) gives PROVE_SHARE of its time to CP-SAT over its plan's
-# candidate space (``PlanSpec.prove_s``), which can close there: `solve --positions free --prove`
-# proved llama3-8b-fsdp-2's OPTIMAL in 3.5-12.5 s. Deeper problems give all of it to the search.
-PROVE_MOST_COLLECTIVES = 100
-PROVE_SHARE = 0.5
 
 
 def positioned_row(schedules: list, row: WorkloadRow, budget: MemoryBudget, time_limit_s: float) -> PlanRow:
@@ -317,13 +311,13 @@ def positioned_row(schedules: list, row: WorkloadRow, budget: MemoryBudget, time
     the least free-position floor within the budget over the schedules: no plan on any of them,
     with any positions and a peak within it, is faster. Where nothing within the budget is found,
     the row has no plan and its note says why: proved (``peak_memory_floor``) or the lowest peak
-    the search reached. On a small problem (``PROVE_MOST_COLLECTIVES``, no contention) the search
-    gets half the time and CP-SAT over the best plan's candidate space the rest (``prove``)."""
+    the search reached. On a small problem (``planning.proof_seconds``) CP-SAT over the best plan's
+    candidate space gets its share of the time (``prove``), the search the rest."""
     found, misses = [], []
     bounds = []  # per schedule where a plan within the budget may exist: the least step of any
     t0 = time.perf_counter()
-    proving = schedules[0].contention == 1.0 and len(schedules[0].collectives) <= PROVE_MOST_COLLECTIVES
-    search_s = time_limit_s * (1 - PROVE_SHARE) if proving else time_limit_s
+    proving = planning.proof_seconds(schedules[0], time_limit_s) is not None
+    search_s = time_limit_s - (planning.proof_seconds(schedules[0], time_limit_s) or 0.0)
     for k, problem in enumerate(schedules):
         where = SCHEDULE_NAMES[k]
         starts = tuple(p.plan for p in row.plans if p.problem is problem and p.plan is not None)

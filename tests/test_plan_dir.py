@@ -46,6 +46,30 @@ def test_solve_dir_writes_verified_plans_and_resumes(tmp_path, get_scheduled, ca
     assert where.name in (tmp_path / "summary.csv").read_text()  # the earlier row is kept
 
 
+def test_solve_dir_free_positions_gives_a_small_problem_a_proof_and_says_it(tmp_path, capsys):
+    """On a problem of at most 100 collectives (llama3-8b-fsdp-2: 62) solve-dir --positions free
+    gives CP-SAT over the plan's candidate space its share of the time: the plan records the
+    proof's status, bound and scope, and the summary row's note says them; a larger problem
+    (llama3-8b-fsdp-8: 224) gives all of it to the search."""
+    import csv
+
+    from planner.search.planning import proof_seconds
+    from tests.support import data_problem
+
+    small, large = data_problem("llama3-8b-fsdp-2--h100-8nodes-graph-order"), data_problem(
+        "llama3-8b-fsdp-8--h100-8nodes")
+    assert (proof_seconds(small, 10.0), proof_seconds(large, 10.0)) == (5.0, None)
+    assert proof_seconds(small.model_copy(update={"contention": 1.19}).with_fingerprint(), 10.0) is None
+    where = problem_dir(tmp_path, small.fingerprint)
+    planner.save(small, where / PROBLEM)
+    append_index(tmp_path, {"graph": "0/0/backward", "rank": 0, "fingerprint": small.fingerprint})
+    assert main(["solve-dir", str(tmp_path), "--time-limit", "6", "--positions", "free", "-q"]) == 0
+    proof = planner.load_plan(where / PLAN).params["candidate_bound"]
+    assert proof["status"] in ("OPTIMAL", "FEASIBLE") and "candidate space" in proof["scope"]
+    (row,) = csv.DictReader((tmp_path / "summary.csv").read_text().splitlines())
+    assert f"CP-SAT over the plan's candidate space ({proof['scope']}): {proof['status']}" in row["note"], row
+
+
 def test_solve_dir_reports_an_unreadable_problem_and_goes_on(tmp_path, get_scheduled, capsys):
     _, good = _record(tmp_path, get_scheduled)
     bad = tmp_path / "feedbeef"

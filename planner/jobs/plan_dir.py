@@ -159,15 +159,17 @@ class SolveDirOptions:
             raise arguments.ArgumentError("positions", "positions free needs objective step (positions are chosen "
                                           "by the simulated step)")
 
-    def spec(self, start=None):
+    def spec(self, start=None, problem=None):
         """The ``planner.plan`` spec of one problem's solve, from torch's greedy plan ``start``
         (repaired if needed; None: none recorded): CP-SAT's hint and a plan the result is never
         worse than; with free positions also a start of the positioned search, and the peak it
-        is held to (the higher of its and the unbucketed schedule's)."""
-        from planner.search.planning import Budget, PlanSpec
+        is held to (the higher of its and the unbucketed schedule's), and, on a small ``problem``
+        (``planning.proof_seconds``), a share of the time for CP-SAT over the plan's candidate space."""
+        from planner.search.planning import Budget, PlanSpec, proof_seconds
 
-        return PlanSpec(mode=self.positions, objective=self.objective, budget=Budget(self.time_limit_s),
-                        seed=self.seed, workers=self.workers or 2, hint=start,
+        prove = proof_seconds(problem, self.time_limit_s) if self.positions == "free" and problem is not None else None
+        return PlanSpec(mode=self.positions, objective=self.objective, budget=Budget(self.time_limit_s - (prove or 0.0)),
+                        seed=self.seed, workers=self.workers or 2, hint=start, prove_s=prove,
                         fallback_plans=(start,) if start is not None else ())
 
 
@@ -230,7 +232,7 @@ def solve_one(job: SolveJob) -> dict:
             nonlocal known
             known = plan_ if plan_ is not None else known
 
-        result = plan(problem, run.spec(start), on_plan=kept, started=began)
+        result = plan(problem, run.spec(start, problem), on_plan=kept, started=began)
     except KeyboardInterrupt:  # between searches (a repair, a floor, seeding): the best plan known
         result = _kept_at_ctrl_c(problem, result, start, began, known)
     try:
@@ -260,10 +262,13 @@ def _write_row(folder: Path, problem, run: SolveDirOptions, result, start, note:
     if not report.feasible:
         return {**row, "status": "ERROR", "note": f"solver plan failed verification: {report.violations[0]}"}
     bound = result.bound if run.objective == "step" else None
+    proof = result.plan.params.get("candidate_bound")  # CP-SAT over the plan's candidate space
+    proved = (f"CP-SAT over the plan's candidate space ({proof['scope']}): {proof['status']}, none of it under "
+              f"{proof['bound_ms']:.3f} ms, gap {100 * proof['gap']:.2f}%") if proof else ""
     planned = {**row, **_plan_figures(problem, result.plan), "bound_ms": None if bound is None else round(bound, 3),
                "bound_scope": result.bound_scope if bound is not None else None,
                "gap_pct": None if result.gap is None else round(100 * result.gap, 2),
-               "note": "; ".join(x for x in (note, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
+               "note": "; ".join(x for x in (note, proved, "stopped by the wall clock" if result.stats.get("wall_limit_hit")
                                              else "", "interrupted: solved again by the next run"
                                              if row["interrupted"] else "") if x)}
     # the row travels inside the plan: one atomic rename writes both, so a Ctrl-C between the

@@ -38,8 +38,14 @@ from planner.search.result import SolveResult
 #   second to the positioned search 180.78 and 180.58 (gaps to the floor 3.6-4.2%).
 # - robust: each scenario's step search an equal share, and one more share for the regret search
 #   (``planner.search.scenarios.robust_plan`` splits it so).
+# - proof in the main jobs (compare's free-position rows, solve-dir --positions free): on a problem
+#   of at most ``prove_most_collectives`` collectives (a 2-layer Llama-3 step: 62 on
+#   llama3-8b-fsdp-2) and no contention, ``prove`` of the time goes to CP-SAT over the plan's
+#   candidate space (``PlanSpec.prove_s``), which can close there (`solve --positions free --prove`
+#   proved llama3-8b-fsdp-2 OPTIMAL in 3.5-12.5 s); deeper problems give it all to the search.
 TIME_SHARES = {
     "free": {"anchored": 0.2, "anchored_max_s": 10.0},
+    "proof": {"prove": 0.5, "prove_most_collectives": 100},
 }
 
 
@@ -48,6 +54,16 @@ def anchored_seconds(total_s: float) -> float:
     (``TIME_SHARES['free']``); the positioned search gets the rest."""
     share = TIME_SHARES["free"]
     return min(total_s * share["anchored"], share["anchored_max_s"])
+
+
+def proof_seconds(problem: Problem, total_s: float) -> float | None:
+    """The seconds of a main job's free-positions budget that CP-SAT's proof over the plan's
+    candidate space gets on ``problem`` (``TIME_SHARES['proof']``); None: none (too large, or
+    under contention, which CP-SAT's positioned model does not count)."""
+    share = TIME_SHARES["proof"]
+    if problem.contention != 1.0 or len(problem.collectives) > share["prove_most_collectives"]:
+        return None
+    return total_s * share["prove"]
 
 
 @dataclass(frozen=True)
