@@ -36,7 +36,8 @@ from planner.cost.simulator import simulate, write_chrome_trace
 from planner.jobs.interrupted import beside
 from planner.search.result import gap_of, mark_interrupted
 from planner.jobs.progress import LiveLine
-from bucketplan.report import COMPARE_TIME_LIMIT_S, MemoryBudget, PlanRow, WorkloadRow, table_rows, write_compare_table
+from bucketplan.report import (COMPARE_TIME_LIMIT_S, MemoryBudget, PlanRow, WorkloadRow, _excess, table_rows,
+                               write_compare_table)
 from bucketplan.report import plots
 from planner.rules.verifier import check
 
@@ -63,12 +64,14 @@ OUTPUTS = ("compare.csv", "compare.md", "compare.json", "scenarios.md", "step_ti
 
 # a problem file's rows: torch's greedy from its sibling file, then CP-SAT's
 PROBLEM_FILE_PLANNERS = (GREEDY_LABEL, *(label for label, _ in CPSAT_VARIANTS))
+# a workload that is not built in (your model, a Hugging Face config, a graph file): no manual row
+OWN_WORKLOAD_PLANNERS = tuple(p for p in WORKLOAD_PLANNERS if p not in (MANUAL_LABEL, POSITIONED_MANUAL_LABEL))
 
 
 class Steps:
-    """compare's progress: one line as each planner starts, "workload 2/4 NAME, planner 3/7 LABEL,
+    """compare's progress: one line as each planner starts, "workload 2/4 NAME, planner 3/8 LABEL,
     about 0:41 left". Time left = the searches still to run at their time limit (this workload's,
-    and four for each workload not yet started), plus, for each workload not yet started, the mean
+    and a built-in workload's five for each workload not yet started), plus, for each workload not yet started, the mean
     time the finished ones spent outside search (tracing, torch's scheduler, simulation, traces);
     10 s each before any has finished."""
 
@@ -232,9 +235,8 @@ def _flag_over_default_peak(row: WorkloadRow) -> None:
         if r is not default and r.plan is not None:
             peak = peak_bytes(r.problem, r.plan)
             if peak > cap:
-                # the excess in MB: at 3 decimals of GB a small one reads as equal to the budget
-                over = (f"peak {peak / 1e9:.3f} GB, {(peak - cap) / 1e6:.1f} MB above torch default's peak "
-                        f"{cap / 1e9:.3f} GB")
+                # the excess itself: at 3 decimals of GB a small one reads as equal to the budget
+                over = f"peak {peak / 1e9:.3f} GB, {_excess(peak - cap)} above torch default's peak {cap / 1e9:.3f} GB"
                 r.note = f"{r.note}; {over}" if r.note else over
 
 
@@ -316,8 +318,8 @@ def positioned_row(schedules: list, row: WorkloadRow, budget: MemoryBudget, time
     found, misses = [], []
     bounds = []  # per schedule where a plan within the budget may exist: the least step of any
     t0 = time.perf_counter()
-    proving = planning.proof_seconds(schedules[0], time_limit_s) is not None
-    search_s = time_limit_s - (planning.proof_seconds(schedules[0], time_limit_s) or 0.0)
+    proof_s = planning.proof_seconds(schedules[0], time_limit_s)
+    proving, search_s = proof_s is not None, time_limit_s - (proof_s or 0.0)
     for k, problem in enumerate(schedules):
         where = SCHEDULE_NAMES[k]
         starts = tuple(p.plan for p in row.plans if p.problem is problem and p.plan is not None)
@@ -373,8 +375,8 @@ def prove(problem, found, budget: MemoryBudget, seconds: float):
 
 def _best_within_each_budget(row: WorkloadRow) -> None:
     """Each of our capped rows takes the plan of another of them where that plan is within its
-    budget and faster (a plan searched within torch manual's peak, lower, is within torch
-    default's too), saying so; its bound, over the same schedules within its own budget, stands."""
+    budget and faster (a plan searched within the lower of torch's peaks is within the higher
+    too), saying so; its bound, over the same schedules within its own budget, stands."""
     ours = {b.ours: b for b in row.budgets}
     rows = [r for r in row.plans if r.planner in ours]
     steps = {r.planner: simulate(r.problem, r.plan).step_ms for r in rows if r.plan is not None}
@@ -543,7 +545,8 @@ def run_compare(workloads, *, out: Path, time_limit_s: float = COMPARE_TIME_LIMI
                     rows.append(compare_problem_file(Path(target), time_limit_s=time_limit_s, out=tmp, say=detail,
                                                      steps=steps))
                 else:
-                    steps.workload(target if isinstance(target, str) else target.name)
+                    steps.workload(target if isinstance(target, str) else target.name,
+                                   WORKLOAD_PLANNERS if isinstance(target, str) else OWN_WORKLOAD_PLANNERS)
                     rows.append(compare_workload(target, time_limit_s=time_limit_s, traces_to=tmp, say=detail,
                                                  preset=preset, steps=steps))
             table = table_rows(rows)

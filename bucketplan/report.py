@@ -36,7 +36,7 @@ class PlanRow:
     note: str = ""
     bound_unit: str = "ms"  # "collectives": the bound of a fewest-collectives search
     # CP-SAT over the plan's candidate space (a free-positions row on a small problem): a line
-    # naming status, bound, scope and gap; "" where none ran
+    # naming its status, bound and gap (its scope is in the row's note); "" where none ran
     proof: str = ""
 
     @property
@@ -151,7 +151,9 @@ def equal_memory_lines(r: WorkloadRow) -> list[str]:
         if fits:
             best = min(fits, key=lambda label: r.sims[label].step_ms)
             t = r.sims[best].step_ms
-            text += f"; fastest torch row within it: {best}, {t:.3f} ms; ours {100 * (t - step) / t:.1f}% faster"
+            gain = 100 * (t - step) / t
+            text += (f"; fastest torch row within it: {best}, {t:.3f} ms; ours "
+                     + (f"{gain:.1f}% faster" if gain >= 0 else f"{-gain:.1f}% slower"))
         else:
             text += "; no torch row fits it"
         above = [label for label in torch_rows if label not in fits]

@@ -267,11 +267,12 @@ def graph_order_inputs(traced, estimator: Estimator, *, bucket_mode=None):
     torch's manual pass plans on (``fixed_order_problem`` extracts its problem)."""
     from torch.utils._ordered_set import OrderedSet
 
+    from fxglue.greedy import TORCH_BUCKETER_DEFAULTS
     from fxglue.pipeline import BucketingInputs
 
     collective_info, order, _ = fixed_order_inputs(traced, estimator, bucket_mode=bucket_mode)
     kwargs = {"collective_bucketing": True, "insert_overlap_deps": False, "max_bucket_memory_gb": 2.0,
-              "bucket_mode": bucket_mode}
+              "bucket_mode": bucket_mode, **TORCH_BUCKETER_DEFAULTS}
     return BucketingInputs(traced.gm, collective_info, OrderedSet(order), kwargs)
 
 

@@ -318,7 +318,8 @@ def prepare(
 ) -> Prepared:
     """The one way from a workload to a problem: trace (``trace_for``: a name at the preset's
     world size and TP degree, a graph file loaded, a traced step -- a gloo rank's, a compile's
-    post-grad graph -- as it is), schedule with torch's overlap scheduler, extract the problem,
+    post-grad graph -- as it is), schedule with torch's overlap scheduler (``pipeline.schedule``
+    "graph": replay the graph's own order instead, ``fxglue.manual.graph_order_inputs``), extract the problem,
     record each collective's block and phase (``blocks.with_blocks``), and record torch's greedy
     plan (``greedy=False``: later, by ``record_greedy``), torch's pipeline run as ``pipeline``
     says (pre-bucketing, bucket mode and cap; ``insert_overlap_deps`` is the apply's, not read

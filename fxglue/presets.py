@@ -176,22 +176,16 @@ def measurement_warnings(preset: Preset | None, problem, *, alone: bool = False)
     Matched as the estimator matches them (``Measured.find``: name, else size and ranks per node),
     so a file that priced something is never reported."""
     from planner.cost.measured import MeasuredError
-    from planner.search.scenarios import ScenarioError, layout
 
     measured = getattr(preset, "measured", None)
     if measured is None:
         return []
     used, groups, bare = set(), [], []
-    for link in problem.links:
-        try:  # as the estimator asked: the group's layout over nodes, or (alpha-beta) all of it on one
-            ranks, per_node = layout(problem, link)
-        except ScenarioError:
-            ranks, per_node = link.group_size, link.group_size
-        kinds = sorted({c.kind for c in problem.collectives if c.pg == link.pg})
-        found = [s for s in (measured.find(k, link.pg, ranks, per_node) for k in kinds) if s is not None]
+    for link, ranks, per_node, by_kind in _series_by_group(measured, problem):
+        found = [s for s in by_kind.values() if s is not None]
         used.update(id(s) for s in found)
         groups.append(f"{link.pg} ({ranks} ranks, {per_node} per node)")
-        if kinds and not found:
+        if by_kind and not found:
             bare.append(f"group {groups[-1]}: no measurement prices it; the preset's model does ({link.hardware})")
     files: dict[str, list] = {}
     for s in measured.series:  # the caller's own files (a profile's series have none)
@@ -207,6 +201,22 @@ def measurement_warnings(preset: Preset | None, problem, *, alone: bool = False)
             + bare)
 
 
+def _series_by_group(measured, problem):
+    """Per group of ``problem``: ``(link, ranks, ranks per node, {kind: the series that prices it,
+    or None})`` over the kinds it runs, matched as the estimator matched them (``Measured.find``
+    at the group's layout over nodes, or, an α-β problem, all of it on one node)."""
+    from planner.search.scenarios import ScenarioError, layout
+
+    for link in problem.links:
+        try:
+            ranks, per_node = layout(problem, link)
+        except ScenarioError:
+            ranks, per_node = link.group_size, link.group_size
+        kinds = sorted({c.kind for c in problem.collectives if c.pg == link.pg})
+        yield link, ranks, per_node, {k: measured.find(k, link.pg, ranks, per_node) if measured is not None else None
+                                      for k in kinds}
+
+
 def pricing_lines(preset: Preset | None, problem) -> list[str]:
     """What priced each process group of ``problem``, one line a group: its layout, and for each
     kind of collective it runs either the measurement that priced it (file, sizes measured, and how
@@ -214,18 +224,11 @@ def pricing_lines(preset: Preset | None, problem) -> list[str]:
     time, above the largest along the last measured segment) or the preset's model. Matched as
     the estimator matches them (``Measured.find``)."""
     from planner.cost.measured import _size
-    from planner.search.scenarios import ScenarioError, layout
 
-    measured = getattr(preset, "measured", None)
     out = []
-    for link in problem.links:
-        try:
-            ranks, per_node = layout(problem, link)
-        except ScenarioError:
-            ranks, per_node = link.group_size, link.group_size
+    for link, ranks, per_node, by_kind in _series_by_group(getattr(preset, "measured", None), problem):
         parts = []
-        for kind in sorted({c.kind for c in problem.collectives if c.pg == link.pg}):
-            s = measured.find(kind, link.pg, ranks, per_node) if measured is not None else None
+        for kind, s in by_kind.items():
             if s is None:
                 parts.append(f"{kind} by the preset's model")
                 continue

@@ -83,8 +83,8 @@ def _report(args, result, out: Path) -> None:
                       for link in problem.links))
     print(f"step (simulated)    unbucketed {planner.simulate(problem).step_ms:.3f} ms; "
           f"floor {step_floor(problem).floor_ms:.3f} ms")
-    print(f"peak memory         unbucketed {peak_bytes(problem) / 1e9:.3f} GB ({peak_bytes(problem)} bytes, as torch's "
-          "memory estimator counts it)")
+    peak = peak_bytes(problem)
+    print(f"peak memory         unbucketed {peak / 1e9:.3f} GB ({peak} bytes, as torch's memory estimator counts it)")
     print("timings (s)         "
           + ", ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in result.timings.items()))
     print(f"wrote               {out / 'problem.json'}, {out / 'greedy-plan.json'}")

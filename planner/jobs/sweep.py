@@ -170,8 +170,13 @@ def _typed(where: str, key: str, value, kind: str):
         return value
     if kind == "seconds" and type(value) in (int, float) and math.isfinite(value) and value > 0:
         return float(value)
-    if kind == "contention" and type(value) in (int, float) and 1 <= value <= MAX_CONTENTION:
-        return float(value)
+    if kind == "contention" and type(value) in (int, float):
+        from planner.cost.simulator import check_contention
+
+        try:
+            return check_contention(value)
+        except ValueError:
+            pass
     if kind.startswith("list:") and isinstance(value, list) and value:
         return tuple(_typed(where, key, v, kind[5:]) for v in value)
     want = {"str": "a non-empty string", "bool": "true or false", "posint": "a positive integer",
