@@ -201,6 +201,41 @@ def headline(rows: list[dict]) -> list[dict]:
     return out
 
 
+def memory_check(out: Path, workloads) -> list[str]:
+    """Each capped plan of the measured run applied to its workload (torch's merge functions, on
+    the schedule its problem was extracted on, priced as it was), and torch's own
+    ``memory_estimator`` read on the applied graph against the budget: one line each."""
+    from experiments.common import load_gz
+    from fxglue.apply import torch_peak_bytes
+    from fxglue.pipeline import PipelineOptions, run_pipeline
+    from planner.cost.memory import peak_bytes
+
+    logs = sorted((out / "logs").glob("*.txt"))
+    rows = [json.loads(x) for x in (out / "rows.jsonl").read_text().splitlines()]
+    lines = []
+    for workload in workloads:
+        mine = [r for r in rows if r["workload"] == workload and r["costs"] == "measured"]
+        summary = next(r for r in mine if r["planner"] == "(equal memory)")
+        planners = [r["planner"] for r in mine if r["planner"] != "(equal memory)"]  # run_workload's order
+        for name, cap, label in summary["budgets"]:
+            k = planners.index(label)
+            if not (out / "measured" / workload / f"{k}-plan.json.gz").exists():
+                lines.append(f"{workload} within {name}: no plan")
+                continue
+            problem = load_gz(out / "measured" / workload / f"{k}-problem.json.gz", planner.Problem)
+            plan = load_gz(out / "measured" / workload / f"{k}-plan.json.gz", planner.Plan)
+            options = PipelineOptions(pre_bucketing=bool(problem.meta.get("pre_bucketing")),
+                                      schedule="graph" if problem.meta.get("schedule") == "graph" else "torch")
+            applied = run_pipeline(workload, planner_=plan, preset=cluster("measured", logs), pipeline=options)
+            assert applied.problem.fingerprint == problem.fingerprint, (workload, label)
+            torch_peak = torch_peak_bytes(applied.gm.graph)
+            lines.append(f"{workload} within {name} ({cap} bytes): planned {peak_bytes(problem, plan)} bytes "
+                         f"(planner.cost.memory); torch's memory_estimator on the applied graph ({options.schedule} "
+                         f"schedule{', pre-bucketed' if options.pre_bucketing else ''}) {torch_peak} bytes: "
+                         + ("within" if torch_peak <= cap else "ABOVE"))
+    return lines
+
+
 HEADLINE_COLUMNS = ["workload", "costs", "budget", "budget_gb", "torch_best", "torch_ms", "ours_ms", "gain_pct",
                     "bound_ms", "gap_pct", "most_pct", "torch_heldout_ms", "ours_heldout_ms", "heldout_gain_pct"]
 
@@ -211,8 +246,20 @@ def main(argv=None) -> None:
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     ap.add_argument("--costs", nargs="+", default=["measured", "torch"], choices=["measured", "torch"])
     ap.add_argument("--out", type=Path, default=Path("experiments/results/cluster_costs"))
+    ap.add_argument("--memory", nargs="+", metavar="WORKLOAD",
+                    help="instead: apply these workloads' capped plans of the measured run and read torch's "
+                         "memory estimate on the applied graphs (memory.md)")
     args = ap.parse_args(argv)
+    if args.memory:
+        lines = memory_check(args.out, args.memory)
+        (args.out / "memory.md").write_text("\n".join([
+            "# torch's memory estimate on the applied capped plans", "",
+            f"Command: `python -m experiments.cluster_costs --out {args.out} --memory {' '.join(args.memory)}` "
+            f"(revision {git_revision()}).", "", *[f"- {x}" for x in lines], ""]))
+        print(*lines, sep="\n")
+        return
     args.out.mkdir(parents=True, exist_ok=True)
+    revision = git_revision()  # the code the run starts from (its modules are imported from it)
     logs = write_logs(args.out / "logs")
     heldout = write_heldout(args.out / "heldout.csv")
     rows_file = args.out / "rows.jsonl"
@@ -231,7 +278,7 @@ def main(argv=None) -> None:
     (args.out / "results.md").write_text("\n".join([
         "# Equal memory under the best-evidenced costs", "",
         f"Command: `python -m experiments.cluster_costs --seconds {args.seconds:g} --out {args.out}` "
-        f"(revision {git_revision()}; machine: {machine()}). Costs: `measured` (nccl-tests logs of published bus "
+        f"(revision {revision}; machine: {machine()}). Costs: `measured` (nccl-tests logs of published bus "
         f"bandwidths in `logs/`, compute at {COMPUTE_TFLOPS:g} TFLOP/s, contention {CONTENTION:g}; `heldout` "
         "columns: the same plans re-priced by `heldout.csv`) and `torch` (torch 2.13's NCCL model on the preset, "
         "800 TFLOP/s, no contention): the module docstring says where each figure comes from.", "",
