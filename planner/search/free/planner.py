@@ -29,7 +29,7 @@ def check(spec) -> None:
 def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
     """The free-positions plan ``spec`` asks for (``planning.PlanSpec``), from ``started``."""
     from planner.cost.bounds import free_position_floor
-    from planner.search.planning import anchored_seconds
+    from planner.search.planning import TIME_SHARES, anchored_seconds
     from planner.search.free.position_search import default_peak_budget, deterministic_evaluations, position_search
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR, solve
 
@@ -57,7 +57,8 @@ def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
     starts = [p for p in (anchored.plan if anchored is not None else None, spec.hint, *spec.starts) if p is not None]
     try:
         first = None
-        if problem.contention != 1.0:  # explore where replays are cheap, then go on at the contention
+        if problem.contention != 1.0 and TIME_SHARES["free"]["overlap_free"] > 0:
+            # explore where replays are cheap, then go on at the contention
             first, options = _overlap_free_search(problem, starts, options, budget, deadline, calls)
             starts.append(first.plan)
         if first is not None and first.stats.get("interrupted"):  # Ctrl-C in the first stage: its best
