@@ -12,6 +12,12 @@ optimized at F, at F; the bound at F within the peak (``free_position_floor`` ra
 are of the same graph (the problem at F differs only in its contention). CP-SAT's anchored start
 of the free mode optimizes with overlap free in both runs (its model has no contention yet).
 One run at a time on the machine: the search is single-threaded and its figures depend on its rate.
+
+``overlap_free`` (rows of revisions 901e610 and 45717df only): a variant, since removed, whose
+positioned search at F spent that share of its time with overlap priced free first (replays
+without contention run 2.4x faster); 0 there is the search at F alone, as every other row. It
+did not help (``experiments/results/contention_planning_measured``: llama3-8b-fsdp-2 and -8 under
+nccl-tests logs, docs/results.md).
 """
 
 from __future__ import annotations
@@ -36,10 +42,7 @@ def run(problem_file: Path, hint_file: Path, contention: float, seed: int, secon
     slow = planner.plan(at_f, planner.PlanSpec(mode="free", budget=planner.Budget(seconds), hint=hint_f, seed=seed))
     plan_at_1_at_f = planner.simulate(problem, free.plan, contention=contention).step_ms
     assert slow.objective == planner.simulate(at_f, slow.plan).step_ms
-    from planner.search.planning import TIME_SHARES
-
-    return {"problem": str(problem_file), "contention": contention,
-            "overlap_free": TIME_SHARES["free"]["overlap_free"], "seed": seed, "seconds": seconds,
+    return {"problem": str(problem_file), "contention": contention, "seed": seed, "seconds": seconds,
             "torch_default_at_f_ms": round(planner.simulate(problem, hint, contention=contention).step_ms, 3),
             "plan_at_1_ms": round(free.objective, 3), "plan_at_1_priced_at_f_ms": round(plan_at_1_at_f, 3),
             "plan_at_f_ms": round(slow.objective, 3), "bound_at_f_ms": round(slow.bound, 3),
@@ -54,15 +57,8 @@ def main(argv=None) -> None:
     ap.add_argument("--contention", type=float, default=1.4)
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--overlap-free", type=float, default=None,
-                    help="the share of the positioned search spent with overlap free first "
-                         "(planning.TIME_SHARES['free']['overlap_free']; 0: none; default: the table's)")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/contention_planning"))
     args = ap.parse_args(argv)
-    if args.overlap_free is not None:  # an experiment's setting of the one table, recorded in each row
-        from planner.search.planning import TIME_SHARES
-
-        TIME_SHARES["free"]["overlap_free"] = args.overlap_free
     args.out.mkdir(parents=True, exist_ok=True)
     rows_file = args.out / "rows.jsonl"
     for seed in args.seeds:

@@ -36,12 +36,6 @@ from planner.search.result import SolveResult
 #   Measured (experiments/results/time_shares): llama3-8b-fsdp-8 @ h100-8nodes within torch
 #   default's peak, 300 s, seeds 0-1: this table from the command line 180.73 and 179.65 ms, every
 #   second to the positioned search 180.78 and 180.58 (gaps to the floor 3.6-4.2%).
-# - free positions under contention (``Problem.contention`` above 1): the positioned search first
-#   spends ``overlap_free`` of its share with overlap priced free, then goes on at the problem's
-#   contention from what it found. A replay under contention costs 2.4x one without (760 against
-#   1794 replays/s on llama3-8b-fsdp-8 @ h100-8nodes under nccl-tests logs), and searching at
-#   contention 1.4 alone lost to the plan searched without it and priced at 1.4 (165.869 against
-#   165.154 ms in 60 s: experiments/results/contention_planning_measured).
 # - robust: each scenario's step search an equal share, and one more share for the regret search
 #   (``planner.search.scenarios.robust_plan`` splits it so).
 # - proof in the main jobs (compare's free-position rows, solve-dir --positions free): on a problem
@@ -50,7 +44,7 @@ from planner.search.result import SolveResult
 #   candidate space (``PlanSpec.prove_s``), which can close there (`solve --positions free --prove`
 #   proved llama3-8b-fsdp-2 OPTIMAL in 3.5-12.5 s); deeper problems give it all to the search.
 TIME_SHARES = {
-    "free": {"anchored": 0.2, "anchored_max_s": 10.0, "overlap_free": 0.5},
+    "free": {"anchored": 0.2, "anchored_max_s": 10.0},
     "proof": {"prove": 0.5, "prove_most_collectives": 100},
 }
 

@@ -29,7 +29,7 @@ def check(spec) -> None:
 def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
     """The free-positions plan ``spec`` asks for (``planning.PlanSpec``), from ``started``."""
     from planner.cost.bounds import free_position_floor
-    from planner.search.planning import TIME_SHARES, anchored_seconds
+    from planner.search.planning import anchored_seconds
     from planner.search.free.position_search import default_peak_budget, deterministic_evaluations, position_search
     from planner.search.solver import DETERMINISTIC_WALL_FACTOR, solve
 
@@ -56,15 +56,7 @@ def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
                       else f"{max(0.0, deadline - time.perf_counter()):.0f} s"))
     starts = [p for p in (anchored.plan if anchored is not None else None, spec.hint, *spec.starts) if p is not None]
     try:
-        first = None
-        if problem.contention != 1.0 and TIME_SHARES["free"]["overlap_free"] > 0:
-            # explore where replays are cheap, then go on at the contention
-            first, options = _overlap_free_search(problem, starts, options, budget, deadline, calls)
-            starts.append(first.plan)
-        if first is not None and first.stats.get("interrupted"):  # Ctrl-C in the first stage: its best
-            found = first
-        else:
-            found = position_search(problem, starts, options, peak_memory_bytes=budget, deadline=deadline)
+        found = position_search(problem, starts, options, peak_memory_bytes=budget, deadline=deadline)
     except KeyboardInterrupt:  # while the seeds were prepared: CP-SAT's verified plan is the best
         if anchored is None:
             raise
@@ -82,31 +74,6 @@ def plan_free(problem: Problem, spec, calls, started: float) -> SolveResult:
         result = _proved(problem, spec, calls, result, floor.floor_ms, budget)
         calls.on_plan(result.plan)
     return replace(result, status="FEASIBLE", bound=floor.floor_ms, gap=gap_of(result.objective, floor.floor_ms))
-
-
-def _overlap_free_search(problem: Problem, starts, options, budget: int, deadline: float, calls):
-    """The positioned search of ``problem`` with overlap priced free, for
-    ``TIME_SHARES['free']['overlap_free']`` of the time left (and of the evaluations), its plan
-    bound back to ``problem`` and priced at its contention: a start of the search there
-    (``planning.TIME_SHARES`` says why). Returns it and the options of that search (the
-    evaluations left)."""
-    from planner.cost.simulator import step_ms
-    from planner.search.free.position_search import position_search
-    from planner.search.planning import TIME_SHARES
-
-    share = TIME_SHARES["free"]["overlap_free"]
-    free = problem.model_copy(update={"contention": 1.0}).with_fingerprint()
-    rebound = [p.model_copy(update={"problem_fingerprint": free.fingerprint}) for p in starts]
-    first_evaluations = None if options.max_evaluations is None else max(1, int(options.max_evaluations * share))
-    now = time.perf_counter()
-    calls.progress(f"positioned search with overlap free first, {share:.0%} of its time")
-    found = position_search(free, rebound, replace(options, max_evaluations=first_evaluations),
-                            peak_memory_bytes=budget, deadline=now + share * max(0.0, deadline - now))
-    plan = found.plan.model_copy(update={"problem_fingerprint": problem.fingerprint,
-                                         "planner": "positioned search with overlap free"})
-    left = options if first_evaluations is None else replace(
-        options, max_evaluations=max(1, options.max_evaluations - first_evaluations))
-    return replace(found, plan=plan, objective=step_ms(problem, plan)), left
 
 
 def _proved(problem: Problem, spec, calls, searched: SolveResult, floor_ms: float, budget: int) -> SolveResult:
