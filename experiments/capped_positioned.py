@@ -55,7 +55,7 @@ def _torch_order(workload: str):
 def _graph_order(workload: str):
     from experiments.positioned_at_manual_peak import graph_order_problem
     from fxglue.apply import apply_plan, torch_peak_bytes
-    from fxglue.manual import fixed_order_inputs
+    from fxglue.graph_order import fixed_order_inputs
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, resolve_preset
 

@@ -100,6 +100,7 @@ from fxglue.blocks import (loss_ancestors, module_of, block_owner, plan_index, b
                            block_source, collective_params, parameter_names, transformer_block_plans)
 from fxglue.cpu_compat import cpu_compat
 from fxglue.estimator import Estimator, collective_kind
+from fxglue.graph_order import fixed_order_inputs
 
 MANUAL_BUCKET_MODE = "custom_ops"  # ManualOverlapScheduler's default ("historically custom_ops")
 
@@ -257,66 +258,6 @@ def fixed_order_problem(traced, estimator: Estimator, *, bucket_mode=None, max_b
                               bucket_mode=bucket_mode, estimator=estimator,
                               meta={**traced.meta, "pre_bucketing": False, **(meta or {})})
     return problem, forced
-
-
-def graph_order_inputs(traced, estimator: Estimator, *, bucket_mode=None):
-    """Torch's bucketing inputs (``fxglue.pipeline.BucketingInputs``) for ``traced.gm`` in its own
-    order, torch's scheduler not run: the replay of ``fixed_order_inputs``, the schedule being the
-    graph's order, and the finalize knobs torch's scheduler passes (its bucketer's defaults, no
-    overlap deps), so torch's greedy and ``apply_plan`` run on it as on torch's schedule. The order
-    torch's manual pass plans on (``fixed_order_problem`` extracts its problem)."""
-    from torch.utils._ordered_set import OrderedSet
-
-    from fxglue.greedy import TORCH_BUCKETER_DEFAULTS
-    from fxglue.pipeline import BucketingInputs
-
-    collective_info, order, _ = fixed_order_inputs(traced, estimator, bucket_mode=bucket_mode)
-    kwargs = {"collective_bucketing": True, "insert_overlap_deps": False, "max_bucket_memory_gb": 2.0,
-              "bucket_mode": bucket_mode, **TORCH_BUCKETER_DEFAULTS}
-    return BucketingInputs(traced.gm, collective_info, OrderedSet(order), kwargs)
-
-
-def fixed_order_inputs(traced, estimator: Estimator, *, bucket_mode=MANUAL_BUCKET_MODE):
-    """``(collective_info, scheduled, forced_waits)`` for ``traced.gm`` in its current order.
-
-    Builds torch's ``OverlapScheduler`` with the knobs ``fxglue.pipeline.schedule`` uses and
-    replays the graph order through its bookkeeping without reordering anything.
-    ``forced_waits`` counts waits torch's one-FIFO-stream-per-group rule would have brought
-    forward (a wait reached while an earlier collective of its group is still in flight).
-    """
-    import torch._inductor.fx_passes.overlap_scheduling as os_
-    from torch._inductor.fx_passes.bucketing import _schedulable_wait_node
-
-    class _Replay(os_.OverlapScheduler):
-        def _add_to_ready_queue(self, node):  # no ready queues: the order is given
-            pass
-
-        def _schedule_collectives_for_overlap(self, *args, **kwargs):  # nothing is pulled forward
-            pass
-
-    with cpu_compat(estimator), traced.fake_mode:
-        order = list(traced.gm.graph.nodes)
-        s = _Replay(traced.gm, max_in_flight_gb=5, max_compute_pre_fetch=200, collective_bucketing=True,
-                    insert_overlap_deps=False, compute_overlap_multipler=1.0, max_coll_distance=200,
-                    custom_runtime_estimation=estimator, collective_estimator="analytical",
-                    compute_estimator="analytical", bucket_mode=bucket_mode)
-        if list(s.graph.nodes) != order:
-            raise RuntimeError("torch's topological sort changed the manual pass's order")
-        s._align_compute_nodes_runtime_estimations_across_all_distributed_ranks()
-        forced = 0
-        for node in order:
-            if node in s.scheduled:
-                forced += 1
-                continue
-            if node.op == "placeholder":
-                s._schedule(node)
-            elif node in s.collective_info:
-                s._handle_collective_start(node)
-            elif _schedulable_wait_node(node):
-                s._handle_wait(node)
-            else:
-                s._handle_compute_or_other(node)
-    return s.collective_info, order, forced
 
 
 def manual_bucketing_problem(traced, estimator: Estimator | None = None, *,

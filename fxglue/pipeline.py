@@ -82,6 +82,22 @@ def finalize_with_torch(inputs: BucketingInputs, *, collective_bucketing: bool =
         opb.finalize_overlap_scheduling(inputs.gm, inputs.collective_info, inputs.scheduled, **kwargs)
 
 
+def graph_order_inputs(traced, estimator: Estimator, *, bucket_mode=None):
+    """Torch's bucketing inputs (``fxglue.pipeline.BucketingInputs``) for ``traced.gm`` in its own
+    order, torch's scheduler not run: the replay of ``fixed_order_inputs``, the schedule being the
+    graph's order, and the finalize knobs torch's scheduler passes (its bucketer's defaults, no
+    overlap deps), so torch's greedy and ``apply_plan`` run on it as on torch's schedule. The order
+    torch's manual pass plans on (``fxglue.manual.fixed_order_problem`` extracts its problem)."""
+    from torch.utils._ordered_set import OrderedSet
+
+    from fxglue.graph_order import fixed_order_inputs
+
+    collective_info, order, _ = fixed_order_inputs(traced, estimator, bucket_mode=bucket_mode)
+    kwargs = {"collective_bucketing": True, "insert_overlap_deps": False, "max_bucket_memory_gb": 2.0,
+              "bucket_mode": bucket_mode, **TORCH_BUCKETER_DEFAULTS}
+    return BucketingInputs(traced.gm, collective_info, OrderedSet(order), kwargs)
+
+
 def estimator_for(traced: TracedWorkload, hardware: Hardware | None = None, preset: Preset | None = None) -> Estimator:
     """The estimator for a traced workload (see ``preset_estimator``)."""
     groups = traced.groups
@@ -319,7 +335,7 @@ def prepare(
     """The one way from a workload to a problem: trace (``trace_for``: a name at the preset's
     world size and TP degree, a graph file loaded, a traced step -- a gloo rank's, a compile's
     post-grad graph -- as it is), schedule with torch's overlap scheduler (``pipeline.schedule``
-    "graph": replay the graph's own order instead, ``fxglue.manual.graph_order_inputs``), extract the problem,
+    "graph": replay the graph's own order instead, ``graph_order_inputs``), extract the problem,
     record each collective's block and phase (``blocks.with_blocks``), and record torch's greedy
     plan (``greedy=False``: later, by ``record_greedy``), torch's pipeline run as ``pipeline``
     says (pre-bucketing, bucket mode and cap; ``insert_overlap_deps`` is the apply's, not read
@@ -345,8 +361,6 @@ def prepare(
     estimator = estimator or estimator_for(traced, pipeline.hardware, preset)
     t0 = time.perf_counter()
     if pipeline.schedule == "graph":
-        from fxglue.manual import graph_order_inputs
-
         if scheduler_kwargs:
             raise ValueError(f"scheduler keyword(s) {sorted(scheduler_kwargs)}: schedule 'graph' runs no scheduler")
         say("replaying the graph's own order (torch's scheduler not run)")

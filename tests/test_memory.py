@@ -175,7 +175,8 @@ def test_a_graph_order_plan_agrees_and_every_view_aliases_its_input():
     import time
 
     from fxglue.apply import apply_plan, torch_peak_bytes, views_first_input
-    from fxglue.manual import fixed_order_inputs, fixed_order_problem
+    from fxglue.graph_order import fixed_order_inputs
+    from fxglue.manual import fixed_order_problem
     from fxglue.models.workloads import trace
     from fxglue.pipeline import estimator_for, resolve_preset
     from planner.core.options import PositionSearchOptions
