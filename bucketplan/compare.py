@@ -36,7 +36,7 @@ from planner.cost.simulator import simulate, write_chrome_trace
 from planner.jobs.interrupted import beside
 from planner.search.result import gap_of, mark_interrupted
 from planner.jobs.progress import LiveLine
-from bucketplan.report import (COMPARE_TIME_LIMIT_S, MemoryBudget, PlanRow, WorkloadRow, _excess, table_rows,
+from bucketplan.report import (COMPARE_TIME_LIMIT_S, MemoryBudget, PlanRow, WorkloadRow, excess_text, table_rows,
                                write_compare_table)
 from bucketplan.report import plots
 from planner.rules.verifier import check
@@ -236,7 +236,7 @@ def _flag_over_default_peak(row: WorkloadRow) -> None:
             peak = peak_bytes(r.problem, r.plan)
             if peak > cap:
                 # the excess itself: at 3 decimals of GB a small one reads as equal to the budget
-                over = f"peak {peak / 1e9:.3f} GB, {_excess(peak - cap)} above torch default's peak {cap / 1e9:.3f} GB"
+                over = f"peak {peak / 1e9:.3f} GB, {excess_text(peak - cap)} above torch default's peak {cap / 1e9:.3f} GB"
                 r.note = f"{r.note}; {over}" if r.note else over
 
 

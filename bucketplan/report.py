@@ -158,12 +158,12 @@ def equal_memory_lines(r: WorkloadRow) -> list[str]:
             text += "; no torch row fits it"
         above = [label for label in torch_rows if label not in fits]
         if above:
-            text += "; above it: " + ", ".join(f"{label} (+{_excess(peaks[label] - b.peak_bytes)})" for label in above)
+            text += "; above it: " + ", ".join(f"{label} (+{excess_text(peaks[label] - b.peak_bytes)})" for label in above)
         out.append(text)
     return out
 
 
-def _excess(nbytes: int) -> str:
+def excess_text(nbytes: int) -> str:
     """A peak's excess over a budget, in MB, or in bytes where that would read as 0.0 MB."""
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 50_000 else f"{nbytes} bytes"
 

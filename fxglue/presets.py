@@ -223,7 +223,7 @@ def pricing_lines(preset: Preset | None, problem) -> list[str]:
     many of its collectives lie outside them: below the smallest size priced at the smallest's
     time, above the largest along the last measured segment) or the preset's model. Matched as
     the estimator matches them (``Measured.find``)."""
-    from planner.cost.measured import _size
+    from planner.cost.measured import size_text
 
     out = []
     for link, ranks, per_node, by_kind in _series_by_group(getattr(preset, "measured", None), problem):
@@ -235,8 +235,8 @@ def pricing_lines(preset: Preset | None, problem) -> list[str]:
             lo, hi = s.points[0][0], s.points[-1][0]
             sizes = [c.wire_bytes for c in problem.collectives if c.pg == link.pg and c.kind == kind]
             below, above = sum(b < lo for b in sizes), sum(b > hi for b in sizes)
-            parts.append(f"{kind} measured ({s.source}: {len(s.points)} sizes, {_size(lo)} to {_size(hi)}; of its "
-                         f"{len(sizes)}, {below} below (priced at {_size(lo)}'s time), {above} above (along the "
+            parts.append(f"{kind} measured ({s.source}: {len(s.points)} sizes, {size_text(lo)} to {size_text(hi)}; of its "
+                         f"{len(sizes)}, {below} below (priced at {size_text(lo)}'s time), {above} above (along the "
                          "last measured segment))")
         out.append(f"group {link.pg} ({ranks} ranks, {per_node} per node) priced by {'; '.join(parts)}")
     return out

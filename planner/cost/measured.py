@@ -88,10 +88,11 @@ class Series:
 
     def describe(self) -> str:
         lo, hi = self.points[0][0], self.points[-1][0]
-        return f"{self.kind} measured ({self.source}: {len(self.points)} sizes, {_size(lo)} to {_size(hi)})"
+        return f"{self.kind} measured ({self.source}: {len(self.points)} sizes, {size_text(lo)} to {size_text(hi)})"
 
 
-def _size(b: int) -> str:
+def size_text(b: int) -> str:
+    """Bytes as a measurement names them: "64 MiB", "1.5 KiB", "512 B"."""
     for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
         if b >= 1 << k:
             return f"{b / (1 << k):g} {unit}"
@@ -395,7 +396,7 @@ def rising_end(s: Series) -> None:
     if len(s.points) >= 2:
         (b0, t0), (b1, t1) = s.points[-2], s.points[-1]
         if t1 < t0:
-            raise MeasuredError(f"{s.source}: {s.kind} takes {t1:g} ms at {_size(b1)} but {t0:g} ms at {_size(b0)}: "
+            raise MeasuredError(f"{s.source}: {s.kind} takes {t1:g} ms at {size_text(b1)} but {t0:g} ms at {size_text(b0)}: "
                                 "a time that falls at the largest size cannot be extended above it")
 
 
