@@ -327,7 +327,7 @@ def positioned_row(schedules: list, row: WorkloadRow, budget: MemoryBudget, time
         spec = PlanSpec(mode="free", budget=Budget(max(seconds, 1e-3)), starts=starts, anchored_start=False,
                         policy=planner.Policy(keep_overlap=False, peak_memory_bytes=budget.peak_bytes))
         try:
-            found.append((planner.plan(problem, spec), where))
+            found.append((planner.plan(problem, spec), k))
         except PeakNotReached as e:  # nothing on this schedule found within the budget
             misses.append(f"on {where}: {e}")
             if peak_memory_floor(problem) <= budget.peak_bytes:  # not proved: a plan may still fit
@@ -340,9 +340,8 @@ def positioned_row(schedules: list, row: WorkloadRow, budget: MemoryBudget, time
     if not found:
         return PlanRow(budget.ours, schedules[0], None, time.perf_counter() - t0, "NOT FOUND",
                        round(min(bounds), 3) if bounds else None, None, f"{within}: " + "; ".join(misses))
-    result, where = min(found, key=lambda f: f[0].objective)
-    bound = min(bounds)
-    problem = schedules[SCHEDULE_NAMES.index(where)]
+    result, k = min(found, key=lambda f: f[0].objective)
+    bound, problem, where = min(bounds), schedules[k], SCHEDULE_NAMES[k]
     proof = scope = ""
     if proving:
         result, proof, scope = prove(problem, result, budget, t0 + time_limit_s - time.perf_counter())
