@@ -29,7 +29,8 @@ from ortools.sat.python import cp_model
 import planner.core.arguments as arguments
 from planner.core.arguments import PlanMismatchError  # re-exported: planner.search.solver's API
 from planner.search.result import SolveResult, gap_of  # SolveResult re-exported: planner.search.solver's API
-from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor, under_contention
+from planner.cost.bounds import (BucketReach, bucket_reach, key_lower_bounds, off_stream_floor, step_floor,
+                                 under_contention)
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
 from planner.core.options import SolveOptions
 from planner.search.polish import polish, reanchored
@@ -334,7 +335,8 @@ def _with_bounds(ctx: _SolveContext) -> _SolveContext:
         # floor at the problem's contention is the bound reported (both hold for every plan)
         floor = step_floor(problem, reach, need, deadline=deadline, contention=1.0)
         floor_ms = floor.floor_ms
-        lb = under_contention(floor, problem.contention).floor_ms
+        off = off_stream_floor(problem, problem.contention) if problem.contention != 1.0 else 0.0
+        lb = under_contention(floor, problem.contention, off).floor_ms
         if floor.chain_cut:  # a valid floor, looser than it would be with time (planner.cost.bounds)
             ctx.stats["chain_floor_cut"] = True
     ctx = dataclasses.replace(ctx, bounds=ObjectiveBounds(count_lb, key_bounds),
