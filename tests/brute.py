@@ -63,8 +63,8 @@ def exposure_objective(problem, plan) -> int:
 
 def positioned_plans(problem: planner.Problem) -> Iterator[planner.Plan]:
     """Every plan with free positions of a tiny problem: every same-key partition, every anchor
-    choice, and for every bucket (singletons included) every named start and wait position or
-    none. Not filtered: the caller verifies."""
+    choice, for every bucket (singletons included) every named start and wait position or none,
+    and every order of buckets that share a place. Not filtered: the caller verifies."""
     names = [c.name for c in problem.collectives]
     key = {c.name: (c.kind, c.pg, c.key) for c in problem.collectives}
     places = [None] + [n.name for n in problem.nodes]
@@ -73,7 +73,12 @@ def positioned_plans(problem: planner.Problem) -> Iterator[planner.Plan]:
             continue
         choices = [[(s, w, i, j) for s in b for w in b for i in places for j in places] for b in part]
         for picked in itertools.product(*choices):
-            yield planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
-                               buckets=tuple(planner.Bucket(members=tuple(b), start=s, wait=w, issue_before=i,
-                                                            wait_before=j)
-                                             for b, (s, w, i, j) in zip(part, picked)))
+            buckets = [planner.Bucket(members=tuple(b), start=s, wait=w, issue_before=i, wait_before=j)
+                       for b, (s, w, i, j) in zip(part, picked)]
+            # buckets issued (or waited) at one place act in plan order: a FIFO stream runs the first
+            # first, so every order is a plan of its own (one order alone missed a faster plan)
+            shared = any(len(named) != len(set(named)) for named in
+                         ([i for _, _, i, _ in picked if i is not None], [j for _, _, _, j in picked if j is not None]))
+            for order in itertools.permutations(buckets) if shared else (buckets,):
+                yield planner.Plan(problem_fingerprint=problem.fingerprint, planner="brute", created="t",
+                                   buckets=tuple(order))
