@@ -273,6 +273,37 @@ def test_under_contention_the_floor_counts_the_time_the_compute_stream_waits():
     assert step_floor(problem, contention=2.0).floor_ms == pytest.approx(9.5)
 
 
+def test_under_contention_the_floor_weighs_copies_against_stream_latency():
+    """Two gathers of one key released at the top and used at the end, beside 10 ms of compute;
+    each bucket costs 1 ms on the stream, and merging them copies 2 ms on the compute stream. At
+    contention 2 the best plan (brute force) leaves them apart and issues both first: the compute
+    does half its work for 2 ms, then the rest: 11 ms. Without the trade-off the floor takes the
+    fewest buckets for the stream and no copies for the work: 10 + 1 * (1 - 1/2) = 10.5;
+    beside_streams_floor weighs both counts (one bucket: 2 + 0.5, two: 0 + 1): 11, the optimum."""
+    from planner.cost.bounds import free_position_floor, under_contention
+
+    N = planner.Node
+    nodes = (N(name="g1", kind="start", pos=0, est_ms=0.0),
+             N(name="g2", kind="start", pos=1, est_ms=0.0),
+             N(name="mm0", kind="compute", pos=2, est_ms=10.0),
+             N(name="w1", kind="wait", pos=3, est_ms=0.0, deps=(0,)),
+             N(name="w2", kind="wait", pos=4, est_ms=0.0, deps=(1,)),
+             N(name="mm1", kind="compute", pos=5, est_ms=0.0, deps=(2, 3, 4)))
+    gathers = tuple(planner.Collective(name=g, wait=w, kind="all_gather", pg="0", key="ag/0", dtype="bfloat16",
+                                       size_bytes=100, wire_bytes=100, est_ms=1.0, exposed_ms=0.0, start_pos=i,
+                                       wait_pos=i + 3, status="hidden") for i, (g, w) in enumerate([("g1", "w1"),
+                                                                                                   ("g2", "w2")]))
+    # merged, 300 bytes are copied (50 + 50 in, 200 out), read and written: 2 ms
+    problem = planner.Problem(schema_version=2, bucket_mode="default", bucket_cap_bytes=1 << 20, n_scheduled=6,
+                              collectives=gathers, nodes=nodes, timelines=(),
+                              links=(planner.Link(pg="0", group_size=2, latency_ms=1.0, bandwidth_gbps=1e6),),
+                              bucketing=planner.BucketingCost(copy_gbps=3e-4, launch_ms=0.0)).with_fingerprint()
+    assert _best_positioned_step(problem, 2.0) == pytest.approx(11.0)
+    assert under_contention(free_position_floor(problem), 2.0).floor_ms == pytest.approx(10.5)
+    assert free_position_floor(problem, contention=2.0).floor_ms == pytest.approx(11.0)
+    assert step_floor(problem, contention=2.0).floor_ms == pytest.approx(11.0)
+
+
 def test_the_release_floor_counts_the_compute_run_before_the_first_place_a_start_can_sit():
     """A gather's input is made by mm0; the next node (its own start) carries 5 ms of unpinned
     compute (on FSDP graphs: the loss, between the forward's last matmul and the backward's

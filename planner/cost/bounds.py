@@ -482,13 +482,91 @@ class StepFloor:
     scope: str = "every plan with anchored positions"
     off_ms: float = 0.0
 
+    @property
+    def free_overlap_ms(self) -> float:
+        """The floor of the same plans simulated without contention (overlap free): what a model
+        that prices overlap as free may be told."""
+        return max(self.compute_ms, self.chain_ms, *self.comm_busy_ms.values())
 
-def under_contention(floor: StepFloor, contention: float, off_ms: float = 0.0) -> StepFloor:
+
+def _merged_copies_ms(problem: Problem, c) -> tuple[float, float]:
+    """(copy in, copy out) a collective's bytes cost on the compute stream when it is in a bucket
+    of two or more (``planner.core.problem.copy_bytes`` adds up over members; a lone collective
+    copies nothing); (0, 0) without ``problem.bucketing``."""
+    from planner.core.problem import copy_bytes
+
+    if problem.bucketing is None:
+        return 0.0, 0.0
+    in_bytes, out_bytes = copy_bytes(c.kind, [c.wire_bytes, 0], problem.link(c.pg).group_size, problem.bucket_mode)
+    return problem.bucketing.copy_ms(in_bytes), problem.bucketing.copy_ms(out_bytes)
+
+
+@dataclass(frozen=True)
+class _KeyStream:
+    """One bucket key as ``beside_streams_floor`` needs it: its process group, the fewest buckets
+    ``need`` any plan has, its ``n`` collectives' merged copies (ms, ascending), and ``busy(k)``: a
+    floor of its stream time in k buckets (vectorized over k, never decreasing)."""
+
+    pg: str
+    need: int
+    n: int
+    copies_ms: np.ndarray
+    busy: Callable[[np.ndarray], np.ndarray]
+
+
+def _key_stream(problem: Problem, kind: str, pg: str, cs: list, need: int, priced: float) -> _KeyStream:
+    """``_KeyStream`` of one key: ``busy(k)`` the larger of ``priced`` (its bytes at their best
+    per-byte times, whatever the count) and the best line below the cost curve at k buckets
+    (``_key_stream_floor``)."""
+    total = sum(c.wire_bytes for c in cs)
+    lc, ls = _minorant_lines(problem.link(pg), kind, total)
+
+    def busy(k: np.ndarray) -> np.ndarray:
+        by_count = (np.asarray(k, dtype=float)[:, None] * lc[None, :] + ls[None, :] * total).max(axis=1, initial=0.0)
+        return np.maximum(by_count, priced)
+
+    copies = np.sort([sum(_merged_copies_ms(problem, c)) for c in cs])
+    return _KeyStream(pg, need, len(cs), copies, busy)
+
+
+def beside_streams_floor(problem: Problem, keys: list[_KeyStream], contention: float) -> float:
+    """A floor of W + U (1 - 1/F) (``under_contention``: the compute stream's work W and the time U
+    some collective is in flight): the graph's compute, plus per key the least, over its bucket
+    counts k, of k launches, the copies of the members k buckets must merge and, on one process
+    group's stream (U is at least its busy time, its keys' times adding up), (1 - 1/F) of its
+    stream time in k buckets; the best group counts.
+
+    Why: fewer buckets save stream latency but copy more on the compute stream. The plain
+    floor takes each key's fewest buckets for the stream and no copies for the work; at F = 1.19
+    on llama3-8b-fsdp-2 (measured costs) a 117 MB gather merged costs 0.16 ms of copies and saves
+    0.013 ms of slowed compute, so the best plans leave most collectives alone.
+
+    k buckets of n collectives leave at most k - 1 alone, so at least n - k + 1 members are merged
+    (none when k = n): their copies are at least the n - k + 1 smallest."""
+    from planner.cost.simulator import check_contention
+
+    share = 1.0 - 1.0 / check_contention(contention)
+    launch = problem.bucketing.launch_ms if problem.bucketing is not None else 0.0
+    on_stream: dict[str, float] = {}  # per group: the least of its keys' work plus share of stream time
+    alone: dict[str, float] = {}  # per group: the least of its keys' work alone
+    for key in keys:
+        k = np.arange(key.need, key.n + 1)
+        merged = np.where(k < key.n, key.n - k + 1, 0)
+        work = k * launch + np.concatenate([[0.0], np.cumsum(key.copies_ms)])[merged]
+        on_stream[key.pg] = on_stream.get(key.pg, 0.0) + float(np.min(work + share * key.busy(k)))
+        alone[key.pg] = alone.get(key.pg, 0.0) + float(np.min(work))
+    compute = sum(n.stream_ms for n in problem.nodes)
+    every = sum(alone.values())
+    return compute + max((on_stream[pg] + every - alone[pg] for pg in on_stream), default=0.0)
+
+
+def under_contention(floor: StepFloor, contention: float, off_ms: float = 0.0, beside_ms: float = 0.0) -> StepFloor:
     """``floor`` (``step_floor``'s or ``free_position_floor``'s) as a floor of the step simulated at
     ``contention`` F (``planner.simulate(..., contention=F)``: compute-stream work runs F times
     slower while any collective is in flight). ``off_ms``: a floor of the time the compute stream
-    does no work in any plan the floor is over, at F (``off_stream_floor``; 0 knows nothing). Two
-    facts, whatever the plan:
+    does no work in any plan the floor is over, at F (``off_stream_floor``; 0 knows nothing);
+    ``beside_ms``: a floor of W + U (1 - 1/F) below (``beside_streams_floor``; 0 knows nothing).
+    Two facts, whatever the plan:
 
     - slowing work never ends anything earlier (the replay's times are maxima and sums of
       durations that only grow with F), so ``floor.floor_ms`` still holds;
@@ -498,15 +576,15 @@ def under_contention(floor: StepFloor, contention: float, off_ms: float = 0.0) -
       the stream works or not). So S >= W + (U - Z) (1 - 1/F) + Z = W + U (1 - 1/F) + Z / F,
       and U is at least any one stream's busy time.
 
-    So S >= compute_ms + max(comm_busy_ms) * (1 - 1/F) + off_ms / F. At F = 1 this is no more
-    than the floor itself, which is returned."""
+    So S >= max(compute_ms + max(comm_busy_ms) * (1 - 1/F), beside_ms) + off_ms / F. At F = 1 this
+    is no more than the floor itself, which is returned."""
     from planner.cost.simulator import check_contention
 
     factor = check_contention(contention)
     if factor == 1.0:
         return floor
     busy = max(floor.comm_busy_ms.values(), default=0.0)
-    overlapped = floor.compute_ms + busy * (1.0 - 1.0 / factor) + max(off_ms, 0.0) / factor
+    overlapped = max(floor.compute_ms + busy * (1.0 - 1.0 / factor), beside_ms) + max(off_ms, 0.0) / factor
     return StepFloor(floor_ms=max(floor.floor_ms, overlapped), compute_ms=floor.compute_ms,
                      comm_busy_ms=floor.comm_busy_ms, chain_ms=floor.chain_ms, chain_cut=floor.chain_cut,
                      scope=f"{floor.scope}, at contention {factor:g}", off_ms=max(off_ms, 0.0))
@@ -634,17 +712,32 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     reach = reach or bucket_reach(problem)
     price = priced_bytes(problem, reach)
     stream: dict[str, float] = {}
+    keys = []
     for (kind, pg, key), cs in _by_key(problem).items():  # buckets never mix keys: their floors add up
         by_count = _key_stream_floor(problem.link(pg), kind, sum(c.wire_bytes for c in cs), need[(kind, pg, key)])
-        stream[pg] = stream.get(pg, 0.0) + max(by_count, sum(price[c.name] for c in cs))
+        priced = sum(price[c.name] for c in cs)
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, priced)
+        keys.append((kind, pg, cs, need[(kind, pg, key)], priced))
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
     chain, cut = _chain_floor(problem, reach, price, deadline)
     factor = problem.contention if contention is None else contention
-    return under_contention(StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute,
-                                      comm_busy_ms=stream, chain_ms=chain, chain_cut=cut),
-                            factor, off_stream_floor(problem, factor) if factor != 1.0 else 0.0)
+    floor = StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute, comm_busy_ms=stream,
+                      chain_ms=chain, chain_cut=cut)
+    return _at_contention(problem, floor, factor, keys, None)
+
+
+def _at_contention(problem: Problem, floor: StepFloor, factor: float, keys: list[tuple],
+                   peak_memory_bytes: int | None) -> StepFloor:
+    """``floor`` raised by ``under_contention`` at ``factor``, with what only a contention above 1
+    asks for: ``off_stream_floor`` and ``beside_streams_floor`` over ``keys`` ((kind, process
+    group, collectives, fewest buckets, priced stream time) per bucket key)."""
+    if factor == 1.0:
+        return under_contention(floor, factor)
+    streams = [_key_stream(problem, kind, pg, cs, need, priced) for kind, pg, cs, need, priced in keys]
+    return under_contention(floor, factor, off_stream_floor(problem, factor, peak_memory_bytes),
+                            beside_streams_floor(problem, streams, factor))
 
 
 def free_position_floor(problem: Problem, deadline: float | None = None,
@@ -667,22 +760,25 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     stream: dict[str, float] = {}
     launches = 0
     least = per_byte_floors(problem)
+    keys = []
     for (kind, pg, key), cs in _by_key(problem).items():
         need = bin_packing_bound([c.size_bytes for c in cs], problem.bucket_cap_bytes, deadline)
         launches += need
         total = sum(c.wire_bytes for c in cs)
         by_count = _key_stream_floor(problem.link(pg), kind, total, need)
         largest = _largest_bucket_wire(cs, problem.bucket_cap_bytes)
-        stream[pg] = stream.get(pg, 0.0) + max(by_count, total * least[pg, kind](largest))
+        priced = total * least[pg, kind](largest)
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, priced)
+        keys.append((kind, pg, cs, need, priced))
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
     chain = release_deadline_floor(problem, peak_memory_bytes)
     scope = within_peak("every plan with any positions", peak_memory_bytes)
     factor = problem.contention if contention is None else contention
-    off = off_stream_floor(problem, factor, peak_memory_bytes) if factor != 1.0 else 0.0
-    return under_contention(StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute,
-                                      comm_busy_ms=stream, chain_ms=chain, scope=scope), factor, off)
+    floor = StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
+                      chain_ms=chain, scope=scope)
+    return _at_contention(problem, floor, factor, keys, peak_memory_bytes)
 
 
 def within_peak(plans: str, peak_memory_bytes: int | None) -> str:
@@ -998,7 +1094,6 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
     Quadratic in the positions collectives are released and due at (each window a cell of a
     matrix), measured on this 2-core machine: 0.1 s on llama3-8b-fsdp-8, 5.8 s and 14.5 s (1.2 GB)
     on the 80- and 126-layer presets. Only a contention above 1 asks for it."""
-    from planner.core.problem import copy_bytes
     from planner.cost.simulator import check_contention
 
     factor = check_contention(contention)
@@ -1034,13 +1129,9 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
         largest_of[pg, kind] = max(largest_of.get((pg, kind), 0), largest)
         sizes = sorted(c.size_bytes for c in group)
         for c in group:
-            copy_in = copy_out = 0.0
             partner = sizes[1] if len(sizes) > 1 and c.size_bytes == sizes[0] else sizes[0]  # the smallest other
             mergeable = len(sizes) > 1 and c.size_bytes + partner <= problem.bucket_cap_bytes  # rule 3
-            if problem.bucketing is not None and mergeable:  # merged: its share of the bucket's copies
-                size = problem.link(pg).group_size
-                in_bytes, out_bytes = copy_bytes(kind, [c.wire_bytes, 0], size, problem.bucket_mode)
-                copy_in, copy_out = problem.bucketing.copy_ms(in_bytes), problem.bucketing.copy_ms(out_bytes)
+            copy_in, copy_out = _merged_copies_ms(problem, c) if mergeable else (0.0, 0.0)
             launch = problem.bucketing.launch_ms if problem.bucketing is not None else 0.0
             price[c.name] = (c.wire_bytes * least[pg, kind](largest), launch + copy_in + sum(own[f] for f in c.folded),
                              copy_out)

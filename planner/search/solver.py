@@ -29,8 +29,7 @@ from ortools.sat.python import cp_model
 import planner.core.arguments as arguments
 from planner.core.arguments import PlanMismatchError  # re-exported: planner.search.solver's API
 from planner.search.result import SolveResult, gap_of  # SolveResult re-exported: planner.search.solver's API
-from planner.cost.bounds import (BucketReach, bucket_reach, key_lower_bounds, off_stream_floor, step_floor,
-                                 under_contention)
+from planner.cost.bounds import BucketReach, bucket_reach, key_lower_bounds, step_floor
 from planner.search.cpsat import BuildStopped, ModelHandle, ObjectiveBounds, build_guard, build_model, plan_objective
 from planner.core.options import SolveOptions
 from planner.search.polish import polish, reanchored
@@ -333,10 +332,9 @@ def _with_bounds(ctx: _SolveContext) -> _SolveContext:
         need = key_bounds if not ctx.policy.protect_partly else key_lower_bounds(problem, deadline=deadline)
         # the step model prices overlap as free: it is told the floor at contention 1, and the
         # floor at the problem's contention is the bound reported (both hold for every plan)
-        floor = step_floor(problem, reach, need, deadline=deadline, contention=1.0)
-        floor_ms = floor.floor_ms
-        off = off_stream_floor(problem, problem.contention) if problem.contention != 1.0 else 0.0
-        lb = under_contention(floor, problem.contention, off).floor_ms
+        floor = step_floor(problem, reach, need, deadline=deadline)
+        floor_ms = floor.free_overlap_ms
+        lb = floor.floor_ms
         if floor.chain_cut:  # a valid floor, looser than it would be with time (planner.cost.bounds)
             ctx.stats["chain_floor_cut"] = True
     ctx = dataclasses.replace(ctx, bounds=ObjectiveBounds(count_lb, key_bounds),
