@@ -504,57 +504,69 @@ def _merged_copies_ms(problem: Problem, c) -> tuple[float, float]:
 @dataclass(frozen=True)
 class _KeyStream:
     """One bucket key as ``beside_streams_floor`` needs it: its process group, the fewest buckets
-    ``need`` any plan has, its ``n`` collectives' merged copies (ms, ascending), and ``busy(k)``: a
-    floor of its stream time in k buckets (vectorized over k, never decreasing)."""
+    ``need`` any plan has, and per collective (in one order): ``alone_ms``, its stream time in a
+    bucket of its own; ``merged_ms``, a floor of its share of a merged bucket's stream time (its
+    bytes at their best per-byte time); ``copies_ms``, what merging it copies on the compute
+    stream. ``busy(k)``: a floor of the key's stream time in k buckets (vectorized over k, never
+    decreasing)."""
 
     pg: str
     need: int
-    n: int
+    alone_ms: np.ndarray
+    merged_ms: np.ndarray
     copies_ms: np.ndarray
     busy: Callable[[np.ndarray], np.ndarray]
 
 
-def _key_stream(problem: Problem, kind: str, pg: str, cs: list, need: int, priced: float) -> _KeyStream:
-    """``_KeyStream`` of one key: ``busy(k)`` the larger of ``priced`` (its bytes at their best
-    per-byte times, whatever the count) and the best line below the cost curve at k buckets
+def _key_stream(problem: Problem, kind: str, pg: str, cs: list, need: int, merged_ms: list[float]) -> _KeyStream:
+    """``_KeyStream`` of one key; ``merged_ms`` per collective. ``busy(k)`` is the larger of their
+    sum (whatever the count) and the best line below the cost curve at k buckets
     (``_key_stream_floor``)."""
+    link = problem.link(pg)
     total = sum(c.wire_bytes for c in cs)
-    lc, ls = _minorant_lines(problem.link(pg), kind, total)
+    lc, ls = _minorant_lines(link, kind, total)
+    priced = float(sum(merged_ms))
 
     def busy(k: np.ndarray) -> np.ndarray:
         by_count = (np.asarray(k, dtype=float)[:, None] * lc[None, :] + ls[None, :] * total).max(axis=1, initial=0.0)
         return np.maximum(by_count, priced)
 
-    copies = np.sort([sum(_merged_copies_ms(problem, c)) for c in cs])
-    return _KeyStream(pg, need, len(cs), copies, busy)
+    return _KeyStream(pg, need, np.array([link.time_ms(kind, c.wire_bytes) for c in cs]), np.array(merged_ms),
+                      np.array([sum(_merged_copies_ms(problem, c)) for c in cs]), busy)
 
 
 def beside_streams_floor(problem: Problem, keys: list[_KeyStream], contention: float) -> float:
     """A floor of W + U (1 - 1/F) (``under_contention``: the compute stream's work W and the time U
-    some collective is in flight): the graph's compute, plus per key the least, over its bucket
-    counts k, of k launches, the copies of the members k buckets must merge and, on one process
-    group's stream (U is at least its busy time, its keys' times adding up), (1 - 1/F) of its
-    stream time in k buckets; the best group counts.
+    some collective is in flight): the graph's compute, plus per key what its launches, the copies
+    merging puts on the compute stream and, on one process group's stream (U is at least its busy
+    time, its keys' times adding up), (1 - 1/F) of its stream time cost at least; the best group
+    counts. Per key, the larger of two floors of that cost:
 
-    Why: fewer buckets save stream latency but copy more on the compute stream. The plain
-    floor takes each key's fewest buckets for the stream and no copies for the work; at F = 1.19
-    on llama3-8b-fsdp-2 (measured costs) a 117 MB gather merged costs 0.16 ms of copies and saves
-    0.013 ms of slowed compute, so the best plans leave most collectives alone.
+    - by count: the least over bucket counts k of k launches, the copies of the members k buckets
+      must merge (k buckets of n collectives leave at most k - 1 alone, so at least the n - k + 1
+      smallest copies; none when k = n) and the stream time of k buckets (``busy``);
+    - by member: each collective alone costs a launch and its own stream time, merged its copies
+      and its share of a merged bucket's stream time (the merged buckets' launches and fixed
+      costs dropped); each member at the lesser.
 
-    k buckets of n collectives leave at most k - 1 alone, so at least n - k + 1 members are merged
-    (none when k = n): their copies are at least the n - k + 1 smallest."""
+    Why: fewer buckets save stream latency but copy more on the compute stream. The plain floor
+    takes each key's fewest buckets for the stream and no copies for the work; at F = 1.19 on
+    llama3-8b-fsdp-2 (measured costs) a 117 MB gather merged costs 0.16 ms of copies and saves
+    0.013 ms of slowed compute, so the best plans leave most collectives alone."""
     from planner.cost.simulator import check_contention
 
     share = 1.0 - 1.0 / check_contention(contention)
     launch = problem.bucketing.launch_ms if problem.bucketing is not None else 0.0
-    on_stream: dict[str, float] = {}  # per group: the least of its keys' work plus share of stream time
-    alone: dict[str, float] = {}  # per group: the least of its keys' work alone
+    on_stream: dict[str, float] = {}  # per group: what its keys cost at least, their stream time included
+    alone: dict[str, float] = {}  # per group: what its keys cost on the compute stream alone
     for key in keys:
-        k = np.arange(key.need, key.n + 1)
-        merged = np.where(k < key.n, key.n - k + 1, 0)
-        work = k * launch + np.concatenate([[0.0], np.cumsum(key.copies_ms)])[merged]
-        on_stream[key.pg] = on_stream.get(key.pg, 0.0) + float(np.min(work + share * key.busy(k)))
-        alone[key.pg] = alone.get(key.pg, 0.0) + float(np.min(work))
+        n = len(key.alone_ms)
+        k = np.arange(key.need, n + 1)
+        merged = np.where(k < n, n - k + 1, 0)
+        work = k * launch + np.concatenate([[0.0], np.cumsum(np.sort(key.copies_ms))])[merged]
+        by_member = np.minimum(launch + share * key.alone_ms, key.copies_ms + share * key.merged_ms).sum()
+        on_stream[key.pg] = on_stream.get(key.pg, 0.0) + max(float(np.min(work + share * key.busy(k))), by_member)
+        alone[key.pg] = alone.get(key.pg, 0.0) + max(float(np.min(work)), np.minimum(launch, key.copies_ms).sum())
     compute = sum(n.stream_ms for n in problem.nodes)
     every = sum(alone.values())
     return compute + max((on_stream[pg] + every - alone[pg] for pg in on_stream), default=0.0)
@@ -715,9 +727,8 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     keys = []
     for (kind, pg, key), cs in _by_key(problem).items():  # buckets never mix keys: their floors add up
         by_count = _key_stream_floor(problem.link(pg), kind, sum(c.wire_bytes for c in cs), need[(kind, pg, key)])
-        priced = sum(price[c.name] for c in cs)
-        stream[pg] = stream.get(pg, 0.0) + max(by_count, priced)
-        keys.append((kind, pg, cs, need[(kind, pg, key)], priced))
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, sum(price[c.name] for c in cs))
+        keys.append((kind, pg, cs, need[(kind, pg, key)], [price[c.name] for c in cs]))
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * sum(need.values())
@@ -732,10 +743,11 @@ def _at_contention(problem: Problem, floor: StepFloor, factor: float, keys: list
                    peak_memory_bytes: int | None) -> StepFloor:
     """``floor`` raised by ``under_contention`` at ``factor``, with what only a contention above 1
     asks for: ``off_stream_floor`` and ``beside_streams_floor`` over ``keys`` ((kind, process
-    group, collectives, fewest buckets, priced stream time) per bucket key)."""
+    group, collectives, fewest buckets, each collective's stream price in a merged bucket) per
+    bucket key)."""
     if factor == 1.0:
         return under_contention(floor, factor)
-    streams = [_key_stream(problem, kind, pg, cs, need, priced) for kind, pg, cs, need, priced in keys]
+    streams = [_key_stream(problem, kind, pg, cs, need, merged) for kind, pg, cs, need, merged in keys]
     return under_contention(floor, factor, off_stream_floor(problem, factor, peak_memory_bytes),
                             beside_streams_floor(problem, streams, factor))
 
@@ -767,9 +779,9 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
         total = sum(c.wire_bytes for c in cs)
         by_count = _key_stream_floor(problem.link(pg), kind, total, need)
         largest = _largest_bucket_wire(cs, problem.bucket_cap_bytes)
-        priced = total * least[pg, kind](largest)
-        stream[pg] = stream.get(pg, 0.0) + max(by_count, priced)
-        keys.append((kind, pg, cs, need, priced))
+        rate = least[pg, kind](largest)
+        stream[pg] = stream.get(pg, 0.0) + max(by_count, total * rate)
+        keys.append((kind, pg, cs, need, [c.wire_bytes * rate for c in cs]))
     compute = sum(n.stream_ms for n in problem.nodes)
     if problem.bucketing is not None:
         compute += problem.bucketing.launch_ms * launches
