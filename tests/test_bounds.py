@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -268,6 +270,7 @@ def test_under_contention_the_floor_counts_the_time_the_compute_stream_waits():
     assert _best_positioned_step(problem, 2.0) == pytest.approx(9.5)
     assert under_contention(free_position_floor(problem), 2.0).floor_ms == pytest.approx(8.0)
     assert off_stream_floor(problem, 2.0) == pytest.approx(3.0)
+    assert off_stream_floor(problem, 2.0, deadline=time.perf_counter() - 1) == 0.0  # past it: no window priced
     raised = free_position_floor(problem, contention=2.0)
     assert raised.floor_ms == pytest.approx(9.5) and raised.off_ms == pytest.approx(3.0)
     assert step_floor(problem, contention=2.0).floor_ms == pytest.approx(9.5)

@@ -736,11 +736,11 @@ def step_floor(problem: Problem, reach: BucketReach | None = None, need: dict[tu
     factor = problem.contention if contention is None else contention
     floor = StepFloor(floor_ms=max([compute, *stream.values(), chain]), compute_ms=compute, comm_busy_ms=stream,
                       chain_ms=chain, chain_cut=cut)
-    return _at_contention(problem, floor, factor, keys, None)
+    return _at_contention(problem, floor, factor, keys, None, deadline)
 
 
 def _at_contention(problem: Problem, floor: StepFloor, factor: float, keys: list[tuple],
-                   peak_memory_bytes: int | None) -> StepFloor:
+                   peak_memory_bytes: int | None, deadline: float | None) -> StepFloor:
     """``floor`` raised by ``under_contention`` at ``factor``, with what only a contention above 1
     asks for: ``off_stream_floor`` and ``beside_streams_floor`` over ``keys`` ((kind, process
     group, collectives, fewest buckets, each collective's stream price in a merged bucket) per
@@ -748,7 +748,7 @@ def _at_contention(problem: Problem, floor: StepFloor, factor: float, keys: list
     if factor == 1.0:
         return under_contention(floor, factor)
     streams = [_key_stream(problem, kind, pg, cs, need, merged) for kind, pg, cs, need, merged in keys]
-    return under_contention(floor, factor, off_stream_floor(problem, factor, peak_memory_bytes),
+    return under_contention(floor, factor, off_stream_floor(problem, factor, peak_memory_bytes, deadline),
                             beside_streams_floor(problem, streams, factor))
 
 
@@ -790,7 +790,7 @@ def free_position_floor(problem: Problem, deadline: float | None = None,
     factor = problem.contention if contention is None else contention
     floor = StepFloor(floor_ms=max([compute, chain, *stream.values()]), compute_ms=compute, comm_busy_ms=stream,
                       chain_ms=chain, scope=scope)
-    return _at_contention(problem, floor, factor, keys, peak_memory_bytes)
+    return _at_contention(problem, floor, factor, keys, peak_memory_bytes, deadline)
 
 
 def within_peak(plans: str, peak_memory_bytes: int | None) -> str:
@@ -1079,7 +1079,8 @@ def _consumer_delay(items: list, room: _MemoryRoom | None, gather_rate: dict[str
 
 
 
-def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int | None = None) -> float:
+def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int | None = None,
+                     deadline: float | None = None) -> float:
     """A floor (ms) of the time the compute stream does no work during a step simulated at
     ``contention`` F, over every plan with any positions (within ``peak_memory_bytes`` when
     given): ``under_contention`` adds it to the floor, divided by F.
@@ -1105,15 +1106,22 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
 
     Quadratic in the positions collectives are released and due at (each window a cell of a
     matrix), measured on this 2-core machine: 0.1 s on llama3-8b-fsdp-8, 5.8 s and 14.5 s (1.2 GB)
-    on the 80- and 126-layer presets. Only a contention above 1 asks for it."""
+    on the 80- and 126-layer presets. Only a contention above 1 asks for it. At ``deadline``
+    (``time.perf_counter()`` seconds) it stops with the windows of the process groups priced so far,
+    over the positions walked so far: still a floor (0 before any)."""
     from planner.cost.simulator import check_contention
 
     factor = check_contention(contention)
     arguments.problem_and_plan(problem, None, optional=True)
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
+    arguments.deadline(deadline, optional=True)
     cs = problem.collectives
     if not cs or not problem.nodes:
         return 0.0
+
+    def late() -> bool:
+        return deadline is not None and time.perf_counter() > deadline
+
     limits = fixed_limits(problem)
     room = _memory_room(problem, peak_memory_bytes) if peak_memory_bytes is not None else None
     held_back = _held_back(room) if room is not None else {}
@@ -1183,6 +1191,8 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
     lengthened = full - ms / factor
     gain = np.full((m, m), -np.inf)
     for pg in sorted({c.pg for c in cs}):
+        if late():  # each group's windows are windows of their own: those priced so far still count
+            break
         mine = np.array([c.pg == pg for c in cs])
         per_byte = in_rectangles(ms, mine, inside, by_q)  # released at s or later, due by Q: on the stream inside
         in_buckets = np.zeros((m, m))
@@ -1202,5 +1212,7 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
     gain = np.where(later, np.maximum(gain, 0.0), 0.0)
     best = np.zeros(m)  # per grid point q: the most of G/F - w over windows that all end by q
     for j in range(1, m):
+        if j % 64 == 0 and late():  # the windows ending by here
+            return factor * float(best[j - 1])
         best[j] = max(best[j - 1], float(np.max(best[:j] + gain[:j, j])))
     return factor * float(best[-1])
