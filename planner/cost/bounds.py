@@ -569,7 +569,7 @@ def beside_streams_floor(problem: Problem, keys: list[_KeyStream], contention: f
         alone[key.pg] = alone.get(key.pg, 0.0) + max(float(np.min(work)), np.minimum(launch, key.copies_ms).sum())
     compute = sum(n.stream_ms for n in problem.nodes)
     every = sum(alone.values())
-    return compute + max((on_stream[pg] + every - alone[pg] for pg in on_stream), default=0.0)
+    return float(compute + max((on_stream[pg] + every - alone[pg] for pg in on_stream), default=0.0))
 
 
 def under_contention(floor: StepFloor, contention: float, off_ms: float = 0.0, beside_ms: float = 0.0) -> StepFloor:
@@ -596,10 +596,10 @@ def under_contention(floor: StepFloor, contention: float, off_ms: float = 0.0, b
     if factor == 1.0:
         return floor
     busy = max(floor.comm_busy_ms.values(), default=0.0)
-    overlapped = max(floor.compute_ms + busy * (1.0 - 1.0 / factor), beside_ms) + max(off_ms, 0.0) / factor
+    overlapped = float(max(floor.compute_ms + busy * (1.0 - 1.0 / factor), beside_ms) + max(off_ms, 0.0) / factor)
     return StepFloor(floor_ms=max(floor.floor_ms, overlapped), compute_ms=floor.compute_ms,
                      comm_busy_ms=floor.comm_busy_ms, chain_ms=floor.chain_ms, chain_cut=floor.chain_cut,
-                     scope=f"{floor.scope}, at contention {factor:g}", off_ms=max(off_ms, 0.0))
+                     scope=f"{floor.scope}, at contention {factor:g}", off_ms=float(max(off_ms, 0.0)))
 
 
 def _minorant_lines(link, kind: str, total: int) -> tuple[np.ndarray, np.ndarray]:
