@@ -1115,21 +1115,50 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
     arguments.problem_and_plan(problem, None, optional=True)
     arguments.memory_budget_bytes(peak_memory_bytes, "peak_memory_bytes")
     arguments.deadline(deadline, optional=True)
-    cs = problem.collectives
-    if not cs or not problem.nodes:
+    if not problem.collectives or not problem.nodes:
         return 0.0
 
     def late() -> bool:
         return deadline is not None and time.perf_counter() > deadline
 
-    limits = fixed_limits(problem)
     room = _memory_room(problem, peak_memory_bytes) if peak_memory_bytes is not None else None
-    held_back = _held_back(room) if room is not None else {}
+    grid = _window_grid(problem, _held_back(room) if room is not None else {})
+    gain = _window_gains(problem, grid, factor, late)
+    return factor * _longest_windows(gain, late)
+
+
+@dataclass(frozen=True)
+class _WindowGrid:
+    """``off_stream_floor``'s windows: the positions ``points`` collectives are released (``rel``,
+    per collective, an index into them) and due at (``due``); ``work[i, j]``: at most the graph's
+    work between reaching the first place after ``points[i]`` and starting the node at ``points[j]``."""
+
+    points: np.ndarray
+    rel: np.ndarray
+    due: np.ndarray
+    work: np.ndarray
+
+    def in_rectangles(self, weights: np.ndarray, which: np.ndarray, rows: tuple, cols: tuple) -> np.ndarray:
+        """Per window [i, j]: the sum of ``weights`` of the collectives ``which`` whose release
+        index lies in [rows[0], rows[1]) and due index in [cols[0], cols[1]) (bounds: m x m arrays
+        or scalars, from 0 to m)."""
+        m = len(self.points)
+        h = np.zeros((m + 1, m + 1))
+        np.add.at(h, (self.rel[which] + 1, self.due[which] + 1), weights[which])
+        total = h.cumsum(axis=0).cumsum(axis=1)  # [r, c]: release index < r and due index < c
+        r0, r1, c0, c1 = (np.broadcast_to(x, (m, m)) for x in (*rows, *cols))
+        return total[r1, c1] - total[r0, c1] - total[r1, c0] + total[r0, c0]
+
+
+def _window_grid(problem: Problem, held_back: dict[str, float]) -> _WindowGrid:
+    """The grid of windows: releases (later where the cap holds a gather back), due positions
+    (the step's end past the last node) and the work between every two."""
+    cs = problem.collectives
+    limits = fixed_limits(problem)
     nodes = sorted(problem.nodes, key=lambda n: n.pos)
     positions = [n.pos for n in nodes]
     end = positions[-1] + 1
     moving = {f for c in cs for f in c.folded}
-    own = {n.name: n.own_ms for n in nodes}
     every = np.concatenate([[0.0], np.cumsum([n.stream_ms for n in nodes])])  # all work before node k
     fixed = np.concatenate([[0.0], np.cumsum([n.stream_ms - (n.own_ms if n.name in moving else 0.0) for n in nodes])])
 
@@ -1141,7 +1170,21 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
         k = bisect.bisect_left(positions, pos)
         return float(every[k]) + (nodes[k].unpinned_ms if k < len(nodes) else 0.0)
 
+    released = np.array([max(float(limits[c.name][0]), held_back.get(c.name, -1.0)) for c in cs])
+    due = np.array([float(min(limits[c.name][1], end)) for c in cs])
+    points = np.array(sorted({-1.0, float(end), *released, *due}))
+    work = np.array([before(q) for q in points])[None, :] - np.array([reached(s) for s in points])[:, None]
+    return _WindowGrid(points, np.searchsorted(points, released), np.searchsorted(points, due), work)
+
+
+def _window_prices(problem: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[tuple[str, str], int]]:
+    """Per collective: its stream time at its bytes' best per-byte time (``ms``); what issuing it
+    can put on the compute stream (a launch, its copy in and moved conversions where it can be
+    merged: ``issue``); its copy out where it can be merged; and per (process group, kind) the
+    largest bucket of its keys."""
+    own = {n.name: n.own_ms for n in problem.nodes}
     least = per_byte_floors(problem)
+    launch = problem.bucketing.launch_ms if problem.bucketing is not None else 0.0
     largest_of: dict[tuple[str, str], int] = {}
     price = {}
     for (kind, pg, _), group in _by_key(problem).items():
@@ -1152,33 +1195,20 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
             partner = sizes[1] if len(sizes) > 1 and c.size_bytes == sizes[0] else sizes[0]  # the smallest other
             mergeable = len(sizes) > 1 and c.size_bytes + partner <= problem.bucket_cap_bytes  # rule 3
             copy_in, copy_out = _merged_copies_ms(problem, c) if mergeable else (0.0, 0.0)
-            launch = problem.bucketing.launch_ms if problem.bucketing is not None else 0.0
-            price[c.name] = (c.wire_bytes * least[pg, kind](largest), launch + copy_in + sum(own[f] for f in c.folded),
-                             copy_out)
-    s_cap = np.array([max(float(limits[c.name][0]), held_back.get(c.name, -1.0)) for c in cs])
-    due = np.array([float(min(limits[c.name][1], end)) for c in cs])
-    grid = np.array(sorted({-1.0, float(end), *s_cap, *due}))
-    m = len(grid)
-    i_rel, i_due = np.searchsorted(grid, s_cap), np.searchsorted(grid, due)
-    work = np.array([before(q) for q in grid])[None, :] - np.array([reached(s) for s in grid])[:, None]
+            moved = sum(own[f] for f in c.folded) if mergeable else 0.0
+            price[c.name] = (c.wire_bytes * least[pg, kind](largest), launch + copy_in + moved, copy_out)
+    ms, issue, copy_out = (np.array([price[c.name][k] for c in problem.collectives]) for k in range(3))
+    return ms, issue, copy_out, largest_of
 
-    ii, jj = np.arange(m)[:, None], np.arange(m)[None, :]  # a window: s = grid[i], Q = grid[j]
 
-    def in_rectangles(weights: np.ndarray, which: np.ndarray, rows: tuple, cols: tuple) -> np.ndarray:
-        """Per window [i, j]: the sum of ``weights`` of the collectives ``which`` whose release
-        index lies in [rows[0], rows[1]) and due index in [cols[0], cols[1]) (bounds: m x m arrays
-        or scalars, from 0 to m)."""
-        h = np.zeros((m + 1, m + 1))
-        np.add.at(h, (i_rel[which] + 1, i_due[which] + 1), weights[which])
-        total = h.cumsum(axis=0).cumsum(axis=1)  # [r, c]: release index < r and due index < c
-        r0, r1, c0, c1 = (np.broadcast_to(x, (m, m)) for x in (*rows, *cols))
-        return total[r1, c1] - total[r0, c1] - total[r1, c0] + total[r0, c0]
-
-    everyone = np.ones(len(cs), dtype=bool)
-    ms = np.array([price[c.name][0] for c in cs])
-    issue = np.array([price[c.name][1] for c in cs])  # launch, copy in, moved conversions
-    copy_out = np.array([price[c.name][2] for c in cs])
+def _window_gains(problem: Problem, grid: _WindowGrid, factor: float, late: Callable[[], bool]) -> np.ndarray:
+    """Per window [i, j] (i < j; 0 elsewhere): a floor of (the time the compute stream does no
+    work there) / F, at least 0, the best of the process groups priced before ``late``."""
+    cs = problem.collectives
+    m = len(grid.points)
+    ms, issue, copy_out, largest_of = _window_prices(problem)
     full = issue + copy_out
+    ii, jj = np.arange(m)[:, None], np.arange(m)[None, :]  # a window: s = points[i], Q = points[j]
     # Where a collective's issue and wait can fall against the window (released at r, due at d;
     # positions between s and Q are inside): it adds ``full`` to the work there when issued and
     # waited inside, ``issue`` when only issued inside (d > Q), ``copy_out`` when only waited
@@ -1186,7 +1216,8 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
     # it lengthens the window by its stream time, worth ms / F of work. The most work each can add:
     before_s, inside = (0, ii), (ii, jj)  # release index ranges: r < s, s <= r < Q
     due_inside, after_q, by_q = (ii + 1, jj + 1), (jj + 1, m), (0, jj + 1)
-    overhead = (in_rectangles(full, everyone, (0, jj), (ii + 1, m)))  # r < Q, d > s: everyone at most full
+    everyone = np.ones(len(cs), dtype=bool)
+    overhead = grid.in_rectangles(full, everyone, (0, jj), (ii + 1, m))  # r < Q, d > s: everyone at most full
     wire = np.array([c.wire_bytes for c in cs], dtype=np.float64)
     lengthened = full - ms / factor
     gain = np.full((m, m), -np.inf)
@@ -1194,25 +1225,31 @@ def off_stream_floor(problem: Problem, contention: float, peak_memory_bytes: int
         if late():  # each group's windows are windows of their own: those priced so far still count
             break
         mine = np.array([c.pg == pg for c in cs])
-        per_byte = in_rectangles(ms, mine, inside, by_q)  # released at s or later, due by Q: on the stream inside
+        per_byte = grid.in_rectangles(ms, mine, inside, by_q)  # released at s or later, due by Q: on the stream inside
         in_buckets = np.zeros((m, m))
         for kind in sorted({c.kind for c in cs if c.pg == pg}):
             of_kind = mine & np.array([c.kind == kind for c in cs])
-            carried = in_rectangles(wire, of_kind, inside, by_q)
+            carried = grid.in_rectangles(wire, of_kind, inside, by_q)
             total = int(wire[of_kind].sum())
             in_buckets += bucket_stream_floor(problem.link(pg), kind, largest_of[pg, kind], total)(np.rint(carried))
         # what the group's own collectives that need not be inside add at most, with their stream time
         # counted (only beside the per-byte price, which adds up): full less this is spared
-        spared = (in_rectangles(full - np.maximum(lengthened, copy_out), mine, before_s, due_inside)
-                  + in_rectangles(full - np.maximum.reduce([lengthened, issue, copy_out]), mine, before_s, after_q)
-                  + in_rectangles(full - np.maximum(lengthened, issue), mine, inside, after_q))
+        spared = (grid.in_rectangles(full - np.maximum(lengthened, copy_out), mine, before_s, due_inside)
+                  + grid.in_rectangles(full - np.maximum.reduce([lengthened, issue, copy_out]), mine, before_s,
+                                       after_q)
+                  + grid.in_rectangles(full - np.maximum(lengthened, issue), mine, inside, after_q))
         stream = np.maximum(per_byte / factor + spared, np.maximum(per_byte, in_buckets) / factor)
-        gain = np.maximum(gain, stream - work - overhead)
-    later = np.arange(m)[:, None] < np.arange(m)[None, :]
-    gain = np.where(later, np.maximum(gain, 0.0), 0.0)
-    best = np.zeros(m)  # per grid point q: the most of G/F - w over windows that all end by q
+        gain = np.maximum(gain, stream - grid.work - overhead)
+    return np.where(ii < jj, np.maximum(gain, 0.0), 0.0)
+
+
+def _longest_windows(gain: np.ndarray, late: Callable[[], bool]) -> float:
+    """The most total ``gain`` of windows that do not overlap (the next one's start at or after
+    the last one's end), a longest path over the grid; at ``late`` the windows ending so far."""
+    m = len(gain)
+    best = np.zeros(m)  # per grid point q: the most over windows that all end by q
     for j in range(1, m):
-        if j % 64 == 0 and late():  # the windows ending by here
-            return factor * float(best[j - 1])
+        if j % 64 == 0 and late():
+            return float(best[j - 1])
         best[j] = max(best[j - 1], float(np.max(best[:j] + gain[:j, j])))
-    return factor * float(best[-1])
+    return float(best[-1]) if m else 0.0
