@@ -926,6 +926,44 @@ def _held_back(room: _MemoryRoom) -> dict[str, float]:
     return out
 
 
+class _ComputeAlong:
+    """The compute stream's work along the schedule, as the release floors count it.
+
+    ``done[k]``: the fixed compute once node k has run (a folded dtype conversion runs where its
+    bucket starts, not where it was scheduled: its own time is counted nowhere here; its unpinned
+    compute stays at its place). ``every[k]``: all the work before node k, moved conversions
+    included (an upper bound)."""
+
+    def __init__(self, problem: Problem):
+        self.nodes = sorted(problem.nodes, key=lambda n: n.pos)
+        self.positions = [n.pos for n in self.nodes]
+        self.moving = {f for c in problem.collectives for f in c.folded}
+        self.done = np.cumsum([n.stream_ms - (n.own_ms if n.name in self.moving else 0.0) for n in self.nodes])
+        self.total = float(self.done[-1]) if len(self.nodes) else 0.0
+        self.every = np.concatenate([[0.0], np.cumsum([n.stream_ms for n in self.nodes])])
+
+    def reached(self, pos: float) -> float:
+        """The fixed compute run when the stream reaches the first place after ``pos`` where a
+        bucket can start: every node at or before ``pos``, and the unpinned compute scheduled just
+        before the next node, which runs before anything issued there (the simulator's
+        ``compute_before``). A start comes after ``pos``, and every place is a node's."""
+        k = bisect.bisect_right(self.positions, pos)
+        return (float(self.done[k - 1]) if k else 0.0) + (self.nodes[k].unpinned_ms if k < len(self.nodes) else 0.0)
+
+    def before(self, pos: float) -> float:
+        """At most the work done when the stream starts the node at ``pos`` (its unpinned compute
+        included)."""
+        k = bisect.bisect_left(self.positions, pos)
+        return float(self.every[k]) + (self.nodes[k].unpinned_ms if k < len(self.nodes) else 0.0)
+
+    def tail(self, pos: int) -> float:
+        """The consumer's own compute and the fixed compute after it."""
+        k = bisect.bisect_left(self.positions, pos)
+        if k >= len(self.nodes):
+            return 0.0
+        return self.total - float(self.done[k]) + (0.0 if self.nodes[k].name in self.moving else self.nodes[k].own_ms)
+
+
 def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = None) -> float:
     """A floor of the simulated step (ms) over every plan with any positions that knows what
     ``free_position_floor`` ignores: when each collective's data allow it to run, and that the
@@ -956,28 +994,8 @@ def release_deadline_floor(problem: Problem, peak_memory_bytes: int | None = Non
     limits = fixed_limits(problem)
     room = _memory_room(problem, peak_memory_bytes) if peak_memory_bytes is not None else None
     held_back = _held_back(room) if room is not None else {}
-    nodes = problem.nodes
-    positions = [n.pos for n in nodes]
-    # a folded dtype conversion runs where its bucket starts, not where it was scheduled: its
-    # own time is counted nowhere here (its unpinned compute stays at its place)
-    moving = {f for c in problem.collectives for f in c.folded}
-    fixed = [n.stream_ms - (n.own_ms if n.name in moving else 0.0) for n in nodes]
-    done = np.cumsum(fixed)  # fixed compute done once node k has run
-    total = float(done[-1]) if len(nodes) else 0.0
-
-    def released(pos: float) -> float:
-        """The fixed compute run when the stream reaches the first place after ``pos`` where a
-        bucket can start: every node at or before ``pos``, and the unpinned compute scheduled just
-        before the next node, which runs before anything issued there (the simulator's
-        ``compute_before``). A start comes after ``pos``, and every place is a node's."""
-        k = bisect.bisect_right(positions, pos)
-        return (float(done[k - 1]) if k else 0.0) + (nodes[k].unpinned_ms if k < len(nodes) else 0.0)
-
-    def tail(pos: int) -> float:  # the consumer's own compute and the fixed compute after it
-        k = bisect.bisect_left(positions, pos)
-        if k >= len(nodes):
-            return 0.0
-        return total - float(done[k]) + (0.0 if nodes[k].name in moving else nodes[k].own_ms)
+    along = _ComputeAlong(problem)
+    released, tail, total = along.reached, along.tail, along.total
 
     least = per_byte_floors(problem)
     items = []  # (process group, release position, due position, stream ms, name, kind, wire bytes)
@@ -1155,25 +1173,12 @@ def _window_grid(problem: Problem, held_back: dict[str, float]) -> _WindowGrid:
     (the step's end past the last node) and the work between every two."""
     cs = problem.collectives
     limits = fixed_limits(problem)
-    nodes = sorted(problem.nodes, key=lambda n: n.pos)
-    positions = [n.pos for n in nodes]
-    end = positions[-1] + 1
-    moving = {f for c in cs for f in c.folded}
-    every = np.concatenate([[0.0], np.cumsum([n.stream_ms for n in nodes])])  # all work before node k
-    fixed = np.concatenate([[0.0], np.cumsum([n.stream_ms - (n.own_ms if n.name in moving else 0.0) for n in nodes])])
-
-    def reached(pos: float) -> float:  # at least the work done when the stream reaches the first place after pos
-        k = bisect.bisect_right(positions, pos)
-        return float(fixed[k]) + (nodes[k].unpinned_ms if k < len(nodes) else 0.0)
-
-    def before(pos: float) -> float:  # at most the work done when the stream starts the node at pos
-        k = bisect.bisect_left(positions, pos)
-        return float(every[k]) + (nodes[k].unpinned_ms if k < len(nodes) else 0.0)
-
+    along = _ComputeAlong(problem)
+    end = along.positions[-1] + 1
     released = np.array([max(float(limits[c.name][0]), held_back.get(c.name, -1.0)) for c in cs])
     due = np.array([float(min(limits[c.name][1], end)) for c in cs])
     points = np.array(sorted({-1.0, float(end), *released, *due}))
-    work = np.array([before(q) for q in points])[None, :] - np.array([reached(s) for s in points])[:, None]
+    work = np.array([along.before(q) for q in points])[None, :] - np.array([along.reached(s) for s in points])[:, None]
     return _WindowGrid(points, np.searchsorted(points, released), np.searchsorted(points, due), work)
 
 
