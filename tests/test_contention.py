@@ -10,6 +10,8 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import planner
 from planner.search.scenarios import CONTENTION_SLOWDOWN, contention_of, describe, judge, reprice
@@ -122,6 +124,47 @@ def test_no_contention_is_the_simulator_as_it_was():
     steps = [planner.simulate(chain, plan, contention=f).step_ms for f in (1.0, 1.2, 1.5, 3.0)]
     assert steps == sorted(steps) and steps[-1] > steps[0]
     assert steps[-1] <= steps[0] + 2.0 * planner.simulate(chain, plan).compute_ms + 1e-9
+
+
+def _work_done(spans, factor: float, since: float, until: float) -> float:
+    """Compute done from ``since`` to ``until`` beside ``spans`` (collectives in flight), by a
+    sweep over their ends that counts how many run: at 1/``factor`` of the rate while any does."""
+    marks = sorted({since, until, *(t for s in spans for t in s if since < t < until)})
+    done = 0.0
+    for a, b in zip(marks, marks[1:]):
+        covered = any(s <= a and b <= e for s, e in spans)
+        done += (b - a) / factor if covered else b - a
+    return done
+
+
+_span = st.tuples(st.integers(0, 60), st.integers(1, 30)).map(lambda t: (float(t[0]), float(t[0] + t[1])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(events=st.lists(st.one_of(st.tuples(st.just("add"), _span),
+                                 st.tuples(st.just("work"), st.tuples(st.integers(0, 15), st.integers(0, 40)))),
+                       max_size=25),
+       factor=st.sampled_from([1.19, 2.0, 3.5]))
+def test_the_slowed_clock_ends_work_when_a_sweep_over_the_collectives_says(events, factor):
+    # The replay's clock under contention (kept as the union of the spans issued so far) against
+    # an independent count: the end of each stretch of work is where the sweep's work done reaches
+    # it, found by bisection. Stretches begin at clocks that only move forward, as in a replay.
+    from planner.cost.simulator import _Contention
+
+    slow, spans, clock = _Contention(factor), [], 0.0
+    for what, (x, y) in events:
+        if what == "add":
+            slow.add(x, y)
+            spans.append((x, y))
+            continue
+        clock += x
+        end = slow.finish(clock, float(y))
+        assert _work_done(spans, factor, clock, end) == pytest.approx(float(y), abs=1e-9)
+        lo, hi = clock, clock + factor * y  # never slower than every moment slowed
+        for _ in range(100):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _work_done(spans, factor, clock, mid) < y else (lo, mid)
+        assert end == pytest.approx(hi, abs=1e-6)
 
 
 @pytest.mark.parametrize("bad", [0.5, 0.999, float("nan"), float("inf"), 11.0, True, "1.2"])
