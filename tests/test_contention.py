@@ -29,7 +29,6 @@ def _hand(nodes, collectives, links) -> planner.Problem:
     """A problem from (name, kind, est_ms) nodes in scheduled order; every collective is an
     all_gather priced by a flat table (the same time at any size)."""
     pos = {name: i for i, (name, _, _) in enumerate(nodes)}
-    starts = {c[0]: c for c in collectives}
     waits = {c[1]: c for c in collectives}
     built = []
     for i, (name, kind, ms) in enumerate(nodes):

@@ -388,7 +388,6 @@ def step_ms(problem: Problem, plan: Plan | None = None, index: ReplayIndex | Non
 
 
 def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: bool) -> Simulation:
-    colls = index.colls
     # A bucket acts only at its merged start and merged wait (``planner.core.positions``: its anchors'
     # own positions, or just before the nodes it names), and every other node keeps its
     # position. So walking those events in position order *is* walking the final order; the
