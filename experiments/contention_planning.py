@@ -56,8 +56,12 @@ def main(argv=None) -> None:
     ap.add_argument("--hint", type=Path, required=True, help="torch's greedy plan (its peak is the cap)")
     ap.add_argument("--contention", type=float, default=1.4)
     ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1], help="none: only rewrite the table")
     ap.add_argument("--out", type=Path, default=Path("experiments/results/contention_planning"))
+    ap.add_argument("--costs", default="under the problem's preset (torch 2.13's NCCL model)",
+                    help="how the problem prices time, for the table's heading")
+    ap.add_argument("--extracted-by", default="",
+                    help="the command that extracted the problems, for the table's heading")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     rows_file = args.out / "rows.jsonl"
@@ -65,14 +69,16 @@ def main(argv=None) -> None:
         row = run(args.problem, args.hint, args.contention, seed, args.seconds)
         print(row, flush=True)
         append_row(rows_file, row)
-    rows = read_rows(rows_file)
+    extracted = f"`{args.extracted_by}`, then " if args.extracted_by else ""
     (args.out / "table.md").write_text("\n".join([
         "# Planning at the cluster's contention", "",
         "Free positions within torch default's peak, through `planner.plan`; every figure a simulated step "
-        "(ms) under the problem's preset (torch 2.13's NCCL model), at the contention named.", "",
-        f"Command: `python -m experiments.contention_planning PROBLEM --hint GREEDY --contention F --seconds S "
-        f"--seeds ...` (one row per run; the problem column says which); machine: {machine()}; one run at a time.",
-        "", *markdown_table(COLUMNS, rows), ""]))
+        f"(ms) {args.costs}, at the contention named. `overlap_free` (older rows): the share of the search at F "
+        "first spent with overlap free (a variant of revisions 901e610-45717df, removed; 0 or blank: the search "
+        "at F alone).", "",
+        f"Command: {extracted}`python -m experiments.contention_planning PROBLEM --hint GREEDY --contention F "
+        f"--seconds S --seeds ...` (one row per run; the problem column says which); machine: {machine()}; one run "
+        "at a time.", "", *markdown_table(COLUMNS, read_rows(rows_file)), ""]))
 
 
 if __name__ == "__main__":
