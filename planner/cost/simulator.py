@@ -323,7 +323,8 @@ class _ComputeStream:
         """Under contention: run the graph's compute up to ``here``, where the event at ``pos``
         happens, and return the new ``delay`` (without contention it is unchanged)."""
         since, mark, slow = self.mark + delay, self.mark, self.slow
-        self.graph_runs.until(pos, delay, lambda x: slow.finish(since, x - mark))
+        if self.record:
+            self.graph_runs.until(pos, delay, lambda x: slow.finish(since, x - mark))
         self.mark = here
         return slow.finish(since, here - mark) - here
 
@@ -409,10 +410,13 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
     overhead_ms = last_end = 0.0
     work, slow, until = stream.work, stream.slow, stream.graph_runs.until
 
+    compute_before, moved = index.compute_before, bool(folds.positions)
     for pos, b, is_wait in events:
-        here = index.compute_before[place_of(pos)] - folds.before(place_of(pos))
+        place = place_of(pos)
+        here = compute_before[place] - folds.before(place) if moved else compute_before[place]
         if slow is None:
-            until(pos, delay)
+            if record:
+                until(pos, delay)
         else:
             delay = stream.reach(here, pos, delay)
         if not is_wait:
@@ -434,26 +438,26 @@ def _replay(problem: Problem, plan: Plan | None, index: ReplayIndex, record: boo
             if slow is not None:
                 slow.add(begin, end)
             issue_order.append(b)
-            issued[b] = dict(members=members, kind=price.kind, pg=price.pg, wire_bytes=price.wire_bytes,
-                             issue_ms=clock, begin_ms=begin, end_ms=end, copy_out_ms=price.copy_out_ms)
+            issued[b] = (members, price, clock, begin, end)
         else:
             if b not in issued:
                 raise ValueError(f"bucket {list(buckets[b][0])}: waited at position {buckets[b][2]} before it is "
                                  f"issued at {buckets[b][1]}")
-            run = issued.pop(b)
-            copy_out_ms = run.pop("copy_out_ms")
+            members, price, issue_ms, begin, end = issued.pop(b)
             clock = here + delay
-            blocked = max(0.0, run["end_ms"] - clock)
-            exposed[run["pg"]] += blocked
-            done[b] = BucketRun(**run, wait_ms=clock, blocked_ms=blocked) if record else run
+            blocked = max(0.0, end - clock)
+            exposed[price.pg] += blocked
+            if record:
+                done[b] = BucketRun(members=members, kind=price.kind, pg=price.pg, wire_bytes=price.wire_bytes,
+                                    issue_ms=issue_ms, begin_ms=begin, end_ms=end, wait_ms=clock, blocked_ms=blocked)
             delay += blocked
-            took = work(here + delay, copy_out_ms, "copy-out", "", run["members"])
+            took = work(here + delay, price.copy_out_ms, "copy-out", "", members)
             delay += took
             overhead_ms += took
     # every collective has been waited by now: the rest of the graph's compute runs alone
     until(None, delay)
     if issued:  # cannot happen for a valid problem: every collective has a wait
-        raise ValueError(f"bucket(s) never waited: {[list(r['members']) for r in issued.values()]}")
+        raise ValueError(f"bucket(s) never waited: {[list(r[0]) for r in issued.values()]}")
 
     # the moved conversions ran inside ``delay``: the graph's own compute leaves them out
     compute_end = index.compute_ms - folds.total_ms + delay
