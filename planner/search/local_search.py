@@ -166,13 +166,20 @@ class LocalSearch:
                 continue
             temperature = hot * (cold / hot) ** min(self.budget_used(since_evaluations, since_s), 1.0)
             trial = self.moves.random_move(current[0])
-            judged = self.moves.judge(trial, math.inf) if trial is not None else None
+            if trial is None:
+                continue
+            # Taken when slower by less than ``reach``: with u uniform, P(d < -T ln u) = exp(-d / T),
+            # the docstring's rule. Drawn before the judge, so it is told the slowest step worth
+            # judging in full (the rest are most of the moves, and their rules are never checked).
+            u = self.rng.random()
+            reach = -temperature * math.log(u) if u > 0.0 else math.inf
+            judged = self.moves.judge(trial, current[2] + reach + MIN_GAIN_MS)
             if judged is None:
                 continue
             worse = judged[1] - current[2]
             if worse < -MIN_GAIN_MS:
                 self.stats["accepted"] += 1
-            elif self.rng.random() < math.exp(-max(worse, 0.0) / temperature):
+            elif worse < reach:
                 self.stats["accepted_slower"] = self.stats.get("accepted_slower", 0) + 1
             else:
                 continue
