@@ -63,8 +63,9 @@ ANNEAL_END = 1e-4
 RESPLIT_EVERY = 3000
 # the least budget left after the first descent, in evaluations, that is annealed (from the seed
 # again); less goes on with first improvement and kicks (a short budget annealed did worse:
-# docs/results.md "The positioned search's constants")
-ANNEAL_MIN_EVALUATIONS = 20_000
+# docs/results.md "The positioned search's constants"). 40,000 since the judge stopped checking
+# the peak and rules of slower plans: an evaluation got cheaper, and 20,000 of them annealed lost
+ANNEAL_MIN_EVALUATIONS = 40_000
 # the evaluations per annealing run: a budget of several is annealed from the seed in as many runs,
 # the fastest plan of all the answer (runs of one budget end far apart, so the best of several
 # beats one longer run: docs/results.md "The positioned search's constants")
