@@ -6,6 +6,9 @@ with overlap free, both priced at F, within torch default's peak, through ``plan
     python -m experiments.contention_planning fsdp2/problem.json --hint fsdp2/greedy-plan.json \\
         --contention 1.4 --seconds 30 --seeds 0 1 --out experiments/results/contention_planning
 
+``--costs`` and ``--extracted-by`` word the table's heading (how the problems price time, and the
+command that extracted them); ``--seeds`` with no seed only rewrites the table from ``rows.jsonl``.
+
 Each row: torch default's plan (the hint) at F; the plan optimized at 1, at 1 and at F; the plan
 optimized at F, at F; the bound at F within the peak (``free_position_floor`` raised by
 ``under_contention``); ``gain_pct``: how much faster at F the plan optimized at F is. Both plans
