@@ -585,8 +585,9 @@ def under_contention(floor: StepFloor, contention: float, off_ms: float = 0.0, b
     - let W be the compute stream's work, O the time it works while some collective is in flight,
       Z the time it does no work, U the time some collective is in flight. Its work beside
       collectives takes F times longer, so S >= (W - O/F) + O + Z; and U <= O + Z (in flight,
-      the stream works or not; the step ends with the compute stream, which waits every bucket). So S >= W + (U - Z) (1 - 1/F) + Z = W + U (1 - 1/F) + Z / F,
-      and U is at least any one stream's busy time.
+      the stream works or not; the step ends with the compute stream, which waits every bucket).
+      So S >= W + (U - Z) (1 - 1/F) + Z = W + U (1 - 1/F) + Z / F, and U is at least any one
+      stream's busy time.
 
     So S >= max(compute_ms + max(comm_busy_ms) * (1 - 1/F), beside_ms) + off_ms / F. At F = 1 this
     is no more than the floor itself, which is returned."""
