@@ -34,8 +34,9 @@ def test_prove_writes_a_verified_plan_with_the_candidate_space_bound(tmp_path, c
     floor, candidate = plan.params["bound"], plan.params["candidate_bound"]
     assert candidate["status"] in ("OPTIMAL", "FEASIBLE") and "candidate space" in candidate["scope"]
     assert floor["bound_ms"] <= candidate["bound_ms"] + 1e-6 <= step + 2e-6
-    if candidate["status"] == "OPTIMAL":
-        assert candidate["bound_ms"] == pytest.approx(step, abs=1e-5)
+    if candidate["status"] == "OPTIMAL":  # the step, less the model's rounding slack (1 ns per event
+        # and per duration, ``model.slack_ns``: a few hundred ns here; 392 once)
+        assert candidate["bound_ms"] == pytest.approx(step, abs=1e-3)
     assert plan.params["interrupted"] is False and plan.params["positions"] == "free"
     assert f"CP-SAT over it      {candidate['status']}" in printed
     assert f"{step:.3f} ms (simulated)" in printed  # the step reported is the plan written's
