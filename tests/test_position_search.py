@@ -110,6 +110,15 @@ def test_the_packed_seed_fills_buckets_up_to_the_cap_across_blocks(get_scheduled
     # at a cap too small for two collectives, each is alone
     small = problem.model_copy(update={"bucket_cap_bytes": 1}).with_fingerprint()
     assert all(len(b.members) == 1 for b in per_block_seed(small, packed=True))
+    # the search seeds with it only where the per-block seed's buckets average half the cap or more
+    from planner.search.free.position_search import _blocks_fill_the_cap
+
+    blocks = [sum(colls[m].size_bytes for m in b.members) for b in per_block_seed(problem)
+              if colls[b.members[0]].module is not None]
+    mean = sum(blocks) / len(blocks)
+    assert mean < problem.bucket_cap_bytes / 2 and not _blocks_fill_the_cap(problem)
+    assert _blocks_fill_the_cap(problem.model_copy(update={"bucket_cap_bytes": int(mean * 2)}))
+    assert not _blocks_fill_the_cap(problem.model_copy(update={"bucket_cap_bytes": int(mean * 2) + 2}))
 
 
 def test_the_time_limit_holds_while_seeding(get_scheduled):
